@@ -1,0 +1,29 @@
+# Every target makes its own virtual environment and installs what it needs: on a fresh machine
+# `make demo` serves and `make test` passes with no other step.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# A CPU build of torch is enough for the demo model and the CPU tests; pinned so that pip does not fetch a
+# multi-GB CUDA build (pip takes this version from a local wheel where one is provided, as on CI).
+TORCH  ?= torch==2.13.0
+STAMP  := $(VENV)/.installed-serve-dev
+
+.PHONY: demo test readme clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet "$(TORCH)"
+	$(BIN)/pip install --quiet -e '.[serve,dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/glm53 serve
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -m 'not gpu'
+
+readme: $(STAMP)
+	$(BIN)/python -c "import pathlib, glm53.config as c; p = pathlib.Path('README.md'); p.write_text(c.readme_with_table(p.read_text()))"
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

@@ -1,0 +1,337 @@
+"""Every setting of the server, in one place.
+
+Each field of :class:`Settings` carries its environment variable, its command-line flags, its parser (which
+also says what is accepted), its default per mode and a one-line meaning. Values come from, lowest to highest
+precedence: the mode's defaults, ``GLM53_*`` environment variables, command-line flags (for a flag given twice
+the last one wins, so arguments appended to a command override earlier ones). The README's configuration table
+and ``/server_info`` are generated from these definitions. Nothing else in the project reads ``os.environ`` for
+a setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MODES = ("fast", "exact")
+ENV_PREFIX = "GLM53_"
+# Variables with the prefix that are not settings: the GPU kit's prep.sh exports GLM53_SITE (its wheel dir).
+FOREIGN_ENV = frozenset({"GLM53_SITE"})
+
+
+class ConfigError(ValueError):
+    """A setting has a value that is not accepted; the message names the variable or flag and the value."""
+
+
+@dataclass(frozen=True)
+class Parser:
+    """Turns the text of an environment variable or flag into a value, or says what is accepted."""
+
+    accepted: str  # shown in errors and in the README table
+    parse: Callable[[str], Any]
+
+
+def _number(kind: type, lo: float | None = None, hi: float | None = None, unit: str = "") -> Parser:
+    noun = "an integer" if kind is int else "a number"
+    if lo is not None and hi is not None:
+        accepted = f"{noun} in {lo}..{hi}{unit}"
+    elif lo is not None:
+        accepted = f"{noun} >= {lo}{unit}"
+    else:
+        accepted = noun + unit
+
+    def parse(text: str) -> Any:
+        value = kind(text.strip())  # ValueError on junk, reported with `accepted`
+        if kind is float and not math.isfinite(value):
+            raise ValueError(text)
+        if (lo is not None and value < lo) or (hi is not None and value > hi):
+            raise ValueError(text)
+        return value
+
+    return Parser(accepted, parse)
+
+
+def _multiple_of(base: Parser, step: int) -> Parser:
+    def parse(text: str) -> int:
+        value = base.parse(text)
+        if value % step:
+            raise ValueError(text)
+        return value
+
+    return Parser(f"{base.accepted}, a multiple of {step}", parse)
+
+
+def _optional(base: Parser, none_means: str) -> Parser:
+    """Empty text means None; the README shows what None means."""
+    return Parser(f"{base.accepted}, or empty ({none_means})", lambda t: None if not t.strip() else base.parse(t))
+
+
+def _choice(*options: str) -> Parser:
+    def parse(text: str) -> str:
+        value = text.strip().lower()
+        if value not in options:
+            raise ValueError(text)
+        return value
+
+    return Parser("one of " + ", ".join(options), parse)
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(text)
+
+
+BOOL = Parser("1/0, true/false, yes/no, on/off", _parse_bool)
+TEXT = Parser("any text", lambda t: t)
+
+
+def _parse_nonempty(text: str) -> str:
+    if not text.strip():
+        raise ValueError(text)
+    return text.strip()
+
+
+NAME = Parser("non-empty text", _parse_nonempty)
+PATH = Parser("a path", lambda t: Path(_parse_nonempty(t)).expanduser())
+HOST = Parser("an IP address or host name", _parse_nonempty)
+
+
+def _parse_cpus(text: str) -> str | tuple[int, ...]:
+    """``auto`` or a Linux CPU list such as ``2-11,14``."""
+    value = text.strip().lower()
+    if value == "auto":
+        return "auto"
+    cpus: list[int] = []
+    for part in value.split(","):
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part.strip())
+        if not m:
+            raise ValueError(text)
+        first, last = int(m.group(1)), int(m.group(2) or m.group(1))
+        if last < first:
+            raise ValueError(text)
+        cpus.extend(range(first, last + 1))
+    if len(set(cpus)) != len(cpus):
+        raise ValueError(text)
+    return tuple(cpus)
+
+
+CPUS = Parser("auto, or a CPU list such as 2-11,14", _parse_cpus)
+
+
+def setting(
+    parser: Parser,
+    default: Any,
+    meaning: str,
+    *,
+    flags: Sequence[str] = (),
+    env: bool = True,
+    secret: bool = False,
+    show_default: str | None = None,
+) -> Any:
+    """Declare one setting. ``default`` is a value, or a ``{mode: value}`` dict when modes differ."""
+    return field(
+        metadata={
+            "parser": parser,
+            "default": default,
+            "meaning": meaning,
+            "flags": tuple(flags),
+            "env": env,
+            "secret": secret,
+            "show_default": show_default,
+        }
+    )
+
+
+def _default_root() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "glm53"
+
+
+@dataclass(frozen=True)
+class Settings:
+    # --- what to run
+    mode: str = setting(_choice(*MODES), "fast", "fast: adds the CPU tier for cold decode misses; exact: output bit-identical to stock exllamav3")
+    engine: str = setting(
+        _choice("auto", "exl3", "tiny"),
+        "auto",
+        "exl3: the model on a CUDA GPU; tiny: a small CPU demo model (gibberish, no files); auto: exl3 when a CUDA GPU and a model are present, else tiny",
+    )
+    root: Path = setting(PATH, None, "directory for the project's state: the downloaded model, caches, learned routing profiles", show_default="$XDG_DATA_HOME/glm53")
+    model_dir: Path = setting(PATH, None, "the EXL3 checkpoint to serve", flags=("-m",), show_default="$GLM53_ROOT/models/GLM-5.3-Flash-exl3")
+    model_repo: str = setting(NAME, "turboderp/GLM-5.3-Flash-exl3", "model hub repository to download the checkpoint from")
+    model_revision: str = setting(NAME, "332ab457b709b7ba30dd9a448be5de03b80a7ac9", "pinned revision of that repository (branch 3.05bpw)")
+    model_download: bool = setting(BOOL, False, "download the checkpoint into the model directory when it has no config.json (125 GB)")
+    # --- serving
+    host: str = setting(HOST, "127.0.0.1", "address to listen on (use 0.0.0.0 to serve other machines)")
+    port: int = setting(_number(int, 1, 65535), 30000, "TCP port to listen on")
+    served_name: str = setting(NAME, "glm-5.3-flash", "model id reported by /v1/models and accepted in requests")
+    api_key: str | None = setting(_optional(TEXT, "no key"), None, "when set, every endpoint but /health requires `Authorization: Bearer <key>`", secret=True, show_default="unset (no key)")
+    max_queue: int = setting(_number(int, 0, 100000), 256, "requests that may wait for a batch slot; beyond that, 429 with Retry-After")
+    max_request_mb: float = setting(_number(float, 0.01, 1024, " MB"), 16.0, "largest request body accepted (413 beyond)")
+    sse_keepalive_s: float = setting(_number(float, 0.1, 300, " s"), 5.0, "idle time after which a stream gets an SSE comment (keeps proxies and clients from timing out)")
+    # --- engine
+    cache_size: int = setting(_multiple_of(_number(int, 256, 16 * 1048576), 256), 131072, "KV cache size in tokens: the context one sequence may use, shared by all", flags=("-cs",))
+    max_batch_size: int = setting(_number(int, 1, 256), 8, "jobs generated concurrently (continuous batching)")
+    chunk_size: int = setting(_number(int, 16, 1048576), 8192, "prefill chunk in tokens", flags=("-chunk_size",))
+    ambs: int = setting(_number(int, 1, 256), 4, "streams decoded together in one batched step (recurrent-state slots)", flags=("-ambs",))
+    vram_limit_gb: float | None = setting(_optional(_number(float, 1, None, " GB"), "the whole GPU"), None, "use at most this much VRAM (emulates a smaller card on a larger one)", show_default="unset (whole GPU)")
+    triton_pin: Path | None = setting(_optional(PATH, "autotune"), None, "pin file of Triton autotune choices for the KDA kernels (autotuned picks change rounding)", show_default="unset (autotune)")
+    # --- offload: GPU expert cache and prefill staging
+    ec_reserve_gb: float = setting(_number(float, 0, None, " GB"), {"fast": 1.5, "exact": 1.0}, "VRAM left free after the expert cache takes the rest")
+    ec_elastic_gb: float = setting(_number(float, 0, None, " GB"), 10.0, "expert-cache VRAM lent to activations and staging during a long prefill")
+    ec_stage_gb: float = setting(_number(float, 0, None, " GB"), 2.6, "size of each of the two prefill staging buffers")
+    # --- offload: CPU tier (fast mode)
+    ct_cpus: Any = setting(CPUS, "auto", "CPUs of the CPU tier; auto: one per physical core, leaving cores for the GPU-feeding thread")
+    ct_threads: int = setting(_number(int, 0, 4096), 0, "CPU-tier threads; 0: one per CPU of GLM53_CT_CPUS")
+    ct_b: float | None = setting(_optional(_number(float, 0.0001, None, " ms"), "measured at start"), None, "CPU-tier cost per expert in ms; overrides the value measured at start", show_default="unset (measured)")
+    ct_swz: bool = setting(BOOL, {"fast": True, "exact": False}, "keep the single host copy of each expert in the CPU tier's block-contiguous layout (the GPU side adapts)")
+
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)  # setting name -> default|env|flag
+
+    def public(self) -> dict[str, Any]:
+        """Effective settings for /server_info and `glm53 info`: secrets redacted, paths as text."""
+        out: dict[str, Any] = {}
+        for f in setting_fields():
+            value = getattr(self, f.name)
+            if f.metadata["secret"]:
+                value = "<redacted>" if value else None
+            elif isinstance(value, Path):
+                value = str(value)
+            elif isinstance(value, tuple):
+                value = list(value)
+            out[f.name] = value
+        return out
+
+
+def setting_fields() -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(Settings) if "parser" in f.metadata]
+
+
+def env_var(name: str) -> str:
+    return ENV_PREFIX + name.upper()
+
+
+def flag_names(f: dataclasses.Field) -> list[str]:
+    return list(f.metadata["flags"]) + ["--" + f.name.replace("_", "-")]
+
+
+def mode_default(f: dataclasses.Field, mode: str) -> Any:
+    default = f.metadata["default"]
+    return default[mode] if isinstance(default, dict) else default
+
+
+def _argument_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for f in setting_fields():
+        if f.metadata["secret"]:
+            continue  # secrets only from the environment: command lines are visible to every user
+        ap.add_argument(*flag_names(f), dest=f.name, default=None, metavar="VALUE", help=f.metadata["meaning"])
+    return ap
+
+
+def add_setting_flags(ap: argparse.ArgumentParser) -> None:
+    """Put every setting's flags on a subcommand's parser (values stay text; ``load`` parses them)."""
+    for action in _argument_parser()._actions:
+        ap._add_action(action)
+
+
+def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> Settings:
+    """Build the effective settings from flags (``argv``, without the program name) and the environment.
+
+    :raise ConfigError: for an unknown ``GLM53_*`` variable, an unknown flag or a value that is not accepted.
+    """
+    environ = os.environ if environ is None else environ
+    flags = _parse_flags(argv or [])
+    unknown = sorted(k for k in environ if k.startswith(ENV_PREFIX) and k not in FOREIGN_ENV and k not in _ENV_NAMES)
+    if unknown:
+        raise ConfigError(f"{unknown[0]} is not a glm53 setting; known variables: {', '.join(sorted(_ENV_NAMES))}")
+    by_name = {f.name: f for f in setting_fields()}
+    mode = _resolve(by_name["mode"], flags, environ, "fast")[0]
+    values: dict[str, Any] = {"mode": mode}
+    sources: dict[str, str] = {}
+    for f in setting_fields():
+        values[f.name], sources[f.name] = _resolve(f, flags, environ, mode)
+    if values["root"] is None:
+        values["root"] = _default_root()
+    if values["model_dir"] is None:
+        values["model_dir"] = values["root"] / "models" / "GLM-5.3-Flash-exl3"
+    return Settings(**values, sources=sources)
+
+
+def _parse_flags(argv: Sequence[str]) -> dict[str, str]:
+    ns, rest = _argument_parser().parse_known_args(list(argv))
+    if rest:
+        raise ConfigError(f"unknown argument {rest[0]!r}; see `glm53 serve --help`")
+    return {k: v for k, v in vars(ns).items() if v is not None}
+
+
+def _resolve(f: dataclasses.Field, flags: Mapping[str, str], environ: Mapping[str, str], mode: str) -> tuple[Any, str]:
+    parser: Parser = f.metadata["parser"]
+    if f.name in flags:
+        origin, text, source = "/".join(flag_names(f)), flags[f.name], "flag"
+    elif f.metadata["env"] and env_var(f.name) in environ:
+        origin, text, source = env_var(f.name), environ[env_var(f.name)], "env"
+    else:
+        return mode_default(f, mode), "default"
+    try:
+        return parser.parse(text), source
+    except (ValueError, TypeError):
+        shown = "<redacted>" if f.metadata["secret"] else repr(text)
+        raise ConfigError(f"{origin}={shown} is not accepted: expected {parser.accepted}") from None
+
+
+_ENV_NAMES = frozenset(env_var(f.name) for f in setting_fields() if f.metadata["env"])
+
+
+def markdown_table() -> str:
+    """The README's configuration table, generated from the definitions above."""
+    rows = ["| variable | flags | accepted | default (fast / exact) | meaning |", "|---|---|---|---|---|"]
+    for f in setting_fields():
+        flags = "" if f.metadata["secret"] else ", ".join(f"`{x}`" for x in flag_names(f))
+        rows.append(
+            f"| `{env_var(f.name)}` | {flags} | {f.metadata['parser'].accepted} | {_shown_default(f)} | {f.metadata['meaning']} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def _shown_default(f: dataclasses.Field) -> str:
+    if f.metadata["show_default"]:
+        return f.metadata["show_default"]
+    default = f.metadata["default"]
+    if isinstance(default, dict):
+        return " / ".join(f"`{_text(default[m])}`" for m in MODES)
+    return f"`{_text(default)}`"
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+README_BEGIN = "<!-- config-table: generated by `make readme` from glm53/config.py -->"
+README_END = "<!-- end config-table -->"
+
+
+def readme_with_table(readme: str) -> str:
+    """``readme`` with the text between the config-table markers replaced by the current table."""
+    head, sep, rest = readme.partition(README_BEGIN)
+    _, sep2, tail = rest.partition(README_END)
+    if not sep or not sep2:
+        raise ValueError("README.md lacks the config-table markers")
+    return f"{head}{README_BEGIN}\n{markdown_table()}{README_END}{tail}"

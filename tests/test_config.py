@@ -1,0 +1,80 @@
+from pathlib import Path
+
+import pytest
+
+from glm53 import config
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def load(argv=(), **env):
+    return config.load(list(argv), env)
+
+
+def test_mode_defaults():
+    assert load().ec_reserve_gb == 1.5 and load().ct_swz is True
+    exact = load(GLM53_MODE="exact")
+    assert exact.ec_reserve_gb == 1.0 and exact.ct_swz is False
+
+
+def test_precedence_mode_defaults_then_env_then_flags_last_flag_wins():
+    s = load(["--mode", "exact", "--port", "1000", "--port", "2000"], GLM53_PORT="3000", GLM53_EC_RESERVE_GB="2")
+    assert s.mode == "exact" and s.port == 2000 and s.ec_reserve_gb == 2.0
+    assert s.sources["port"] == "flag" and s.sources["ec_reserve_gb"] == "env" and s.sources["chunk_size"] == "default"
+    # the flag's mode picks the defaults even when the environment says otherwise
+    assert load(["--mode", "exact"], GLM53_MODE="fast").ec_reserve_gb == 1.0
+
+
+def test_short_flags_of_the_original():
+    s = load(["-m", "/models/x", "-cs", "65536", "-chunk_size", "4096", "-ambs", "2"])
+    assert s.model_dir == Path("/models/x") and s.cache_size == 65536 and s.chunk_size == 4096 and s.ambs == 2
+
+
+def test_model_dir_defaults_under_root():
+    assert load(GLM53_ROOT="/srv/glm").model_dir == Path("/srv/glm/models/GLM-5.3-Flash-exl3")
+
+
+@pytest.mark.parametrize(
+    "argv,env,fragment",
+    [
+        ([], {"GLM53_PORT": "http"}, "GLM53_PORT='http' is not accepted: expected an integer in 1..65535"),
+        (["--port", "0"], {}, "--port='0' is not accepted"),
+        ([], {"GLM53_MODE": "turbo"}, "expected one of fast, exact"),
+        ([], {"GLM53_EC_RESERVE_GB": "-1"}, "expected a number >= 0 GB"),
+        ([], {"GLM53_EC_RESERVE_GB": "inf"}, "GLM53_EC_RESERVE_GB='inf'"),
+        (["-cs", "1000"], {}, "a multiple of 256"),
+        ([], {"GLM53_CT_CPUS": "3-1"}, "auto, or a CPU list"),
+        ([], {"GLM53_MODEL_DOWNLOAD": "maybe"}, "1/0, true/false"),
+        ([], {"GLM53_MODEL_DIRR": "/x"}, "GLM53_MODEL_DIRR is not a glm53 setting"),
+        (["--nope"], {}, "unknown argument '--nope'"),
+    ],
+)
+def test_bad_values_name_the_variable_the_value_and_what_is_accepted(argv, env, fragment):
+    with pytest.raises(config.ConfigError) as exc:
+        config.load(argv, env)
+    assert fragment in str(exc.value)
+
+
+def test_cpu_lists_and_optional_values():
+    assert load(GLM53_CT_CPUS="2-4,7").ct_cpus == (2, 3, 4, 7)
+    assert load(GLM53_CT_B="").ct_b is None and load(GLM53_CT_B="0.1").ct_b == 0.1
+
+
+def test_secrets_are_redacted_and_never_flags():
+    s = load(GLM53_API_KEY="sk-secret")
+    assert s.api_key == "sk-secret" and s.public()["api_key"] == "<redacted>"
+    assert load(GLM53_API_KEY="").api_key is None
+    with pytest.raises(config.ConfigError):
+        load(["--api-key", "x"])
+    with pytest.raises(config.ConfigError) as exc:
+        load(GLM53_API_KEY="x", GLM53_PORT="bad")
+    assert "sk-" not in str(exc.value)
+
+
+def test_the_gpu_kits_variable_is_not_refused():
+    assert load(GLM53_SITE="/tmp/site").port == 30000
+
+
+def test_readme_table_is_generated_from_the_definitions():
+    text = README.read_text()
+    assert config.readme_with_table(text) == text, "README config table is stale: run `make readme`"
