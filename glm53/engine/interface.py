@@ -1,0 +1,124 @@
+"""The contract between the scheduler and a model backend.
+
+A backend (the CPU demo model in ``engine/tiny``, the exllamav3 model on a GPU) owns the weights, the
+caches and sampling. The scheduler (``engine/scheduler.py``) owns what is the same for every backend:
+the job queue, admission, incremental detokenisation, stop conditions, finish reasons and events.
+Every backend method is called from the scheduler's thread only, so a backend needs no locking.
+
+Lifecycle of a sequence: ``add`` → ``step`` (prefill, possibly over several steps, then one sampled token
+per step) → ``remove`` (after the scheduler saw a stop condition or the client went away). A token returned
+by ``step`` is already part of the sequence: the backend feeds it in the next step unless ``remove`` is
+called first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick the next token. Values are validated at the HTTP boundary (``server/protocol.py``)."""
+
+    temperature: float = 1.0  # <= 0 means greedy (argmax); top_k/top_p/min_p are then irrelevant
+    top_k: int = 0  # 0: off
+    top_p: float = 1.0  # 1.0: off
+    min_p: float = 0.0  # 0.0: off
+    presence_penalty: float = 0.0  # subtracted once from every token already generated
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the generated tokens
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) added to the logits
+    seed: int | None = None  # per-sequence generator; None: nondeterministic
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass(frozen=True)
+class LogprobRequest:
+    """Which log-probabilities to report for a position (in addition to the actual token's)."""
+
+    top_n: int = 0  # the n most likely tokens, best first
+    token_ids: tuple[int, ...] = ()  # these ids, always, in this order
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """Log-probabilities (natural log, full-vocabulary softmax of the raw logits) at one position."""
+
+    logprob: float  # of the token actually at (or sampled for) this position
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), best first, len == top_n
+    requested: tuple[tuple[int, float], ...] = ()  # (token id, logprob) for LogprobRequest.token_ids
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    token_id: int
+    logprobs: TokenLogprobs | None = None  # set when the sequence was added with a LogprobRequest
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Facts about the loaded model that the scheduler and the server need."""
+
+    name: str  # what /server_info reports as the model (the served name is a separate setting)
+    architecture: str
+    context_length: int  # most tokens one sequence may hold: prompt + completion
+    vocab_size: int
+    eos_token_ids: frozenset[int]  # any of these ends a completion (unless the request ignores EOS)
+    checkpoint_dir: Path | None = None  # its chat template is used when it has one; else the built-in GLM-5 one
+    facts: Mapping[str, object] = field(default_factory=dict)  # load time, memory use, shapes: shown in /server_info
+
+
+class Tokenizer(Protocol):
+    vocab_size: int
+    special_ids: frozenset[int]  # ids whose text is a control marker (dropped by decode(skip_special=True))
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``; the text of a special token (``<|user|>``) becomes that token's id."""
+
+    def decode(self, ids: Sequence[int], skip_special: bool = False) -> str:
+        """Text of ``ids``; bytes that do not form complete UTF-8 yet decode to U+FFFD."""
+
+
+class Backend(Protocol):
+    info: ModelInfo
+    tokenizer: Tokenizer
+    max_batch_size: int  # sequences that may be added at once
+
+    def add(
+        self,
+        seq_id: int,
+        prompt_ids: Sequence[int],
+        sampling: SamplingParams,
+        logprobs: LogprobRequest | None = None,
+    ) -> None:
+        """Start a sequence. ``len(prompt_ids)`` is at least 1 and below ``info.context_length``."""
+
+    def remove(self, seq_id: int) -> None:
+        """Forget a sequence and free its cache. Unknown ids are ignored (a cancel may race a finish)."""
+
+    def step(self) -> dict[int, list[SampledToken]]:
+        """Run one forward pass over the active sequences.
+
+        :return: for each sequence that produced tokens this step, the tokens in order (one per step for
+            plain decoding; a sequence that is still prefilling is absent).
+        """
+
+    def score(self, ids: Sequence[int], start: int, request: LogprobRequest) -> Iterator[list[TokenLogprobs | None] | None]:
+        """Teacher-forced log-probabilities of ``ids`` at positions ``start .. len(ids)-1``.
+
+        Entry j describes position ``start + j``: the distribution that predicted ``ids[start + j]`` from
+        the tokens before it, with ``logprob`` of that actual token. Position 0 has no prediction: None.
+        The iterator yields None after each chunk of work, so the scheduler can run decode steps between
+        chunks, and yields the list of entries last.
+        """
+
+    def stats(self) -> dict:
+        """Backend counters for /stats and /metrics (numbers, or dicts of numbers)."""
+
+    def close(self) -> None:
+        """Release the model (called once, at shutdown)."""

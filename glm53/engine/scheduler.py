@@ -1,0 +1,373 @@
+"""The scheduler: one native OS thread that owns the backend and steps it.
+
+Requests arrive from any thread through :meth:`Scheduler.submit` (generation) and :meth:`Scheduler.score`
+(teacher-forced log-probabilities); events leave through each job's ``sink``, a callable that must be
+thread-safe and must not block (the server's sink wakes the waiting greenlet through the gevent hub). The
+loop: take new work and cancellations, admit waiting jobs first come first served up to the backend's batch
+size, advance one chunk of a pending scoring job, run one backend step, turn the sampled tokens into text and
+events, retire finished jobs. A job's events go out as soon as its step returns; nothing waits for a later step.
+
+The backend is created on this thread too, so loading a model never blocks the server's event loop; until it
+is ready, :attr:`state` is ``loading``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from .detok import IncrementalDetokenizer
+from .interface import Backend, LogprobRequest, SamplingParams, SampledToken, TokenLogprobs
+from .stops import StopMatcher
+from .threads import NativeQueue, QueueEmpty, native_lock, start_native_thread
+
+log = logging.getLogger("glm53.scheduler")
+
+RATE_WINDOW_S = 5.0
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int  # the scheduler also stops at the context length
+    sampling: SamplingParams = SamplingParams()
+    stop_strings: tuple[str, ...] = ()
+    stop_token_ids: frozenset[int] = frozenset()  # in addition to the model's EOS ids
+    ignore_eos: bool = False
+    skip_special: bool = False  # drop control markers from the text (token ids are unaffected)
+    logprobs: LogprobRequest | None = None
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    ids: tuple[int, ...]
+    start: int
+    logprobs: LogprobRequest
+
+
+@dataclass(frozen=True)
+class Delta:
+    """New output of one step: the tokens and the text that became certain (may be empty)."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprobs, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Finish:
+    """Last event of a generation job."""
+
+    reason: str  # stop | length | cancelled | error
+    prompt_tokens: int
+    completion_tokens: int
+    matched: str | int | None = None  # the stop string or token id that ended it
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Scored:
+    """Result of a scoring job (its only event unless it fails)."""
+
+    entries: list[TokenLogprobs | None]
+
+
+class QueueFull(Exception):
+    """More work than ``max_batch_size + max_queue`` is in the system."""
+
+
+class NotReady(Exception):
+    """The backend is still loading, failed to load, or the scheduler stopped."""
+
+
+@dataclass(eq=False)
+class Job:
+    id: int
+    request: GenerationRequest | ScoreRequest
+    sink: Callable[[object], None]
+    submitted: float = field(default_factory=time.monotonic)
+    # scheduler-thread state
+    completion_tokens: int = 0
+    detok: IncrementalDetokenizer | None = None
+    stops: StopMatcher | None = None
+    scoring: Iterator | None = None
+
+
+class Scheduler:
+    def __init__(self, backend_factory: Callable[[], Backend], max_queue: int):
+        self._factory = backend_factory
+        self._max_queue = max_queue
+        self._inbox = NativeQueue()
+        self._lock = native_lock()  # guards _in_system, shared with the submitting threads
+        self._in_system = 0
+        self._ids = itertools.count(1)
+        self.backend: Backend | None = None
+        self.state = "loading"  # loading | ready | failed | stopped
+        self.error: str | None = None
+        self.load_seconds: float | None = None
+        self._waiting: deque[Job] = deque()
+        self._active: dict[int, Job] = {}
+        self._scoring: deque[Job] = deque()
+        self._recent: deque[tuple[float, int]] = deque()  # (step end time, tokens) over the last RATE_WINDOW_S
+        self.decode_rate = 0.0  # tokens per second over the recent window, all jobs together
+        self.counters = {
+            "jobs_submitted": 0, "jobs_finished": 0, "jobs_stop": 0, "jobs_length": 0, "jobs_cancelled": 0,
+            "jobs_error": 0, "jobs_rejected": 0, "score_jobs": 0, "prompt_tokens": 0, "completion_tokens": 0,
+            "steps": 0, "step_seconds": 0.0, "engine_errors": 0,
+        }
+
+    # ----- called from any thread
+
+    def start(self, on_failure: Callable[[str], None] | None = None) -> None:
+        self._on_failure = on_failure
+        start_native_thread(self._run)
+
+    def submit(self, request: GenerationRequest | ScoreRequest, sink: Callable[[object], None]) -> Job:
+        """Queue a job. :raise NotReady: while loading or after a failure. :raise QueueFull: over the limit."""
+        if self.state != "ready":
+            raise NotReady(self.state if self.error is None else f"{self.state}: {self.error}")
+        limit = self.backend.max_batch_size + self._max_queue
+        with self._lock:
+            if self._in_system >= limit:
+                self.counters["jobs_rejected"] += 1
+                raise QueueFull(f"{self._in_system} requests in progress or queued (limit {limit})")
+            self._in_system += 1
+        job = Job(next(self._ids), request, sink)
+        self._inbox.put(("job", job))
+        return job
+
+    def cancel(self, job: Job) -> None:
+        """Stop a job (client went away); its Finish(cancelled) follows unless it already finished."""
+        self._inbox.put(("cancel", job.id))
+
+    def stop(self) -> None:
+        self._inbox.put(("stop", None))
+
+    def snapshot(self) -> dict:
+        """Queue and counter figures for /stats and /metrics (read without locking: figures, not invariants)."""
+        steps = self.counters["steps"]
+        return {
+            "state": self.state,
+            "waiting": len(self._waiting),
+            "active": len(self._active),
+            "scoring": len(self._scoring),
+            "in_system": self._in_system,
+            "mean_step_ms": round(1000 * self.counters["step_seconds"] / steps, 3) if steps else None,
+            "decode_tokens_per_second": round(self.decode_rate, 2) if self._recent_is_fresh() else 0.0,
+            **self.counters,
+        }
+
+    # ----- the scheduler thread
+
+    def _run(self) -> None:
+        if not self._load():
+            return
+        while self.state == "ready":
+            idle = not (self._waiting or self._active or self._scoring)
+            if not self._take_messages(block=idle):
+                break
+            self._admit()
+            if self._scoring:
+                self._advance_scoring()
+            if self._active:
+                self._step()
+        self._shutdown()
+
+    def _load(self) -> bool:
+        t0 = time.monotonic()
+        try:
+            self.backend = self._factory()
+        except BaseException as exc:  # noqa: BLE001 - any load failure ends the server with its reason
+            self.error = f"{type(exc).__name__}: {exc}"
+            self.state = "failed"
+            log.error("model load failed: %s\n%s", self.error, traceback.format_exc())
+            if self._on_failure:
+                self._on_failure(self.error)
+            return False
+        self.load_seconds = time.monotonic() - t0
+        self.state = "ready"
+        log.info("backend %s ready in %.1f s", self.backend.info.name, self.load_seconds)
+        return True
+
+    def _take_messages(self, block: bool) -> bool:
+        """Apply queued messages; returns False on stop."""
+        try:
+            msg = self._inbox.get() if block else self._inbox.get_nowait()
+        except QueueEmpty:
+            return True
+        while True:
+            kind, payload = msg
+            if kind == "stop":
+                return False
+            if kind == "job":
+                self.counters["jobs_submitted"] += 1
+                (self._scoring if isinstance(payload.request, ScoreRequest) else self._waiting).append(payload)
+            elif kind == "cancel":
+                self._cancel(payload)
+            try:
+                msg = self._inbox.get_nowait()
+            except QueueEmpty:
+                return True
+
+    def _cancel(self, job_id: int) -> None:
+        job = self._active.get(job_id)
+        if job is not None:
+            self._retire(job, Finish("cancelled", len(job.request.prompt_ids), job.completion_tokens))
+            return
+        for queue in (self._waiting, self._scoring):
+            for job in queue:
+                if job.id == job_id:
+                    queue.remove(job)
+                    self._finish_unstarted(job, "cancelled")
+                    return
+
+    def _admit(self) -> None:
+        backend = self.backend
+        while self._waiting and len(self._active) < backend.max_batch_size:
+            job = self._waiting.popleft()
+            req: GenerationRequest = job.request
+            job.detok = IncrementalDetokenizer(backend.tokenizer, req.skip_special)
+            job.stops = StopMatcher(req.stop_strings)
+            try:
+                backend.add(job.id, req.prompt_ids, req.sampling, req.logprobs)
+            except Exception as exc:  # noqa: BLE001 - a job the backend refuses fails alone
+                log.exception("backend refused job %d", job.id)
+                self._finish_unstarted(job, "error", f"{type(exc).__name__}: {exc}")
+                continue
+            self.counters["prompt_tokens"] += len(req.prompt_ids)
+            self._active[job.id] = job
+
+    def _advance_scoring(self) -> None:
+        job = self._scoring[0]
+        req: ScoreRequest = job.request
+        try:
+            if job.scoring is None:
+                job.scoring = self.backend.score(req.ids, req.start, req.logprobs)
+            result = next(job.scoring)
+        except Exception as exc:  # noqa: BLE001 - a failed scoring job fails alone
+            log.exception("scoring job %d failed", job.id)
+            self._scoring.popleft()
+            self._finish_unstarted(job, "error", f"{type(exc).__name__}: {exc}")
+            return
+        if result is not None:
+            self._scoring.popleft()
+            self.counters["score_jobs"] += 1
+            self._deliver(job, Scored(result))
+            self._release(job)
+
+    def _step(self) -> None:
+        t0 = time.monotonic()
+        try:
+            produced = self.backend.step()
+        except Exception as exc:  # noqa: BLE001 - the batch's jobs fail, the server keeps serving
+            log.exception("backend step failed; ending the %d active jobs", len(self._active))
+            self.counters["engine_errors"] += 1
+            for job in list(self._active.values()):
+                self._retire(job, Finish("error", len(job.request.prompt_ids), job.completion_tokens, error=f"{type(exc).__name__}: {exc}"))
+            return
+        t1 = time.monotonic()
+        self.counters["steps"] += 1
+        self.counters["step_seconds"] += t1 - t0
+        self._note_rate(t1, sum(len(tokens) for tokens in produced.values()))
+        for job_id, tokens in produced.items():
+            job = self._active.get(job_id)
+            if job is not None:
+                self._consume(job, tokens)
+
+    def _note_rate(self, now: float, tokens: int) -> None:
+        self._recent.append((now, tokens))
+        while self._recent[0][0] < now - RATE_WINDOW_S:
+            self._recent.popleft()
+        span = now - self._recent[0][0]
+        total = sum(n for _, n in self._recent)
+        self.decode_rate = total / span if span > 0 else 0.0
+
+    def _recent_is_fresh(self) -> bool:
+        try:
+            return time.monotonic() - self._recent[-1][0] < RATE_WINDOW_S
+        except IndexError:
+            return False
+
+    def _consume(self, job: Job, tokens: list[SampledToken]) -> None:
+        """Turn one step's tokens of a job into a Delta, and retire the job if a stop condition hit."""
+        req: GenerationRequest = job.request
+        backend = self.backend
+        eos = frozenset() if req.ignore_eos else backend.info.eos_token_ids
+        limit = min(req.max_new_tokens, backend.info.context_length - len(req.prompt_ids))
+        text, ids, lps, finish = [], [], [], None
+        for tok in tokens:
+            job.completion_tokens += 1
+            self.counters["completion_tokens"] += 1
+            ids.append(tok.token_id)
+            if tok.logprobs is not None:
+                lps.append(tok.logprobs)
+            if tok.token_id in eos or tok.token_id in req.stop_token_ids:
+                finish = ("stop", tok.token_id)
+            else:
+                emitted, matched = job.stops.feed(job.detok.add(tok.token_id))
+                text.append(emitted)
+                if matched is not None:
+                    finish = ("stop", matched)
+            if finish is None and job.completion_tokens >= limit:
+                finish = ("length", None)
+            if finish is not None:
+                break
+        if finish is not None and not isinstance(finish[1], str):
+            # ended by EOS, a stop token or the length: release text held back for UTF-8 or a possible stop match
+            tail, matched = job.stops.feed(job.detok.flush())
+            text.append(tail)
+            if matched is None:
+                text.append(job.stops.flush())
+            else:
+                finish = ("stop", matched)
+        self._deliver(job, Delta("".join(text), tuple(ids), tuple(lps) if req.logprobs else None))
+        if finish is not None:
+            self._retire(job, Finish(finish[0], len(req.prompt_ids), job.completion_tokens, matched=finish[1]))
+
+    def _retire(self, job: Job, finish: Finish) -> None:
+        self._active.pop(job.id, None)
+        try:
+            self.backend.remove(job.id)
+        except Exception:  # noqa: BLE001 - freeing must not take the scheduler down
+            log.exception("backend.remove(%d) failed", job.id)
+        self._count_finish(finish.reason)
+        self._deliver(job, finish)
+        self._release(job)
+
+    def _finish_unstarted(self, job: Job, reason: str, error: str | None = None) -> None:
+        prompt = len(job.request.prompt_ids) if isinstance(job.request, GenerationRequest) else len(job.request.ids)
+        self._count_finish(reason)
+        self._deliver(job, Finish(reason, prompt, 0, error=error))
+        self._release(job)
+
+    def _count_finish(self, reason: str) -> None:
+        self.counters["jobs_finished"] += 1
+        self.counters["jobs_" + reason] += 1
+
+    def _release(self, job: Job) -> None:
+        with self._lock:
+            self._in_system -= 1
+
+    def _deliver(self, job: Job, event: object) -> None:
+        try:
+            job.sink(event)
+        except Exception:  # noqa: BLE001 - a broken sink must not stop other jobs
+            log.exception("event sink of job %d failed", job.id)
+
+    def _shutdown(self) -> None:
+        for job in list(self._active.values()):
+            self._retire(job, Finish("cancelled", len(job.request.prompt_ids), job.completion_tokens, error="server shutting down"))
+        while self._waiting:
+            self._finish_unstarted(self._waiting.popleft(), "cancelled", "server shutting down")
+        while self._scoring:
+            self._finish_unstarted(self._scoring.popleft(), "cancelled", "server shutting down")
+        self.state = "stopped"
+        try:
+            self.backend.close()
+        except Exception:  # noqa: BLE001
+            log.exception("backend.close failed")
