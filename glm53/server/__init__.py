@@ -1,0 +1,54 @@
+"""The HTTP server: a Flask app factory, served by gunicorn with one gevent worker (``server/gunicorn_app.py``)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from functools import partial
+
+from flask import Flask, request
+
+from ..config import Settings
+from ..engine import create_backend
+from ..engine.interface import Backend
+from ..engine.scheduler import Scheduler
+from . import auth, errors
+from .jobs import Runtime
+from .metrics import Metrics
+
+log = logging.getLogger("glm53.server")
+
+
+def create_app(
+    settings: Settings,
+    backend_factory: Callable[[], Backend] | None = None,
+    on_load_failure: Callable[[str], None] | None = None,
+) -> Flask:
+    """Build the app and start loading the model on the scheduler's thread (the port answers meanwhile).
+
+    :param backend_factory: makes the backend (default: the one ``settings.engine`` selects); tests pass theirs.
+    :param on_load_failure: called with the reason when loading fails (gunicorn stops the server).
+    """
+    app = Flask("glm53")
+    app.config["MAX_CONTENT_LENGTH"] = int(settings.max_request_mb * 1_000_000)
+    app.json.sort_keys = False
+    app.json.ensure_ascii = False
+    scheduler = Scheduler(backend_factory or partial(create_backend, settings), settings.max_queue)
+    rt = Runtime(settings, scheduler, Metrics())
+    app.extensions["glm53"] = rt
+
+    errors.init_app(app)
+    auth.init_app(app, settings.api_key)
+    from . import chat, completions, info, sglang
+
+    for module in (info, chat, completions, sglang):
+        app.register_blueprint(module.bp)
+
+    @app.after_request
+    def _count(response):
+        rule = request.url_rule.rule if request.url_rule else "unmatched"
+        rt.metrics.request_done(rule, response.status_code)
+        return response
+
+    scheduler.start(on_failure=on_load_failure)
+    return app

@@ -1,0 +1,175 @@
+"""``POST /v1/chat/completions``: messages → prompt (chat template) → jobs → reasoning, content and tool calls.
+
+Streamed and non-streamed answers go through the same output parser (``parsing``), so they carry the same
+reasoning, content and tool calls. ``tool_choice`` ``required`` or a named function starts the assistant turn
+with the tool call (``<tool_call>`` or ``<tool_call>NAME``) after an empty reasoning block: GLM has no other way
+to be held to a call, so those turns skip reasoning.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+from flask import Blueprint, request
+
+from ..engine.scheduler import Delta, Finish, GenerationRequest
+from .body import parse_body
+from .chat_template import TemplateError
+from .errors import APIError
+from .jobs import JobGroup, check_model, max_new_tokens, runtime, sampling_params
+from .parsing import ContentText, OutputParser, ReasoningText, ToolCallArguments, ToolCallBegin, parse_output
+from .protocol import ChatCompletionRequest, NamedToolChoice
+from .responses import engine_failure, finish_reason, usage
+from .sse import DONE, KEEPALIVE, frame, stream_response
+
+bp = Blueprint("chat", __name__)
+
+RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "add_generation_prompt", "enable_thinking"})
+
+
+@dataclass(frozen=True)
+class ChatPlan:
+    prompt_ids: list[int]
+    tools: list[dict] | None  # tools whose calls the output parser recognises (None: tool markup is text)
+    reasoning_open: bool  # the prompt ends inside a reasoning block
+    prefix: str  # text the assistant turn was started with (a forced tool call), parsed as if generated
+
+
+@bp.post("/v1/chat/completions")
+def chat_completions():
+    """:raise 400: invalid body, unknown template kwargs, prompt over the context. :raise 404: unknown model.
+    :raise 429: queue full. :raise 503: model not ready."""
+    req = parse_body(ChatCompletionRequest)
+    check_model(req.model)
+    plan = plan_chat(req)
+    budget = max_new_tokens(req.requested_max_tokens(), len(plan.prompt_ids))
+    jobs = [
+        GenerationRequest(
+            prompt_ids=tuple(plan.prompt_ids),
+            max_new_tokens=budget,
+            sampling=sampling_params(req, choice),
+            stop_strings=tuple(req.stop_strings()),
+            ignore_eos=req.ignore_eos,
+        )
+        for choice in range(req.n)
+    ]
+    group = JobGroup(jobs, request.environ)
+    meta = {"id": "chatcmpl-" + uuid.uuid4().hex[:24], "created": int(time.time()), "model": runtime().settings.served_name}
+    if req.stream:
+        return stream_response(_stream(group, plan, req, meta, runtime().settings.sse_keepalive_s))
+    return _collect(group, plan, req, meta)
+
+
+def plan_chat(req: ChatCompletionRequest) -> ChatPlan:
+    rt = runtime()
+    tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools and req.tool_choice != "none" else None
+    kwargs = dict(req.chat_template_kwargs or {})
+    clash = sorted(RESERVED_TEMPLATE_KWARGS & kwargs.keys() - {"enable_thinking"})
+    if clash:
+        raise APIError(400, f"chat_template_kwargs.{clash[0]} is set by the server and cannot be passed", param="chat_template_kwargs")
+    enable_thinking = kwargs.pop("enable_thinking", req.reasoning_effort != "none")
+    if req.reasoning_effort not in (None, "none"):
+        kwargs.setdefault("reasoning_effort", req.reasoning_effort)
+    prefix = ""
+    if isinstance(req.tool_choice, NamedToolChoice):
+        prefix = "<tool_call>" + req.tool_choice.function.name
+    elif req.tool_choice == "required":
+        prefix = "<tool_call>"
+    messages = [m.model_dump(exclude_none=True) for m in req.messages]
+    try:
+        rendered = rt.template().render(messages, tools, add_generation_prompt=True, enable_thinking=enable_thinking and not prefix, **kwargs)
+    except TemplateError as exc:
+        raise APIError(400, str(exc), param="messages", code="template_error") from None
+    ids = rt.backend.tokenizer.encode(rendered.text + prefix)
+    return ChatPlan(ids, tools, rendered.thinking_open and not prefix, prefix)
+
+
+def _deltas(events: list) -> list[dict]:
+    """Parser events → chat deltas; consecutive texts of one kind share a delta."""
+    out: list[dict] = []
+    for ev in events:
+        if isinstance(ev, (ReasoningText, ContentText)):
+            key = "reasoning_content" if isinstance(ev, ReasoningText) else "content"
+            if out and list(out[-1]) == [key]:
+                out[-1][key] += ev.text
+            elif ev.text:
+                out.append({key: ev.text})
+        elif isinstance(ev, ToolCallBegin):
+            fn = {"name": ev.name, "arguments": ""}
+            out.append({"tool_calls": [{"index": ev.index, "id": ev.id, "type": "function", "function": fn}]})
+        elif isinstance(ev, ToolCallArguments):
+            out.append({"tool_calls": [{"index": ev.index, "function": {"arguments": ev.fragment}}]})
+    return out
+
+
+def _stream(group: JobGroup, plan: ChatPlan, req: ChatCompletionRequest, meta: dict, keepalive_s: float):
+    """The SSE body; runs after the view returned (outside the app context), so it gets what it needs."""
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    parsers = [OutputParser(plan.tools, plan.reasoning_open) for _ in range(req.n)]
+    called = [False] * req.n
+    completion_tokens = 0
+
+    def chunk(index: int, delta: dict, finish: str | None = None) -> str:
+        body = {**meta, "object": "chat.completion.chunk", "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+        if include_usage:
+            body["usage"] = None
+        return frame(body)
+
+    try:
+        for i in range(req.n):
+            yield chunk(i, {"role": "assistant", "content": ""})
+            for delta in _deltas(parsers[i].feed(plan.prefix)):
+                yield chunk(i, delta)
+        for item in group.events(keepalive_s):
+            if item is None:
+                yield KEEPALIVE
+                continue
+            i, ev = item
+            if isinstance(ev, Delta):
+                events = parsers[i].feed(ev.text)
+            elif isinstance(ev, Finish):
+                if ev.reason in ("error", "cancelled"):
+                    yield frame(engine_failure(ev).body())
+                    break
+                completion_tokens += ev.completion_tokens
+                events = parsers[i].finish()
+            called[i] = called[i] or any(isinstance(e, ToolCallBegin) for e in events)
+            for delta in _deltas(events):
+                yield chunk(i, delta)
+            if isinstance(ev, Finish):
+                yield chunk(i, {}, finish_reason(ev, called[i]))
+        else:
+            if include_usage:
+                yield frame({**meta, "object": "chat.completion.chunk", "choices": [], "usage": usage(len(plan.prompt_ids), completion_tokens)})
+        yield DONE
+    finally:
+        group.close()
+
+
+def _collect(group: JobGroup, plan: ChatPlan, req: ChatCompletionRequest, meta: dict):
+    texts = [[plan.prefix] for _ in range(req.n)]
+    finishes: list[Finish | None] = [None] * req.n
+    try:
+        for item in group.events(None):
+            i, ev = item
+            if isinstance(ev, Delta):
+                texts[i].append(ev.text)
+            else:
+                finishes[i] = ev
+    finally:
+        group.close()
+    choices = []
+    for i, fin in enumerate(finishes):
+        if fin.reason in ("error", "cancelled"):
+            raise engine_failure(fin)
+        parsed = parse_output("".join(texts[i]), plan.tools, plan.reasoning_open)
+        message = {"role": "assistant", "content": parsed.content, "reasoning_content": parsed.reasoning}
+        if parsed.tool_calls:
+            message["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in parsed.tool_calls
+            ]
+        choices.append({"index": i, "message": message, "logprobs": None, "finish_reason": finish_reason(fin, bool(parsed.tool_calls))})
+    completion = sum(f.completion_tokens for f in finishes)
+    return {**meta, "object": "chat.completion", "choices": choices, "usage": usage(len(plan.prompt_ids), completion)}

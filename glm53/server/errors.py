@@ -1,0 +1,120 @@
+"""One error shape for every endpoint: ``{"error": {"message", "type", "param", "code"}}`` (OpenAI's).
+
+Handlers raise :class:`APIError` (or let pydantic's ValidationError through); :func:`init_app` maps every
+exception to that shape with the right status. Anything unexpected becomes a 500 with a sanitised message and a
+logged traceback; bad input must never get there.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from flask import Flask, Response
+from pydantic import ValidationError
+from werkzeug.exceptions import HTTPException
+
+log = logging.getLogger("glm53.server")
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    501: "not_implemented_error",
+    503: "service_unavailable",
+}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return error_body(self.status, self.message, self.param, self.code)
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param, "code": code}}
+
+
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none", "literal"})
+
+
+def _field_path(loc: tuple) -> list[str]:
+    """A pydantic error location without the union-member tags it inserts (``constrained-str``,
+    ``list[str]``, ``ContentPart``): what is left are field names, dict keys and list indexes."""
+    out = []
+    for part in loc:
+        text = str(part)
+        if isinstance(part, str) and (text in _TYPE_TAGS or text[:1].isupper() or any(c in text for c in "[-(")):
+            continue
+        out.append(text)
+    return out
+
+
+def from_validation_error(exc: ValidationError) -> APIError:
+    """A 400 naming the offending field, its value and what is accepted.
+
+    Of several errors the deepest is reported: for a union (``str | list[Part]``) that is the member that got
+    furthest, whose message is the useful one; members that failed at the same depth are joined with "or",
+    type mismatches only when nothing more specific was said.
+    """
+    errors = exc.errors(include_url=False)
+    depth = max(len(_field_path(e["loc"])) for e in errors)
+    deepest = [e for e in errors if len(_field_path(e["loc"])) == depth]
+    # a member whose type did not even match says less than one that got to check the value
+    specific = [e for e in deepest if not e["type"].endswith("_type")]
+    deepest = specific or deepest
+    err = deepest[0]
+    param = ".".join(_field_path(err["loc"])) or None
+    if err["type"] == "extra_forbidden":
+        return APIError(400, f"{param}: unknown field", param=param, code="extra_forbidden")
+    reasons = " or ".join(dict.fromkeys(e["msg"].removeprefix("Value error, ") for e in deepest))
+    message = f"{param}: {reasons}" if param else reasons
+    if err["type"] != "missing" and not err["type"].startswith("value_error"):
+        message += f" (got {json.dumps(err.get('input'), default=str)[:200]})"
+    return APIError(400, message, param=param, code=err["type"])
+
+
+def json_error(err: APIError) -> Response:
+    resp = Response(json.dumps(err.body()), status=err.status, mimetype="application/json")
+    for k, v in err.headers.items():
+        resp.headers[k] = v
+    return resp
+
+
+def init_app(app: Flask) -> None:
+    @app.errorhandler(APIError)
+    def _api_error(err: APIError):
+        return json_error(err)
+
+    @app.errorhandler(ValidationError)
+    def _validation(err: ValidationError):
+        return json_error(from_validation_error(err))
+
+    @app.errorhandler(HTTPException)
+    def _http(err: HTTPException):
+        status = err.code or 500
+        message = {
+            404: "no such endpoint",
+            405: "method not allowed for this endpoint",
+            413: "request body too large",
+        }.get(status, err.description or err.name)
+        return json_error(APIError(status, message))
+
+    @app.errorhandler(Exception)
+    def _unexpected(err: Exception):
+        log.exception("unhandled error")
+        return json_error(APIError(500, f"internal error ({type(err).__name__}); see the server log"))

@@ -1,0 +1,92 @@
+"""Read-only endpoints: ``/health``, ``/v1/models``, ``/stats``, ``/server_info``, ``/metrics``."""
+
+from __future__ import annotations
+
+from flask import Blueprint, Response
+
+from .. import __version__
+from .errors import APIError, json_error
+from .jobs import runtime
+
+bp = Blueprint("info", __name__)
+
+
+@bp.get("/health")
+def health():
+    """200 ``{"status": "ok"}`` when the model is loaded; 503 with ``loading`` or ``failed`` before."""
+    sched = runtime().scheduler
+    if sched.state == "ready":
+        return {"status": "ok"}
+    body = {"status": sched.state}
+    if sched.error:
+        body["error"] = sched.error
+    return body, 503
+
+
+def _model_card() -> dict:
+    rt = runtime()
+    card = {"id": rt.settings.served_name, "object": "model", "created": int(rt.started), "owned_by": "glm53"}
+    if rt.scheduler.state == "ready":
+        card["max_model_len"] = rt.scheduler.backend.info.context_length
+    return card
+
+
+@bp.get("/v1/models")
+def models():
+    return {"object": "list", "data": [_model_card()]}
+
+
+@bp.get("/v1/models/<path:model_id>")
+def model(model_id: str):
+    if model_id != runtime().settings.served_name:
+        return json_error(APIError(404, f"model {model_id!r} does not exist", param="model", code="model_not_found"))
+    return _model_card()
+
+
+@bp.get("/stats")
+def stats():
+    rt = runtime()
+    sched = rt.scheduler
+    return {
+        "requests": rt.metrics.snapshot(),
+        "scheduler": sched.snapshot(),
+        "engine": sched.backend.stats() if sched.state == "ready" else None,
+    }
+
+
+@bp.get("/server_info")
+def server_info():
+    """Effective settings (secrets redacted), where each came from, and the model's facts."""
+    rt = runtime()
+    sched = rt.scheduler
+    s = rt.settings
+    body = {
+        "version": __version__,
+        "served_name": s.served_name,
+        "state": sched.state,
+        "settings": s.public(),
+        "setting_sources": dict(s.sources),
+        "load_seconds": sched.load_seconds,
+        # SGLang-style fields that generic clients and bench/sweep.py read
+        "max_running_requests": s.max_batch_size,
+        "chunked_prefill_size": s.chunk_size,
+    }
+    if sched.state == "ready":
+        info = sched.backend.info
+        body.update(
+            context_length=info.context_length,
+            max_total_num_tokens=info.context_length,
+            model={"name": info.name, "architecture": info.architecture, "vocab_size": info.vocab_size,
+                   "eos_token_ids": sorted(info.eos_token_ids), "chat_template": rt.template().origin,
+                   **info.facts},
+        )
+    return body
+
+
+@bp.get("/metrics")
+def metrics():
+    rt = runtime()
+    sched = rt.scheduler
+    engine = sched.backend.stats() if sched.state == "ready" else {}
+    text = rt.metrics.render(sched.snapshot(), engine)
+    return Response(text, mimetype="text/plain; version=0.0.4")

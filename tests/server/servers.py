@@ -1,0 +1,89 @@
+"""Start real servers (gunicorn + one gevent worker) on loopback ports for end-to-end tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, argv: list[str], env: dict[str, str] | None = None, module: str = "glm53"):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("GLM53_")}
+        clean.update(env or {})
+        clean["PYTHONPATH"] = str(REPO)
+        cmd = [sys.executable, "-m", module, *argv, "--port", str(self.port)]
+        # a file, not a pipe: a pipe nobody reads fills up and blocks the server's logging
+        self._log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(cmd, env=clean, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, text=True)
+
+    def log(self) -> str:
+        self._log.seek(0)
+        return self._log.read()
+
+    def wait_ready(self, timeout: float = 60.0) -> Server:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=1) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("server did not become ready:\n" + self.log())
+
+    def get(self, path: str, headers: dict | None = None) -> tuple[int, dict | str]:
+        req = urllib.request.Request(self.url + path, headers=headers or {})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                body = r.read().decode()
+                status = r.status
+        except urllib.error.HTTPError as e:
+            body, status = e.read().decode(), e.code
+        try:
+            return status, json.loads(body)
+        except ValueError:
+            return status, body
+
+    def post(self, path: str, body: bytes | dict, headers: dict | None = None) -> tuple[int, dict | str]:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json", **(headers or {})})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                text, status = r.read().decode(), r.status
+        except urllib.error.HTTPError as e:
+            text, status = e.read().decode(), e.code
+        try:
+            return status, json.loads(text)
+        except ValueError:
+            return status, text
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.log()

@@ -1,0 +1,318 @@
+"""End to end over real gunicorn + gevent with a scripted model: the OpenAI wire format, tools, reasoning, errors.
+
+The official ``openai`` client is the arbiter of the wire format: a malformed chunk fails its parsing.
+"""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from .servers import Server
+
+WEATHER_TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Forecast", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}},
+]
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = Server(["--max-batch-size", "4", "-cs", "4096", "--max-request-mb", "1"], module="tests.server.scripted_server").wait_ready()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    yield c
+    c.close()  # idle keep-alive connections would hold the server's graceful shutdown
+
+
+def user(text: str) -> list[dict]:
+    return [{"role": "user", "content": text}]
+
+
+NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
+
+
+def stream_chunks(client, **kw):
+    return list(client.chat.completions.create(model="glm-5.3-flash", stream=True, **kw))
+
+
+def test_plain_answer_with_thinking_off(client):
+    r = client.chat.completions.create(model="glm-5.3-flash", messages=user("hi [[script:plain]]"), extra_body=NO_THINK)
+    msg = r.choices[0].message
+    assert msg.content == "Hello there, friend." and msg.role == "assistant"
+    assert getattr(msg, "reasoning_content", None) is None and not msg.tool_calls
+    assert r.choices[0].finish_reason == "stop" and r.object == "chat.completion"
+    assert r.usage.completion_tokens == len("Hello there, friend.") + 1  # plus the EOS token
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_reasoning_and_content_are_separated(client):
+    r = client.chat.completions.create(model="glm-5.3-flash", messages=user("[[script:think]]"))
+    msg = r.choices[0].message
+    assert msg.reasoning_content == "Let me think about it." and msg.content == "The answer is 4."
+
+
+def test_streamed_reasoning_and_content_match_the_non_streamed_answer(client):
+    chunks = stream_chunks(client, messages=user("[[script:think]]"))
+    assert len({c.id for c in chunks}) == 1 and chunks[0].choices[0].delta.role == "assistant"
+    reasoning = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks)
+    content = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert (reasoning, content) == ("Let me think about it.", "The answer is 4.")
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason]
+    assert finishes == ["stop"]
+
+
+def test_tool_call_non_streamed_typed_by_schema(client):
+    r = client.chat.completions.create(model="glm-5.3-flash", messages=user("[[script:weather]]"), tools=WEATHER_TOOLS)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.reasoning_content == "I should look it up."
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
+    assert json.loads(call.function.arguments) == {"city": " New York\n", "days": 3}
+    assert choice.message.content is None
+
+
+def test_tool_call_streamed_as_deltas(client):
+    chunks = stream_chunks(client, messages=user("[[script:weather]]"), tools=WEATHER_TOOLS)
+    calls = [tc for c in chunks for tc in (c.choices[0].delta.tool_calls or [])]
+    first = calls[0]
+    assert first.index == 0 and first.id.startswith("call_") and first.type == "function" and first.function.name == "get_weather"
+    assert all(tc.id is None and tc.function.name is None for tc in calls[1:])
+    args = "".join(tc.function.arguments or "" for tc in calls)
+    assert json.loads(args) == {"city": " New York\n", "days": 3}
+    assert len(calls) > 2  # arguments arrive in fragments, not one piece
+    assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["tool_calls"]
+
+
+def test_two_calls_and_a_zero_argument_call(client):
+    r = client.chat.completions.create(model="glm-5.3-flash", messages=user("[[script:two_calls]]"), tools=WEATHER_TOOLS)
+    calls = r.choices[0].message.tool_calls
+    assert [c.function.name for c in calls] == ["get_time", "get_weather"]
+    assert [json.loads(c.function.arguments) for c in calls] == [{}, {"city": "Paris"}]
+    chunks = stream_chunks(client, messages=user("[[script:two_calls]]"), tools=WEATHER_TOOLS)
+    indexes = sorted({tc.index for c in chunks for tc in (c.choices[0].delta.tool_calls or [])})
+    assert indexes == [0, 1]
+
+
+def test_a_call_inside_reasoning_is_not_swallowed(client):
+    r = client.chat.completions.create(model="glm-5.3-flash", messages=user("[[script:call_in_think]]"), tools=WEATHER_TOOLS)
+    msg = r.choices[0].message
+    assert [c.function.name for c in msg.tool_calls] == ["get_time"]
+    assert msg.reasoning_content == "Checking done." and msg.content == "Here."
+
+
+def test_unknown_tool_name_comes_back_as_content(client):
+    r = client.chat.completions.create(model="glm-5.3-flash", messages=user("[[script:unknown_tool]]"), tools=WEATHER_TOOLS)
+    msg = r.choices[0].message
+    assert not msg.tool_calls and "launch_rockets" in msg.content and r.choices[0].finish_reason == "stop"
+
+
+def test_tool_choice_none_leaves_markup_as_content(client):
+    r = client.chat.completions.create(model="glm-5.3-flash", messages=user("[[script:two_calls]]"), tools=WEATHER_TOOLS, tool_choice="none")
+    assert not r.choices[0].message.tool_calls and "<tool_call>get_time" in r.choices[0].message.content
+
+
+def test_named_tool_choice_starts_the_turn_with_that_call(client):
+    r = client.chat.completions.create(
+        model="glm-5.3-flash", messages=user("[[script:forced]]"), tools=WEATHER_TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
+    (call,) = r.choices[0].message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Oslo"}
+
+
+def test_stop_strings(client):
+    r = client.chat.completions.create(model="glm-5.3-flash", messages=user("[[script:stop_demo]]"), stop=["STOP", "zzz"], extra_body=NO_THINK)
+    assert r.choices[0].message.content == "alpha beta " and r.choices[0].finish_reason == "stop"
+
+
+def test_max_tokens_gives_length(client):
+    for field in ("max_tokens", "max_completion_tokens"):
+        r = client.chat.completions.create(model="glm-5.3-flash", messages=user("[[script:plain]]"), extra_body=NO_THINK, **{field: 5})
+        assert r.choices[0].message.content == "Hello" and r.choices[0].finish_reason == "length"
+        assert r.usage.completion_tokens == 5
+
+
+def test_include_usage_chunk(client):
+    chunks = stream_chunks(client, messages=user("[[script:plain]]"), stream_options={"include_usage": True}, extra_body=NO_THINK)
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 21
+    assert all(c.usage is None for c in chunks[:-1])
+    chunks = stream_chunks(client, messages=user("[[script:plain]]"), extra_body=NO_THINK)
+    assert all(c.usage is None for c in chunks) and chunks[-1].choices
+
+
+def test_n_choices(client):
+    r = client.chat.completions.create(model="glm-5.3-flash", messages=user("[[script:plain]]"), n=3, extra_body=NO_THINK)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert all(c.message.content == "Hello there, friend." for c in r.choices)
+    assert r.usage.completion_tokens == 3 * 21
+    chunks = stream_chunks(client, messages=user("[[script:plain]]"), n=2, extra_body=NO_THINK)
+    per_choice = {i: [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].index == i and c.choices[0].finish_reason] for i in (0, 1)}
+    assert per_choice == {0: ["stop"], 1: ["stop"]}
+
+
+def test_unicode_survives_streaming(client):
+    chunks = stream_chunks(client, messages=user("[[script:unicode]]"))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Grüße, 世界 😀!"
+
+
+def test_completions_endpoint(client):
+    r = client.completions.create(model="glm-5.3-flash", prompt="[[script:plain]]")
+    assert r.choices[0].text == "Hello there, friend." and r.choices[0].finish_reason == "stop" and r.object == "text_completion"
+    r = client.completions.create(model="glm-5.3-flash", prompt=["[[script:plain]]", "[[script:stop_demo]]"], max_tokens=5)
+    assert [c.text for c in r.choices] == ["Hello", "alpha"]
+    r = client.completions.create(model="glm-5.3-flash", prompt="[[script:plain]]", echo=True, max_tokens=3)
+    assert r.choices[0].text == "[[script:plain]]Hel"
+    chunks = list(client.completions.create(model="glm-5.3-flash", prompt="[[script:plain]]", stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == "Hello there, friend."
+    assert chunks[-1].usage.prompt_tokens == len("[[script:plain]]")
+
+
+def test_models_endpoint(client):
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["glm-5.3-flash"]
+    assert client.models.retrieve("glm-5.3-flash").id == "glm-5.3-flash"
+
+
+@pytest.mark.parametrize(
+    "body,status,param",
+    [
+        ({"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}, 404, "model"),
+        ({"messages": []}, 400, "messages"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, 400, "messages.0.role"),
+        ({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, 400, "temperature"),
+        ({"messages": [{"role": "user", "content": "x"}], "temperature": -1}, 400, "temperature"),
+        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400, "max_tokens"),
+        ({"messages": [{"role": "user", "content": "x"}], "n": 1000}, 400, "n"),
+        ({"messages": [{"role": "user", "content": "x"}], "stop": ["a"] * 1000}, 400, "stop"),
+        ({"messages": [{"role": "user", "content": "x"}], "logprobs": True}, 400, None),
+        ({"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": True}}, 400, None),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]}, 400, "tools.0.function.parameters"),
+        ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, 400, None),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "messages.0.content.0"),
+        ({"messages": [{"role": "user", "content": "x" * 5000}]}, 400, "messages"),
+        ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"999999": 5}}, 400, "logit_bias"),
+        ({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"enable_thinking": "no"}}, 400, None),
+    ],
+)
+def test_bad_chat_requests_get_clear_4xx(server, body, status, param):
+    code, resp = server.post("/v1/chat/completions", body)
+    assert code == status, resp
+    err = resp["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    if param is not None:
+        assert err["param"] == param
+
+
+def test_context_length_error_quotes_the_numbers(server):
+    code, resp = server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 5000}]})
+    assert code == 400 and resp["error"]["code"] == "context_length_exceeded"
+    assert "4096" in resp["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "raw,fragment",
+    [
+        (b"{not json", "not valid JSON"),
+        (b"[1, 2]", "must be a JSON object"),
+        (b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}', "not valid UTF-8"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}', "not valid JSON"),
+        (b"[" * 100000 + b"]" * 100000, "nests too deeply"),
+    ],
+)
+def test_malformed_bodies(server, raw, fragment):
+    code, resp = server.post("/v1/chat/completions", raw)
+    assert code == 400 and fragment in resp["error"]["message"]
+
+
+def test_oversize_body_is_413(server):
+    code, resp = server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 2_000_000}]})
+    assert code == 413 and resp["error"]["type"] == "invalid_request_error"
+
+
+def test_unknown_endpoint_and_wrong_method_are_json(server):
+    code, resp = server.get("/v1/nothing")
+    assert code == 404 and resp["error"]["message"] == "no such endpoint"
+    code, resp = server.get("/v1/chat/completions")
+    assert code == 405 and "error" in resp
+
+
+def test_engine_failure_mid_stream_ends_that_stream_and_the_server_keeps_serving(client):
+    with pytest.raises(openai.APIError):
+        stream_chunks(client, messages=user("[[script:fail]]"), extra_body=NO_THINK)
+    r = client.chat.completions.create(model="glm-5.3-flash", messages=user("[[script:plain]]"), extra_body=NO_THINK)
+    assert r.choices[0].message.content == "Hello there, friend."
+
+
+def test_engine_failure_non_streamed_is_a_500_with_a_reason(server):
+    code, resp = server.post("/v1/chat/completions", {"messages": user("[[script:fail]]")})
+    assert code == 500 and "injected engine failure" in resp["error"]["message"]
+
+
+def test_generate_text_ids_and_stream(server):
+    code, r = server.post("/generate", {"text": "[[script:plain]]", "sampling_params": {"max_new_tokens": 5, "temperature": 0}})
+    assert code == 200 and r["text"] == "Hello" and r["output_ids"] == list(b"Hello")
+    assert r["meta_info"]["finish_reason"] == {"type": "length", "length": 5}
+    ids = list(b"[[script:plain]]")
+    code, r = server.post("/generate", {"input_ids": ids, "sampling_params": {"stop": "there"}})
+    assert r["text"] == "Hello " and r["meta_info"]["finish_reason"] == {"type": "stop", "matched": "there"}
+    code, bad = server.post("/generate", {"text": "x", "sampling_params": {"max_tokens": 5}})
+    assert code == 400 and bad["error"]["param"] == "sampling_params.max_tokens" and "unknown field" in bad["error"]["message"]
+
+
+def test_generate_teacher_forced_logprobs(server):
+    ids = list(b"[[script:plain]]")
+    body = {"input_ids": ids, "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 1,
+            "token_ids_logprob": [72], "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+    code, r = server.post("/generate", body)
+    meta = r["meta_info"]
+    assert code == 200 and r["output_ids"] == [ord("H")]
+    assert meta["input_token_logprobs"][0] == [None, ids[0], None]
+    assert [e[0] for e in meta["input_token_logprobs"][1:4]] == [-1.0, -2.0, -3.0]
+    assert meta["output_token_logprobs"] == [[-0.5, 72, None]]
+    assert meta["output_top_logprobs"] == [[[-0.5, 72, None]]]
+    assert len(meta["input_top_logprobs"]) == len(ids)
+
+
+def test_tokenize_and_detokenize(server):
+    code, r = server.post("/tokenize", {"text": "héllo"})
+    assert code == 200 and r["tokens"] == list("héllo".encode()) and r["count"] == 6
+    code, r = server.post("/detokenize", {"tokens": list("héllo".encode())})
+    assert r == {"text": "héllo"}
+
+
+def test_observability_endpoints(server):
+    code, info = server.get("/server_info")
+    assert code == 200 and info["settings"]["max_batch_size"] == 4 and info["setting_sources"]["max_batch_size"] == "flag"
+    assert info["context_length"] == 4096 and info["settings"]["api_key"] is None
+    code, stats = server.get("/stats")
+    assert stats["scheduler"]["state"] == "ready" and stats["scheduler"]["completion_tokens"] > 0
+    code, text = server.get("/metrics")
+    assert code == 200 and 'glm53_requests_total{endpoint="/v1/chat/completions",status="200"}' in text
+    assert "glm53_time_to_first_token_seconds_bucket" in text and "glm53_engine_steps" in text
+
+
+def test_api_key():
+    s = Server(["-cs", "4096"], env={"GLM53_API_KEY": "sk-test-123"}, module="tests.server.scripted_server").wait_ready()
+    try:
+        code, resp = s.post("/v1/chat/completions", {"messages": user("x")})
+        assert code == 401 and resp["error"]["code"] == "invalid_api_key"
+        code, _ = s.post("/v1/chat/completions", {"messages": user("x")}, {"Authorization": "Bearer wrong"})
+        assert code == 401
+        code, _ = s.post("/v1/chat/completions", {"messages": user("x")}, {"Authorization": "Bearer sk-test-123"})
+        assert code == 200
+        assert s.get("/health")[0] == 200
+        code, info = s.get("/server_info", {"Authorization": "Bearer sk-test-123"})
+        assert info["settings"]["api_key"] == "<redacted>"
+    finally:
+        log = s.stop()
+    assert "sk-test-123" not in log
