@@ -257,8 +257,8 @@ class Scheduler:
         if result is not None:
             self._scoring.popleft()
             self.counters["score_jobs"] += 1
-            self._deliver(job, Scored(result))
             self._release(job)
+            self._deliver(job, Scored(result))
 
     def _step(self) -> None:
         t0 = time.monotonic()
@@ -336,14 +336,14 @@ class Scheduler:
         except Exception:  # noqa: BLE001 - freeing must not take the scheduler down
             log.exception("backend.remove(%d) failed", job.id)
         self._count_finish(finish.reason)
+        self._release(job)  # before the event: whoever sees the finish may submit again at once
         self._deliver(job, finish)
-        self._release(job)
 
     def _finish_unstarted(self, job: Job, reason: str, error: str | None = None) -> None:
         prompt = len(job.request.prompt_ids) if isinstance(job.request, GenerationRequest) else len(job.request.ids)
         self._count_finish(reason)
-        self._deliver(job, Finish(reason, prompt, 0, error=error))
         self._release(job)
+        self._deliver(job, Finish(reason, prompt, 0, error=error))
 
     def _count_finish(self, reason: str) -> None:
         self.counters["jobs_finished"] += 1

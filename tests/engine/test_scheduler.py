@@ -138,8 +138,8 @@ def test_queue_limit_refuses_beyond_batch_plus_queue():
         assert c.wait().finish.reason == "cancelled"
     assert s.snapshot()["in_system"] == 0
     again = Collector()
-    s.submit(gen(), again)  # room again
-    assert again.wait().finish.reason == "stop"
+    s.submit(gen(max_new_tokens=3), again)  # room again
+    assert again.wait().finish.reason == "length"
     s.stop()
 
 
