@@ -7,6 +7,7 @@ server forks its worker after these checks).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import platform
 import resource
@@ -15,6 +16,9 @@ from pathlib import Path
 
 from .config import Settings
 from .engine import cuda_gpu_visible, resolve_engine
+
+
+SUPPORTED_ARCHITECTURE = "Glm5NextForConditionalGeneration"
 
 
 @dataclass(frozen=True)
@@ -28,7 +32,7 @@ def run_checks(settings: Settings) -> list[Check]:
     engine, why = resolve_engine(settings)
     checks = [Check("engine", "ok", f"{engine}: {why}"), _python()]
     if engine == "exl3":
-        checks += [_gpu(), _model_dir(settings.model_dir), _memlock()]
+        checks += [_exllamav3(), _gpu(), _model_dir(settings.model_dir), _memlock()]
     checks.append(_host_ram())
     return checks
 
@@ -41,6 +45,13 @@ def _python() -> Check:
     return Check("python", "ok", f"Python {platform.python_version()} on {platform.machine()}")
 
 
+def _exllamav3() -> Check:
+    spec = importlib.util.find_spec("exllamav3")  # found without importing it (an import loads CUDA code)
+    if spec is None:
+        return Check("exllamav3", "fail", "exllamav3 is not installed; install the GPU extra: pip install 'glm53[gpu]'")
+    return Check("exllamav3", "ok", f"exllamav3 at {Path(spec.origin).parent}")
+
+
 def _gpu() -> Check:
     if cuda_gpu_visible():
         return Check("gpu", "ok", "an NVIDIA GPU is visible")
@@ -50,6 +61,12 @@ def _gpu() -> Check:
 def _model_dir(model_dir: Path) -> Check:
     if not (model_dir / "config.json").is_file():
         return Check("model", "fail", f"{model_dir} holds no config.json; point -m/GLM53_MODEL_DIR at an EXL3 checkpoint (or set GLM53_MODEL_DOWNLOAD=1)")
+    try:
+        archs = json.loads((model_dir / "config.json").read_text()).get("architectures", [])
+    except ValueError as exc:
+        return Check("model", "fail", f"{model_dir}/config.json is not valid JSON ({exc}); re-download the checkpoint")
+    if archs != [SUPPORTED_ARCHITECTURE]:
+        return Check("model", "fail", f"{model_dir} holds a {', '.join(archs) or 'unnamed'} checkpoint; glm53 serves {SUPPORTED_ARCHITECTURE} (GLM-5.3-Flash) only")
     index = model_dir / "model.safetensors.index.json"
     shards = sorted(model_dir.glob("*.safetensors"))
     if index.is_file():
