@@ -1,4 +1,5 @@
-"""The ``glm53`` command: ``serve`` runs the server, ``info`` prints the effective configuration and preflight."""
+"""The ``glm53`` command: ``serve`` runs the server, ``info`` prints the effective configuration and preflight,
+``synth`` writes a synthetic checkpoint."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 
 from . import __version__, config, preflight
+from .models.synth import presets
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -19,6 +22,29 @@ def _parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="effective configuration and a preflight report")
     info.add_argument("--json", action="store_true", help="print JSON instead of text")
     config.add_setting_flags(info)
+    synth = sub.add_parser(
+        "synth", help="write a synthetic GLM-5.3-Flash checkpoint (real shapes and EXL3 format, random values)",
+        description="Write a checkpoint that stock exllamav3 loads, deterministically from the seed: the same "
+                    "arguments give byte-identical files. Runs on a CPU.")
+    synth.add_argument("--preset", required=True, choices=tuple(presets.PRESETS),
+                       help="tiny: 8 small layers (~0.6 GB); scaled: real shapes, --moe-layers MoE layers "
+                            "(default 12, ~36 GB); full: all 45 layers")
+    synth.add_argument("--out", required=True, type=Path, help="output directory (must be empty unless --force)")
+    synth.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    synth.add_argument("--moe-layers", type=int, help="number of MoE layers after the 3 dense ones")
+    synth.add_argument("--profile", type=Path, help="routing profile JSON (default: reference/glm53-flash-routing-profile.json)")
+    synth.add_argument("--stats-out", type=Path, help="also write the routing targets as an EXL3_MOE_CPU_SPLIT_STATS file")
+    synth.add_argument("--force", action="store_true", help="overwrite the checkpoint files in a non-empty --out")
+    cal = sub.add_parser(
+        "calibrate-router", help="fit a synthetic checkpoint's router biases to routing measured on the GPU",
+        description="Run the checkpoint in exllamav3 on a decode workload, count each expert's picks, and move the "
+                    "router biases toward the routing profile until every layer's top-32 share is within the "
+                    "tolerance; the biases are written into the checkpoint. Needs CUDA and exllamav3.")
+    cal.add_argument("-m", "--model-dir", required=True, type=Path, help="a checkpoint written by `glm53 synth`")
+    cal.add_argument("--rounds", type=int, default=10, help="most adjustment rounds (default 10)")
+    cal.add_argument("--tolerance", type=float, default=0.05, help="largest accepted |top-32 share error| per layer")
+    cal.add_argument("--profile", type=Path, help="routing profile JSON (default: reference/glm53-flash-routing-profile.json)")
+    cal.add_argument("--report", type=Path, help="write the per-round, per-layer report as JSON here")
     return ap
 
 
@@ -31,6 +57,10 @@ def _setting_argv(argv: list[str], ns: argparse.Namespace) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ns = _parser().parse_args(argv)
+    if ns.command == "synth":
+        return _synth(ns)
+    if ns.command == "calibrate-router":
+        return _calibrate(ns)
     try:
         settings = config.load(_setting_argv(argv, ns))
     except config.ConfigError as exc:
@@ -57,6 +87,19 @@ def _info(settings: config.Settings, as_json: bool) -> int:
     return 1 if preflight.failures(checks) else 0
 
 
+def _synth(ns: argparse.Namespace) -> int:
+    # Imported here: only this command needs numpy and the writer.
+    from .models.synth.writer import write_checkpoint
+
+    try:
+        write_checkpoint(ns.out, ns.preset, seed=ns.seed, moe_layers=ns.moe_layers, profile=ns.profile,
+                         force=ns.force, stats_out=ns.stats_out, log=lambda line: print(line, flush=True))
+    except (OSError, ValueError) as exc:
+        print(f"glm53: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _serve(settings: config.Settings) -> int:
     checks = preflight.run_checks(settings)
     for c in checks:
@@ -75,3 +118,15 @@ def _serve(settings: config.Settings) -> int:
     )
     serve(settings)
     return 0
+
+
+def _calibrate(ns: argparse.Namespace) -> int:
+    from .models.synth.calibrate import calibrate
+
+    report = calibrate(ns.model_dir, ns.profile, rounds=ns.rounds, tolerance=ns.tolerance)
+    if ns.report:
+        ns.report.write_text(json.dumps(report, indent=1))
+    last = report["rounds"][-1]
+    print(f"{'passed' if report['passed'] else 'FAILED'}: max |top-32 share error| {last['max_top32_error']:.3f} "
+          f"after {last['round']} round(s) (tolerance {report['tolerance']})")
+    return 0 if report["passed"] else 1

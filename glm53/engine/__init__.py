@@ -6,7 +6,7 @@ import logging
 import os
 from pathlib import Path
 
-from ..config import ConfigError, Settings
+from ..config import Settings
 from .interface import Backend
 
 log = logging.getLogger("glm53.engine")
@@ -42,4 +42,6 @@ def create_backend(settings: Settings) -> Backend:
         from .tiny.backend import TinyBackend
 
         return TinyBackend(context_length=settings.cache_size, max_batch_size=settings.max_batch_size, chunk_size=settings.chunk_size)
-    raise ConfigError("--engine exl3: the exllamav3 engine is not part of this build yet; use --engine tiny")
+    from .exl3.backend import Exl3Backend
+
+    return Exl3Backend(settings)

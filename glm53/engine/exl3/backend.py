@@ -1,0 +1,177 @@
+"""The GPU backend (``--engine exl3``): stock exllamav3's generator behind the ``Backend`` contract.
+
+exllamav3 does the paging, chunked prefill, batched decode and sampling; the scheduler does stops and text. Jobs
+carry no stop conditions and no length limit here: the scheduler removes a sequence when it has seen one, so both
+backends stop in exactly the same way. Pages are reserved in rounds (``max_rq_tokens``) rather than for the
+whole remaining context, so several jobs with uncapped ``max_tokens`` all start at once.
+
+Only exllamav3's public API is used here; reaching into its internals is ``glm53/offload/exl3_patch.py``'s job.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+
+from ...config import Settings
+from ..interface import LogprobRequest, ModelInfo, SampledToken, SamplingParams, TokenLogprobs
+from ..sampling import logprobs_for
+from .tokenizer import HFTokenizer
+
+log = logging.getLogger("glm53.engine.exl3")
+
+# Pages a job reserves per round: a job past it requeues (keeping its pages through the prefix cache), so an
+# uncapped job never holds the whole remaining context while others wait.
+PAGE_ROUND_TOKENS = 2048
+
+
+class Exl3Backend:
+    def __init__(self, settings: Settings):
+        t0 = time.monotonic()
+        if not torch.cuda.is_available():
+            raise RuntimeError("no CUDA GPU is available to this process; use --engine tiny or run on a CUDA host")
+        from exllamav3 import Cache, CacheLayer_fp16, Config, Generator, Model, Tokenizer
+
+        model_dir = str(settings.model_dir)
+        self._config = Config.from_directory(model_dir)
+        self.model = Model.from_config(self._config)
+        self.cache = Cache(self.model, max_num_tokens=settings.cache_size, layer_type=CacheLayer_fp16, max_batch_size=settings.ambs)
+        split = [settings.vram_limit_gb] if settings.vram_limit_gb else None
+        self.model.load(use_per_device=split, progressbar=False, max_batch_size=settings.ambs, max_chunk_size=settings.chunk_size)
+        self.model.warmup(cache=self.cache, max_chunk_size=settings.chunk_size, progressbar=False)
+        exl_tokenizer = Tokenizer.from_config(self._config)
+        self.generator = Generator(self.model, self.cache, exl_tokenizer, max_batch_size=settings.max_batch_size, max_chunk_size=settings.chunk_size)
+        # a recurrent model decodes at most as many sequences as the cache has state slots (-ambs)
+        self.max_batch_size = self.generator.max_batch_size
+        self.chunk_size = settings.chunk_size
+        self.tokenizer = HFTokenizer(exl_tokenizer.tokenizer, self._config.vocab_size)
+        self.info = ModelInfo(
+            name=Path(model_dir).name,
+            architecture=self._config.architecture,
+            context_length=settings.cache_size,
+            vocab_size=self._config.vocab_size,
+            eos_token_ids=frozenset(eos_token_ids(settings.model_dir, exl_tokenizer)),
+            checkpoint_dir=settings.model_dir,
+            facts={"load_seconds": round(time.monotonic() - t0, 2), "decode_slots": self.max_batch_size, **_memory_facts()},
+        )
+        self._jobs: dict[int, LogprobRequest | None] = {}
+        self._counters = {"steps": 0, "decode_tokens": 0, "scored_tokens": 0, "requeues_seen": 0}
+
+    def add(self, seq_id: int, prompt_ids: Sequence[int], sampling: SamplingParams, logprobs: LogprobRequest | None = None) -> None:
+        from exllamav3 import Job
+
+        if seq_id in self._jobs:
+            raise ValueError(f"sequence {seq_id} is already active")
+        job = Job(
+            input_ids=torch.tensor([list(prompt_ids)], dtype=torch.long),
+            max_new_tokens=None,
+            sampler=exl3_sampler(sampling),
+            seed=sampling.seed,
+            decode_special_tokens=True,
+            return_logits=logprobs is not None,
+            identifier=seq_id,
+            max_rq_tokens=PAGE_ROUND_TOKENS,
+        )
+        self.generator.enqueue(job)
+        self._jobs[seq_id] = logprobs
+
+    def remove(self, seq_id: int) -> None:
+        if self._jobs.pop(seq_id, "absent") == "absent":
+            return
+        # a requeued job is a new Job object with the same identifier
+        for job in self.generator.active_jobs + self.generator.pending_jobs:
+            if job.identifier == seq_id:
+                self.generator.cancel(job)
+
+    def step(self) -> dict[int, list[SampledToken]]:
+        out: dict[int, list[SampledToken]] = {}
+        for r in self.generator.iterate():
+            if r.get("stage") != "streaming" or r.get("token_ids") is None:
+                continue
+            seq_id = r["identifier"]
+            ids = r["token_ids"][0].tolist()
+            if not ids or seq_id not in self._jobs:
+                continue
+            request = self._jobs[seq_id]
+            logits = r.get("logits") if request is not None else None
+            out.setdefault(seq_id, []).extend(
+                SampledToken(t, logprobs_for(logits[0, i].float(), t, request) if logits is not None else None) for i, t in enumerate(ids)
+            )
+            self._counters["decode_tokens"] += len(ids)
+        self._counters["steps"] += 1
+        return out
+
+    def score(self, ids: Sequence[int], start: int, request: LogprobRequest) -> Iterator[list[TokenLogprobs | None] | None]:
+        """One cache-less forward over ``ids``; the head runs only from position ``start - 1``.
+
+        :raise ValueError: more than one prefill chunk of tokens (a longer forward would stall every other job).
+        """
+        if len(ids) > self.chunk_size:
+            raise ValueError(f"teacher-forced scoring takes at most {self.chunk_size} tokens (the prefill chunk size); got {len(ids)}")
+        first = max(start - 1, 0)
+        with torch.inference_mode():
+            logits = self.model.forward(torch.tensor([list(ids)], dtype=torch.long), {"attn_mode": "flash_attn_nc", "last_tokens_only": len(ids) - first})
+        rows = logits[0, :, : self.info.vocab_size].float()  # [len(ids) - first, V]; row j predicts ids[first + j + 1]
+        entries: list[TokenLogprobs | None] = []
+        for p in range(start, len(ids)):
+            entries.append(None if p == 0 else logprobs_for(rows[p - 1 - first], ids[p], request))
+        self._counters["scored_tokens"] += len(ids)
+        yield entries
+
+    def stats(self) -> dict:
+        return {
+            **self._counters,
+            "active_jobs": len(self.generator.active_jobs),
+            "pending_jobs": len(self.generator.pending_jobs),
+            **_memory_facts(),
+        }
+
+    def close(self) -> None:
+        self.generator.close()
+        self.model.unload()
+
+
+def exl3_sampler(params: SamplingParams):
+    """exllamav3's sampler for our sampling parameters (argmax for greedy, as stock exllamav3 does)."""
+    from exllamav3 import ArgmaxSampler, ComboSampler
+
+    if params.greedy and not params.logit_bias and not params.presence_penalty and not params.frequency_penalty:
+        return ArgmaxSampler()
+    return ComboSampler(
+        temperature=max(params.temperature, 0.0) or 1e-6,  # greedy with penalties/bias: a vanishing temperature
+        top_k=params.top_k,
+        top_p=params.top_p,
+        min_p=params.min_p,
+        pres_p=params.presence_penalty,
+        freq_p=params.frequency_penalty,
+        logit_bias=dict(params.logit_bias) or None,
+    )
+
+
+def eos_token_ids(model_dir: Path, exl_tokenizer) -> set[int]:
+    """Union of the config's, generation_config's and the tokenizer's end-of-sequence ids."""
+    ids: set[int] = set()
+    for name in ("config.json", "generation_config.json"):
+        path = Path(model_dir) / name
+        if path.is_file():
+            data = json.loads(path.read_text())
+            for value in (data.get("eos_token_id"), data.get("text_config", {}).get("eos_token_id")):
+                if isinstance(value, int):
+                    ids.add(value)
+                elif isinstance(value, list):
+                    ids.update(v for v in value if isinstance(v, int))
+    if exl_tokenizer.eos_token_id is not None:
+        ids.add(exl_tokenizer.eos_token_id)
+    return ids
+
+
+def _memory_facts() -> dict:
+    return {
+        "vram_allocated_gb": round(torch.cuda.memory_allocated() / 1e9, 3),
+        "vram_reserved_gb": round(torch.cuda.memory_reserved() / 1e9, 3),
+    }

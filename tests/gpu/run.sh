@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Run the GPU suite on a GPU machine from a clean copy of the repository, and write a short report.
+#
+#   tests/gpu/run.sh [pytest arguments]
+#
+# GPU_KIT: a copy of ../shared/device (wheels, prebuilt exllamav3 extension, Triton cache, prep.sh); default .gpu
+# REPORT_DIR: where the report goes; default $OUT (the device runner's output folder) or /tmp/glm53-gpu-report
+# TEST_CHECKPOINT: where the tiny synthetic checkpoint is written; default /tmp/glm53-ckpt/tiny
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+KIT=${GPU_KIT:-.gpu}
+REPORT_DIR=${REPORT_DIR:-${OUT:-/tmp/glm53-gpu-report}}
+export TEST_CHECKPOINT=${TEST_CHECKPOINT:-/tmp/glm53-ckpt/tiny}
+mkdir -p "$REPORT_DIR"
+now() { echo $(( $(date +%s%N) / 1000000 )); }  # milliseconds
+
+t0=$(now)
+# shellcheck disable=SC1091
+source "$KIT/prep.sh" || { echo "run.sh: $KIT/prep.sh failed" >&2; exit 2; }
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+t1=$(now)
+python3 -m glm53 synth --preset tiny --out "$TEST_CHECKPOINT" --seed 1 --force || exit 2
+t2=$(now)
+python3 -m pytest tests/gpu -v -rA -p no:cacheprovider --junitxml "$REPORT_DIR/gpu-junit.xml" "$@" 2>&1 | tee "$REPORT_DIR/gpu-pytest.log"
+rc=${PIPESTATUS[0]}
+t3=$(now)
+
+{
+  echo "# GPU test report"
+  echo
+  echo "- date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "- commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (with uncommitted changes)')"
+  echo "- gpu: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+  echo "- cpu: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+  python3 -c 'import sys, torch; from exllamav3.version import __version__ as v; print(f"- python {sys.version.split()[0]}, torch {torch.__version__}, exllamav3 {v}")' 2>/dev/null
+  echo "- prep (wheels, extension): $(( (t1 - t0) / 1000 )) s; synth tiny checkpoint: $(( (t2 - t1) / 1000 )) s; pytest: $(( (t3 - t2) / 1000 )) s"
+  echo "- result: $(tail -1 "$REPORT_DIR/gpu-pytest.log")"
+} > "$REPORT_DIR/gpu-report.md"
+cat "$REPORT_DIR/gpu-report.md"
+exit "$rc"
