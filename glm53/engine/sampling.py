@@ -108,7 +108,7 @@ def logprobs_for(
     single = logits.dim() == 1
     rows = logits.reshape(-1, logits.shape[-1]).float()  # [N, V]
     logprobs = torch.log_softmax(rows, dim=-1)  # [N, V]
-    chosen_ids = torch.tensor([chosen] if single else list(chosen)).reshape(-1, 1)  # [N, 1]
+    chosen_ids = torch.tensor([chosen] if single else list(chosen), device=rows.device).reshape(-1, 1)  # [N, 1]
     own = logprobs.gather(1, chosen_ids).squeeze(1).tolist()
     top = _top(logprobs, request.top_n)
     requested = _requested(logprobs, request.token_ids)

@@ -1,9 +1,9 @@
 """Real OS-thread primitives, even inside a gevent worker.
 
-The gunicorn gevent worker monkey-patches ``threading`` and ``_thread`` before the app is imported, which turns
-a ``threading.Thread`` into a greenlet and a ``threading.Lock`` into a greenlet lock. The scheduler must run on a
-native thread (a decode step holds the CPU for milliseconds and must never block the event loop) and its locks
-must work between that thread and the hub's thread, so it takes the originals.
+gevent's monkey-patching turns a ``threading.Thread`` into a greenlet and a ``threading.Lock`` into a greenlet
+lock. The project's gunicorn worker leaves threads native (``server/gunicorn_app.py``), but the scheduler must
+run on a native thread (a decode step holds the CPU for milliseconds and must never block the event loop) with
+locks that work between that thread and the hub's whatever patched the process, so it takes the originals.
 """
 
 from __future__ import annotations

@@ -104,10 +104,14 @@ class RoutingCounter:
 
 def set_router_bias(mlp, bias: torch.Tensor) -> None:
     """Replace a layer's ``e_score_correction_bias`` in place, and the copies the routing kernels read."""
-    cfg = mlp.routing_cfg
+    with torch.inference_mode():  # the loaded tensors are inference tensors
+        _set_router_bias(mlp.routing_cfg, mlp.key, bias)
+
+
+def _set_router_bias(cfg, key: str, bias: torch.Tensor) -> None:
     esb = cfg.e_score_correction_bias
     if esb is None or esb.shape != bias.shape:
-        raise ValueError(f"{mlp.key}: router bias of shape {tuple(bias.shape)} does not fit {None if esb is None else tuple(esb.shape)}")
+        raise ValueError(f"{key}: router bias of shape {tuple(bias.shape)} does not fit {None if esb is None else tuple(esb.shape)}")
     esb.copy_(bias.to(esb.dtype))
     # the kernels read derived copies built once from the bias (addresses may be baked into graphs: update in place)
     half = getattr(cfg, "e_score_bias_h", None)

@@ -16,11 +16,12 @@ from collections.abc import Callable
 
 
 def gevent_active() -> bool:
+    """Whether requests run as greenlets (the gevent worker patches sockets; it leaves threads native)."""
     try:
         from gevent import monkey
     except ImportError:
         return False
-    return monkey.is_module_patched("threading")
+    return monkey.is_module_patched("socket")
 
 
 class _HubWaker:

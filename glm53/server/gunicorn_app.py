@@ -1,4 +1,4 @@
-"""Run the app under gunicorn: the gevent worker class and exactly one worker.
+"""Run the app under gunicorn: a gevent worker class and exactly one worker.
 
 One worker because the model is loaded once, in that worker (each worker would load its own copy). The app is
 built after the fork (no preload), so the model, CUDA and the scheduler thread live in the worker only. A model
@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
+from gunicorn.workers.ggevent import GeventWorker as _GunicornGeventWorker
 
 from ..config import Settings
 from ..engine.interface import Backend
@@ -32,6 +33,23 @@ def _exit_worker(reason: str) -> None:
     os._exit(Arbiter.APP_LOAD_ERROR)  # from the loader thread: nothing else in the worker can be trusted now
 
 
+class GeventWorker(_GunicornGeventWorker):
+    """gunicorn's gevent worker with threads, queues and subprocesses left native.
+
+    The scheduler is a native OS thread that runs CUDA, Triton and torch. Triton sets up its driver with a
+    subprocess and exllamav3 keeps thread pools; gevent's versions of those must not be used from a foreign
+    thread (a patched subprocess there fails with "child watchers are only available on the default loop").
+    Requests never wait on threads, queues or subprocesses, so leaving them native costs the event loop nothing.
+    """
+
+    def patch(self):
+        from gevent import monkey, socket
+
+        monkey.patch_all(thread=False, queue=False, subprocess=False)
+        # the listening sockets were made before patching: re-wrap them as gevent sockets
+        self.sockets = [socket.socket(s.FAMILY, socket.SOCK_STREAM, fileno=s.sock.detach()) for s in self.sockets]
+
+
 class GunicornServer(BaseApplication):
     def __init__(self, settings: Settings, backend_factory: Callable[[], Backend] | None = None):
         self.settings = settings
@@ -43,7 +61,7 @@ class GunicornServer(BaseApplication):
         for key, value in {
             "bind": bind_address(s.host, s.port),
             "workers": 1,
-            "worker_class": "gevent",
+            "worker_class": "glm53.server.gunicorn_app.GeventWorker",
             "worker_connections": max(1000, 4 * (s.max_batch_size + s.max_queue)),
             # a gevent worker heartbeats from its hub, which never blocks on the model: a generous limit only
             # guards against a wedged process, and loading happens off the hub

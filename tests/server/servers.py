@@ -28,7 +28,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         clean = {k: v for k, v in os.environ.items() if not k.startswith("GLM53_")}
         clean.update(env or {})
-        clean["PYTHONPATH"] = str(REPO)
+        clean["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
         cmd = [sys.executable, "-m", module, *argv, "--port", str(self.port)]
         # a file, not a pipe: a pipe nobody reads fills up and blocks the server's logging
         self._log = tempfile.TemporaryFile(mode="w+")
