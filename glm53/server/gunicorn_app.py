@@ -34,18 +34,24 @@ def _exit_worker(reason: str) -> None:
 
 
 class GeventWorker(_GunicornGeventWorker):
-    """gunicorn's gevent worker with threads, queues and subprocesses left native.
+    """gunicorn's gevent worker, patching only what requests use: sockets (and DNS, SSL).
 
-    The scheduler is a native OS thread that runs CUDA, Triton and torch. Triton sets up its driver with a
-    subprocess and exllamav3 keeps thread pools; gevent's versions of those must not be used from a foreign
-    thread (a patched subprocess there fails with "child watchers are only available on the default loop").
-    Requests never wait on threads, queues or subprocesses, so leaving them native costs the event loop nothing.
+    The scheduler is a native OS thread that runs CUDA, Triton and torch. Triton compiles kernels through
+    subprocesses, waits for them with ``os.waitpid`` and reads them through ``selectors``; exllamav3 keeps thread
+    pools. gevent's versions of those, used from a foreign thread, fail or wait forever for an event that only
+    the main hub would see (seen on the GPU machine: a patched subprocess raised "child watchers are only
+    available on the default loop"; with a patched os and select, requests hung at the first new kernel).
+    Requests never sleep, wait on threads, queues or processes, so patching less costs the event loop nothing.
     """
 
     def patch(self):
         from gevent import monkey, socket
 
-        monkey.patch_all(thread=False, queue=False, subprocess=False)
+        monkey.patch_all(
+            socket=True, dns=True, ssl=True,
+            time=False, select=False, thread=False, os=False, subprocess=False, sys=False,
+            signal=False, queue=False,
+        )
         # the listening sockets were made before patching: re-wrap them as gevent sockets
         self.sockets = [socket.socket(s.FAMILY, socket.SOCK_STREAM, fileno=s.sock.detach()) for s in self.sockets]
 

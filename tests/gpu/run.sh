@@ -11,6 +11,7 @@ cd "$(dirname "$0")/../.."
 KIT=${GPU_KIT:-.gpu}
 REPORT_DIR=${REPORT_DIR:-${OUT:-/tmp/glm53-gpu-report}}
 export TEST_CHECKPOINT=${TEST_CHECKPOINT:-/tmp/glm53-ckpt/tiny}
+export SERVER_LOG_DIR=${SERVER_LOG_DIR:-$REPORT_DIR}
 mkdir -p "$REPORT_DIR"
 now() { echo $(( $(date +%s%N) / 1000000 )); }  # milliseconds
 

@@ -65,9 +65,12 @@ def reference_greedy(gen, prompt: list[int], n: int) -> tuple[list[int], torch.T
 def backend_greedy(backend, seq_id: int, prompt: list[int], n: int, request: LogprobRequest):
     backend.add(seq_id, prompt, SamplingParams(temperature=0.0), request)
     tokens = []
-    while len(tokens) < n:
+    for _ in range(4 * n + 64):  # a bound, so a stuck sequence fails the test instead of hanging it
         tokens += backend.step().get(seq_id, [])
+        if len(tokens) >= n:
+            break
     backend.remove(seq_id)
+    assert len(tokens) >= n, f"sequence {seq_id} produced {len(tokens)} of {n} tokens"
     return tokens[:n]
 
 
@@ -81,6 +84,14 @@ def test_greedy_tokens_and_logprobs_equal_plain_exllamav3(backend, reference, in
     for i, tok in enumerate(got):
         want = logprobs_for(ref_logits[i].float()[: backend.info.vocab_size], ref_ids[i], request)
         assert tok.logprobs == want, f"position {i}"
+
+
+def test_a_repeated_prompt_reuses_the_prefix_cache_and_gives_the_same_tokens(backend):
+    """The second run of a prompt starts from exllamav3's cached pages (and recurrent checkpoint)."""
+    prompt = PROMPTS[2] + [500] * 700
+    first = [t.token_id for t in backend_greedy(backend, 300, prompt, 16, None)]
+    second = [t.token_id for t in backend_greedy(backend, 301, prompt, 16, None)]
+    assert first == second
 
 
 def test_score_equals_a_plain_forward(backend, reference):

@@ -30,8 +30,10 @@ class Server:
         clean.update(env or {})
         clean["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
         cmd = [sys.executable, "-m", module, *argv, "--port", str(self.port)]
-        # a file, not a pipe: a pipe nobody reads fills up and blocks the server's logging
-        self._log = tempfile.TemporaryFile(mode="w+")
+        # a file, not a pipe: a pipe nobody reads fills up and blocks the server's logging; kept where
+        # SERVER_LOG_DIR says (the GPU runner collects them into its report)
+        log_dir = os.environ.get("SERVER_LOG_DIR")
+        self._log = open(Path(log_dir) / f"server-{self.port}.log", "w+") if log_dir else tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(cmd, env=clean, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, text=True)
 
     def log(self) -> str:
