@@ -1,0 +1,92 @@
+{
+  description = "glm53: GLM-5.3-Flash from one 24 GB NVIDIA GPU plus host RAM, behind an OpenAI-compatible API";
+
+  # The only input. flake.lock pins it to the revision recorded, with the origin of its narHash, in
+  # nix/pins/nixpkgs.nix; nix/ci/check.sh fails when the two disagree.
+  inputs.nixpkgs.url = "github:NixOS/nixpkgs/nixos-26.05";
+
+  outputs =
+    { self, nixpkgs }:
+    let
+      # x86_64 only: the pinned wheels are manylinux x86_64 and the CPU tier is AVX2 code.
+      system = "x86_64-linux";
+      inherit (nixpkgs) lib;
+      pkgs = import ./nix { inherit nixpkgs system; };
+      inherit (pkgs) glm53;
+
+      app = name: {
+        type = "app";
+        program = lib.getExe glm53.${name};
+        meta.description = glm53.${name}.meta.description;
+      };
+
+      golden = import ./nix/tests/golden.nix;
+    in
+    {
+      overlays.default = import ./nix/overlay.nix;
+
+      packages.${system} = {
+        inherit (glm53)
+          glm53
+          exllamav3
+          serve-fast
+          serve-exact
+          oci-fast
+          oci-exact
+          ;
+        appliance-image = self.nixosConfigurations.appliance.config.system.build.images.raw-efi;
+        default = glm53.serve-fast;
+      };
+
+      # nix run .#serve-fast -- -m /path/to/model (arguments after -- are appended; the last value wins)
+      apps.${system} = {
+        serve-fast = app "serve-fast";
+        serve-exact = app "serve-exact";
+        default = app "serve-fast";
+      };
+
+      nixosModules.default = import ./nix/module.nix { inherit (self) packages; };
+
+      nixosConfigurations.appliance = nixpkgs.lib.nixosSystem {
+        modules = [
+          self.nixosModules.default
+          ./appliance
+          # The flake's own instance: its CUDA configuration and overlay, and the same store paths as the packages.
+          { nixpkgs.pkgs = pkgs; }
+        ];
+      };
+
+      devShells.${system}.default = glm53.devShell;
+
+      # What needs nixpkgs (and so the network): nix/ci/release-check.sh runs `nix flake check`.
+      checks.${system} = {
+        inherit (glm53) serve-fast serve-exact;
+        golden =
+          assert lib.assertMsg (golden.failures == [ ]) (lib.concatStringsSep "\n" golden.failures);
+          pkgs.runCommand "glm53-golden" { } "touch $out";
+        # The images must take libcuda.so.1 from the host driver: no file of that name anywhere in the closure.
+        no-libcuda =
+          pkgs.runCommand "glm53-no-libcuda"
+            {
+              closure = pkgs.closureInfo {
+                rootPaths = [
+                  glm53.serve-fast
+                  glm53.serve-exact
+                ];
+              };
+            }
+            ''
+              found=$(xargs -a "$closure/store-paths" -I{} find {} -name 'libcuda.so.1' -o -name 'libnvidia-ml.so.1' | head -n 5)
+              if [ -n "$found" ]; then
+                echo "driver libraries in the closure: $found" >&2
+                exit 1
+              fi
+              touch $out
+            '';
+        vm = import ./nix/tests/vm.nix {
+          inherit pkgs;
+          module = self.nixosModules.default;
+        };
+      };
+    };
+}

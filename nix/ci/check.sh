@@ -1,0 +1,281 @@
+#!/usr/bin/env bash
+# The offline Nix checks, run by `make test` on every submission. Needs no nixpkgs and no Nix binary cache:
+#
+#   1 parse   every .nix file of the repository parses
+#   2 lock    flake.lock: one nixpkgs node at the revision of nix/pins/nixpkgs.nix, a well-formed narHash, and
+#             Nix itself finds the lock up to date with flake.nix
+#   3 golden  the project's Nix logic (nix/lib: systemd unit for both modes, OCI image config, wrapper flags, pins
+#             to SRI hashes, CUDA arch list) against nix/tests/golden/*.json
+#   4 pins    pyproject.toml still asks for what nix/pins/pypi.json pins, and every pinned PyPI file is fetched
+#             through Nix's fixed-output fetcher and matched against its hash
+#
+# Which Nix runs them: a `nix` of version 2.18 or later on PATH, as it is. Otherwise, as root on Debian, Nix 2.26
+# from Debian trixie in a chroot made by mmdebstrap and cached outside the repository (GLM53_NIX_CHROOT, default
+# $XDG_CACHE_HOME/glm53/nix-trixie or /var/cache/glm53/nix-trixie; delete it to start afresh). On any other machine
+# the tier does not run and says why. With CI=true it must run: anything that keeps it from running fails the run.
+# Measured on a 2-core Debian 12 machine: about 40 s without the cache (chroot ~30 s, ~1 GB of wheels ~10 s), 1 s
+# with it.
+#
+#   nix/ci/check.sh                   run the four tiers
+#   nix/ci/check.sh --update-golden   rewrite nix/tests/golden/*.json from nix/tests/golden.nix (review the diff)
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+MIN_NIX=2.18 # nixpkgs' own minimum (lib/minfeatures.nix)
+CHROOT_NIX=2.26
+DEBIAN_SUITE=trixie
+DEBIAN_MIRROR=${GLM53_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+CHROOT_PACKAGES=nix-bin,ca-certificates
+# Offline by design: no substituters, no build users (the chroot runs as root, in no sandbox of its own).
+CHROOT_NIX_CONF='build-users-group =
+experimental-features = nix-command flakes
+substituters =
+sandbox = false
+max-jobs = 8
+'
+HOST_CA=${NIX_SSL_CERT_FILE:-${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}}
+
+case "${CI:-}" in true | 1) in_ci=1 ;; *) in_ci=0 ;; esac
+update_golden=0
+case "${1:-}" in
+"") ;;
+--update-golden) update_golden=1 ;;
+*)
+	echo "usage: $0 [--update-golden]" >&2
+	exit 2
+	;;
+esac
+
+say() { printf 'nix checks: %s\n' "$*"; }
+
+# The tier cannot run here. Outside CI that is said plainly and `make test` goes on; in CI it is a failure.
+not_run() {
+	if ((in_ci)); then
+		say "FAILED: the Nix tier must run in CI but cannot: $*" >&2
+		exit 1
+	fi
+	say "NOT RUN: $*" >&2
+	say "NOT RUN: the Nix checks (nix/ci/check.sh) were skipped; nothing about flake.nix, flake.lock, nix/ or the PyPI pins was checked" >&2
+	exit 0
+}
+
+version_at_least() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" = "$2" ]; }
+
+# --- Nix on PATH -------------------------------------------------------------------------------------------------
+host_nix_version() {
+	command -v nix >/dev/null 2>&1 || return 1
+	nix --version 2>/dev/null | grep -Eo '[0-9]+\.[0-9]+(\.[0-9]+)?' | head -n1
+}
+
+# --- Nix in a cached Debian trixie chroot ------------------------------------------------------------------------
+chroot_cache() {
+	if [ -n "${GLM53_NIX_CHROOT:-}" ]; then
+		echo "$GLM53_NIX_CHROOT"
+	elif [ -n "${XDG_CACHE_HOME:-}" ]; then
+		echo "$XDG_CACHE_HOME/glm53/nix-$DEBIAN_SUITE"
+	else
+		echo "/var/cache/glm53/nix-$DEBIAN_SUITE"
+	fi
+}
+
+# What the chroot is built from; a cache made from anything else is rebuilt.
+chroot_recipe() {
+	printf 'suite=%s\nmirror=%s\npackages=%s\n%s' "$DEBIAN_SUITE" "$DEBIAN_MIRROR" "$CHROOT_PACKAGES" "$CHROOT_NIX_CONF"
+}
+
+# Runs "$@" in the chroot, in the repository (mounted read-only at /src), with the host's resolver and CA bundle
+# (this project's registries are reached through a proxy whose CA only the host trusts). The mounts live in a
+# private mount namespace and vanish with it.
+in_chroot() {
+	local root=$1
+	shift
+	# shellcheck disable=SC2016 # the script is expanded by the inner sh, from its arguments
+	unshare --mount --propagation private --fork -- sh -euc '
+		root=$1 repo=$2 ca=$3
+		shift 3
+		mount -t proc proc "$root/proc"
+		mount --rbind /dev "$root/dev"
+		mkdir -p "$root/src"
+		mount --bind "$repo" "$root/src"
+		mount -o remount,bind,ro "$root/src"
+		touch "$root/etc/resolv.conf" "$root/etc/ssl/certs/host-ca.crt"
+		mount --bind /etc/resolv.conf "$root/etc/resolv.conf"
+		mount --bind "$ca" "$root/etc/ssl/certs/host-ca.crt"
+		exec chroot "$root" /usr/bin/env -i HOME=/root PATH=/usr/bin:/bin LANG=C.UTF-8 \
+			NIX_SSL_CERT_FILE=/etc/ssl/certs/host-ca.crt sh -c "cd /src && exec \"\$@\"" sh "$@"
+	' sh "$root" "$REPO" "$HOST_CA" "$@"
+}
+
+# Makes sure a working chroot is in the cache; prints why not and returns 1 if it cannot.
+ensure_chroot() {
+	local cache root started
+	cache=$(chroot_cache)
+	root=$cache/root
+	mkdir -p "$cache" || {
+		echo "cannot create the chroot cache $cache"
+		return 1
+	}
+	# One run at a time builds or replaces the chroot.
+	exec 9>"$cache/lock"
+	flock 9
+	if [ -x "$root/usr/bin/nix" ] && [ "$(cat "$cache/recipe" 2>/dev/null)" = "$(chroot_recipe)" ]; then
+		return 0
+	fi
+	started=$(date +%s)
+	say "building the Debian $DEBIAN_SUITE chroot with Nix $CHROOT_NIX in $cache (once per machine)" >&2
+	if ! command -v mmdebstrap >/dev/null 2>&1; then
+		say "installing mmdebstrap with apt-get" >&2
+		if ! { apt-get install -y -qq mmdebstrap >/dev/null 2>&1 ||
+			{ apt-get update -qq >/dev/null && apt-get install -y -qq mmdebstrap >/dev/null; }; }; then
+			echo "apt-get could not install mmdebstrap (no Debian mirror reachable?)"
+			return 1
+		fi
+	fi
+	rm -rf "$cache/root.new"
+	if ! mmdebstrap --quiet --variant=apt --include="$CHROOT_PACKAGES" "$DEBIAN_SUITE" "$cache/root.new" \
+		"$DEBIAN_MIRROR" >"$cache/mmdebstrap.log" 2>&1; then
+		echo "mmdebstrap failed (log: $cache/mmdebstrap.log): $(tail -n 3 "$cache/mmdebstrap.log" | tr '\n' ' ')"
+		return 1
+	fi
+	mkdir -p "$cache/root.new/etc/nix"
+	printf '%s' "$CHROOT_NIX_CONF" >"$cache/root.new/etc/nix/nix.conf"
+	local version
+	if ! version=$(in_chroot "$cache/root.new" nix --version); then
+		echo "Nix does not run in the new chroot (unshare or chroot refused?)"
+		return 1
+	fi
+	case "$version" in
+	*" $CHROOT_NIX".*) ;;
+	*)
+		echo "the chroot has $version; expected $CHROOT_NIX.x from Debian $DEBIAN_SUITE"
+		return 1
+		;;
+	esac
+	rm -rf "$root" "$cache/recipe"
+	mv "$cache/root.new" "$root"
+	chroot_recipe >"$cache/recipe"
+	say "chroot ready in $(($(date +%s) - started)) s: $version" >&2
+}
+
+# --- choose the Nix ----------------------------------------------------------------------------------------------
+if version=$(host_nix_version) && version_at_least "$version" "$MIN_NIX"; then
+	run() { (cd "$REPO" && NIX_CONFIG="extra-experimental-features = nix-command flakes" "$@"); }
+	say "using nix $version from PATH"
+else
+	have=${version:+nix $version on PATH is older than $MIN_NIX}
+	have=${have:-no nix on PATH}
+	if [ "$(id -u)" != 0 ]; then
+		not_run "$have, and only root can build the Debian chroot with Nix $CHROOT_NIX (run as root, or install Nix >= $MIN_NIX)"
+	fi
+	if [ ! -f /etc/debian_version ] || ! command -v apt-get >/dev/null 2>&1; then
+		not_run "$have, and this is not a Debian system, where the Nix $CHROOT_NIX chroot is made with mmdebstrap"
+	fi
+	for tool in unshare flock chroot; do
+		command -v "$tool" >/dev/null 2>&1 || not_run "$have, and $tool is missing"
+	done
+	if ! why=$(ensure_chroot); then
+		not_run "$have, and the Nix $CHROOT_NIX chroot could not be made: $why"
+	fi
+	chroot_root=$(chroot_cache)/root
+	run() { in_chroot "$chroot_root" "$@"; }
+	say "using $(run nix --version) in the chroot $(chroot_cache)"
+fi
+
+# --- the tiers ---------------------------------------------------------------------------------------------------
+failed=0
+tier_start=0
+begin() {
+	tier_start=$(date +%s%N)
+	printf 'nix checks: %-7s ' "$1"
+}
+pass() { printf 'ok (%s ms) %s\n' "$((($(date +%s%N) - tier_start) / 1000000))" "$*"; }
+fail() {
+	printf 'FAILED\n'
+	printf '%s\n' "$@" | sed 's/^/    /' >&2
+	failed=1
+}
+
+if ((update_golden)); then
+	for name in $(run nix eval --raw --file nix/tests/golden.nix names --apply 'builtins.concatStringsSep " "'); do
+		out=$REPO/nix/tests/golden/$name.json
+		json=$(run nix eval --json --file nix/tests/golden.nix "cases.$name")
+		if command -v python3 >/dev/null 2>&1; then
+			printf '%s' "$json" | python3 -c 'import json, sys; print(json.dumps(json.load(sys.stdin), indent=2, sort_keys=True))' >"$out"
+		else
+			printf '%s\n' "$json" >"$out"
+		fi
+		echo "wrote ${out#"$REPO"/}"
+	done
+	exit 0
+fi
+
+# 1. parse
+begin parse
+if command -v git >/dev/null 2>&1 && git -C "$REPO" rev-parse --git-dir >/dev/null 2>&1; then
+	mapfile -t nix_files < <(git -C "$REPO" ls-files --cached --others --exclude-standard -- '*.nix')
+else
+	mapfile -t nix_files < <(cd "$REPO" && find . -name '*.nix' -not -path './.git/*' -not -path './.venv/*' | sed 's|^\./||')
+fi
+if out=$(run sh -c 'for f; do nix-instantiate --parse "$f" >/dev/null || exit 1; done' sh "${nix_files[@]}" 2>&1); then
+	pass "${#nix_files[@]} files"
+else
+	fail "$out"
+fi
+
+# 2. lock
+begin lock
+if out=$(run nix eval --raw --file nix/ci/lock.nix 2>&1) &&
+	out2=$(run sh -c 'd=$(mktemp -d) && cp flake.nix flake.lock "$d" &&
+		nix flake metadata --no-update-lock-file --no-write-lock-file --json "path:$d" >/dev/null' 2>&1); then
+	pass "$out"
+else
+	fail "$out" "${out2:-}"
+fi
+
+# 3. golden, and every GLM53_* variable the Nix side sets is one glm53/config.py knows (the server refuses an
+# unknown one at start, so a renamed setting would otherwise surface only on a deployed machine)
+begin golden
+settings=$(grep -Eho 'GLM53_[A-Z0-9_]+' "$REPO"/nix/lib/*.nix "$REPO"/nix/module.nix "$REPO"/appliance/*.nix | sort -u)
+if command -v python3 >/dev/null 2>&1; then
+	unknown=$(printf '%s\n' "$settings" | python3 -c '
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("glm53_config", sys.argv[1])
+config = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = config  # dataclasses looks the module up by name
+spec.loader.exec_module(config)
+known = config._ENV_NAMES | config.FOREIGN_ENV
+print(" ".join(name for name in sys.stdin.read().split() if name not in known))
+' "$REPO/glm53/config.py")
+	settings_note="$(printf '%s\n' "$settings" | wc -l) GLM53_* names known to glm53/config.py"
+else
+	unknown=""
+	settings_note="GLM53_* names not compared with glm53/config.py: no python3"
+fi
+if ! out=$(run nix eval --raw --file nix/tests/golden.nix failures --apply 'builtins.concatStringsSep "\n"' 2>&1) ||
+	[ -n "$out" ]; then
+	fail "$out"
+elif [ -n "$unknown" ]; then
+	fail "set by the Nix files but not a setting of glm53/config.py: $unknown"
+else
+	pass "$(run nix eval --raw --file nix/tests/golden.nix names --apply 'n: toString (builtins.length n)') cases; $settings_note"
+fi
+
+# 4. pins
+begin pins
+if ! out=$(run nix eval --raw --file nix/ci/pins.nix requirements 2>&1); then
+	fail "$out"
+elif ! ((in_ci)) && command -v curl >/dev/null 2>&1 &&
+	! curl --silent --head --max-time 10 --output /dev/null https://files.pythonhosted.org/; then
+	printf 'NOT RUN (files.pythonhosted.org unreachable; %s)\n' "$out"
+	say "NOT RUN: the PyPI pins were not fetched; their hashes are unchecked" >&2
+elif fetched=$(run nix-build --no-out-link --quiet nix/ci/pins.nix -A fetch 2>&1); then
+	pass "$out, all fetched and matching"
+else
+	fail "$(printf '%s\n' "$fetched" | grep -v '^/nix/store/' | tail -n 20)"
+fi
+
+if ((failed)); then
+	say "FAILED" >&2
+	exit 1
+fi
+say "all passed"

@@ -1,0 +1,171 @@
+# Golden tests of the project's own Nix logic (nix/lib), builtins only, so they run where nixpkgs cannot be had.
+#
+#   cases.NAME     what the logic produces for one input
+#   failures       every difference between cases.NAME and nix/tests/golden/NAME.json, as "NAME.path: ..." lines
+#
+# nix/ci/check.sh evaluates `failures`; `nix/ci/check.sh --update-golden` rewrites the JSON files from `cases`
+# (review the diff: it is the change in behaviour).
+let
+  inherit (builtins)
+    attrNames
+    concatLists
+    concatMap
+    elemAt
+    fromJSON
+    genList
+    isAttrs
+    isList
+    length
+    pathExists
+    readFile
+    toJSON
+    tryEval
+    ;
+
+  unit = import ../lib/unit.nix;
+  image = import ../lib/image.nix;
+  wrapper = import ../lib/wrapper.nix;
+  cuda = import ../lib/cuda.nix;
+  pins = file: import ../lib/pins.nix { inherit file; };
+
+  # Stand-ins for store paths: the logic only places them.
+  exe = mode: "/nix/store/00000000000000000000000000000000-serve-${mode}-0.1.0/bin/serve-${mode}";
+  waitHealthy = "/nix/store/00000000000000000000000000000000-glm53-wait-healthy";
+
+  # Fails to evaluate (a throw or a failed assert), once forced completely.
+  rejects = value: !(tryEval (builtins.deepSeq value value)).success;
+
+  fixture = ./fixtures/pins.json;
+  # A copy of the fixture with one field of one pin replaced, as a file pins.nix can read.
+  brokenPins =
+    name: field: value:
+    let
+      data = fromJSON (readFile fixture);
+    in
+    builtins.toFile "pins-${name}-${field}.json" (
+      toJSON (data // { packages = data.packages // { ${name} = data.packages.${name} // { ${field} = value; }; }; })
+    );
+
+  cases = {
+    # The defaults of the NixOS module.
+    unit-fast = unit {
+      mode = "fast";
+      exe = exe "fast";
+      inherit waitHealthy;
+    };
+    # Every option away from its default, including arguments systemd would otherwise misread.
+    unit-exact = unit {
+      mode = "exact";
+      exe = exe "exact";
+      inherit waitHealthy;
+      host = "::";
+      port = 8000;
+      modelDir = "/var/lib/glm53/models/GLM-5.3-Flash-exl3-3.05bpw";
+      download = true;
+      repo = "turboderp/GLM-5.3-Flash-exl3";
+      revision = "332ab457b709b7ba30dd9a448be5de03b80a7ac9";
+      extraArgs = [
+        "--served-name"
+        "glm 5.3 \"flash\""
+        "--ct-cpus"
+        "2-11,14"
+        "--triton-pin"
+        "/srv/pins/100%$HOME.json"
+      ];
+      environment = {
+        GLM53_VRAM_LIMIT_GB = "22";
+      };
+      environmentFile = "/run/secrets/glm53.env";
+      gpu = null;
+    };
+    unit-probe-hosts = map (host: (unit {
+      mode = "fast";
+      exe = exe "fast";
+      inherit waitHealthy host;
+    }).healthUrl) [
+      "127.0.0.1"
+      "0.0.0.0"
+      "::"
+      "fd00::1"
+      "[fd00::1]"
+      "gpu-host.lan"
+    ];
+
+    image-fast = image {
+      mode = "fast";
+      version = "0.1.0";
+      entrypoint = exe "fast";
+      caBundle = "/nix/store/00000000000000000000000000000000-nss-cacert/etc/ssl/certs/ca-bundle.crt";
+    };
+    image-exact = image {
+      mode = "exact";
+      version = "0.1.0";
+      entrypoint = exe "exact";
+      caBundle = "/nix/store/00000000000000000000000000000000-nss-cacert/etc/ssl/certs/ca-bundle.crt";
+    };
+
+    wrapper-fast = wrapper {
+      mode = "fast";
+      cc = "/nix/store/00000000000000000000000000000000-gcc-wrapper/bin/cc";
+    };
+    wrapper-exact = wrapper {
+      mode = "exact";
+      cc = "/nix/store/00000000000000000000000000000000-gcc-wrapper/bin/cc";
+    };
+
+    # Three real pins (hashes as PyPI lists them), read the way the wheel builder and CI's fetch tier read them.
+    pins-fixture = (pins fixture).packages;
+    pins-rejects = {
+      url-elsewhere = rejects (pins (brokenPins "packaging" "url" "https://example.org/packaging-26.4-py3-none-any.whl"));
+      url-other-file = rejects (pins (brokenPins "packaging" "filename" "packaging-26.3-py3-none-any.whl"));
+      hex-truncated = rejects (pins (brokenPins "packaging" "sha256" "ba7b5504"));
+      sri-of-another-file = rejects (pins (brokenPins "markupsafe" "hash" (pins fixture).packages.packaging.hash));
+      dependency-unpinned = rejects (pins (brokenPins "jinja2" "deps" [ "markupsafe" "babel" ]));
+      not-a-wheel = rejects (pins (brokenPins "packaging" "filename" "packaging-26.4.tar.gz"));
+    };
+
+    cuda-arch-list = {
+      default = cuda.torchArchList cuda.defaultCapabilities;
+      hopper-specific = cuda.torchArchList [ "9.0a" ];
+      rejects-empty = rejects (cuda.torchArchList [ ]);
+      rejects-native = rejects (cuda.torchArchList [ "native" ]);
+    };
+  };
+
+  # Differences between two JSON values, as lines naming the path where they differ.
+  diff =
+    path: want: got:
+    if want == got then
+      [ ]
+    else if isAttrs want && isAttrs got then
+      concatMap (
+        key:
+        if !(want ? ${key}) then
+          [ "${path}.${key}: not expected, got ${toJSON got.${key}}" ]
+        else if !(got ? ${key}) then
+          [ "${path}.${key}: missing, expected ${toJSON want.${key}}" ]
+        else
+          diff "${path}.${key}" want.${key} got.${key}
+      ) (attrNames (want // got))
+    else if isList want && isList got && length want == length got then
+      concatLists (genList (i: diff "${path}[${toString i}]" (elemAt want i) (elemAt got i)) (length want))
+    else
+      [ "${path}: expected ${toJSON want}, got ${toJSON got}" ];
+
+  check =
+    name:
+    let
+      file = ./golden + "/${name}.json";
+      # Through JSON, as the expectation went, so that both sides have the same types.
+      got = fromJSON (toJSON cases.${name});
+    in
+    if pathExists file then
+      diff name (fromJSON (readFile file)) got
+    else
+      [ "${name}: no nix/tests/golden/${name}.json (run nix/ci/check.sh --update-golden)" ];
+in
+{
+  inherit cases;
+  names = attrNames cases;
+  failures = concatMap check (attrNames cases);
+}
