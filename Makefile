@@ -6,21 +6,27 @@ BIN    := $(VENV)/bin
 # A CPU build of torch is enough for the demo model and the CPU tests; pinned so that pip does not fetch a
 # multi-GB CUDA build (pip takes this version from a local wheel where one is provided, as on CI).
 TORCH  ?= torch==2.13.0
-STAMP  := $(VENV)/.installed-serve-dev
+STAMP  := $(VENV)/.installed-serve-dev-hub
 
-.PHONY: demo test readme clean
+.PHONY: demo test test-nix readme clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet "$(TORCH)"
-	$(BIN)/pip install --quiet -e '.[serve,dev]'
+	$(BIN)/pip install --quiet -e '.[serve,dev,hub]'
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/glm53 serve
 
-test: $(STAMP)
+test: $(STAMP) test-nix
 	$(BIN)/python -m pytest -q -m 'not gpu'
+
+# The offline Nix checks (flake.lock, golden tests of nix/lib, PyPI pins). They use a Nix >= 2.18 on PATH, else
+# (as root on Debian) a cached trixie chroot with Nix 2.26; elsewhere they say they did not run, and with CI=true
+# that fails the run.
+test-nix:
+	nix/ci/check.sh
 
 readme: $(STAMP)
 	$(BIN)/python -c "import pathlib, glm53.config as c; p = pathlib.Path('README.md'); p.write_text(c.readme_with_table(p.read_text()))"
