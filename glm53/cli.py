@@ -101,6 +101,16 @@ def _synth(ns: argparse.Namespace) -> int:
 
 
 def _serve(settings: config.Settings) -> int:
+    from .engine import resolve_engine
+    from .models.download import DownloadError, download_checkpoint, needs_download
+
+    if resolve_engine(settings)[0] == "exl3" and needs_download(settings):
+        logging.getLogger("glm53.download").info("downloading %s@%s into %s", settings.model_repo, settings.model_revision, settings.model_dir)
+        try:
+            download_checkpoint(settings)
+        except DownloadError as exc:
+            print(f"glm53: not starting: {exc}", file=sys.stderr)
+            return 1
     checks = preflight.run_checks(settings)
     for c in checks:
         logging.getLogger("glm53.preflight").log(logging.ERROR if c.level == "fail" else logging.INFO, "%s: %s", c.name, c.message)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .config import Settings
 from .engine import cuda_gpu_visible, resolve_engine
+from .models.download import fetch_command
 
 
 SUPPORTED_ARCHITECTURE = "Glm5NextForConditionalGeneration"
@@ -32,7 +33,7 @@ def run_checks(settings: Settings) -> list[Check]:
     engine, why = resolve_engine(settings)
     checks = [Check("engine", "ok", f"{engine}: {why}"), _python()]
     if engine == "exl3":
-        checks += [_exllamav3(), _gpu(), _model_dir(settings.model_dir), _memlock()]
+        checks += [_exllamav3(), _gpu(), _model_dir(settings), _memlock()]
     checks.append(_host_ram())
     return checks
 
@@ -58,9 +59,11 @@ def _gpu() -> Check:
     return Check("gpu", "fail", "no NVIDIA GPU is visible (no /dev/nvidia*, or CUDA_VISIBLE_DEVICES hides them); run on a CUDA host or use --engine tiny")
 
 
-def _model_dir(model_dir: Path) -> Check:
+def _model_dir(settings: Settings) -> Check:
+    model_dir = settings.model_dir
     if not (model_dir / "config.json").is_file():
-        return Check("model", "fail", f"{model_dir} holds no config.json; point -m/GLM53_MODEL_DIR at an EXL3 checkpoint (or set GLM53_MODEL_DOWNLOAD=1)")
+        return Check("model", "fail", f"{model_dir} holds no config.json; point -m/GLM53_MODEL_DIR at an EXL3 checkpoint, "
+                                      f"set GLM53_MODEL_DOWNLOAD=1, or fetch it: {fetch_command(settings)}")
     try:
         archs = json.loads((model_dir / "config.json").read_text()).get("architectures", [])
     except ValueError as exc:

@@ -30,6 +30,8 @@ def resolve_engine(settings: Settings) -> tuple[str, str]:
     has_model = (settings.model_dir / "config.json").is_file()
     if not cuda_gpu_visible():
         return "tiny", "no CUDA GPU is visible, so the CPU demo model serves"
+    if settings.model_download and not has_model:
+        return "exl3", f"CUDA GPU, and the model will be downloaded into {settings.model_dir}"
     if not has_model:
         return "tiny", f"no model in {settings.model_dir} (no config.json), so the CPU demo model serves"
     return "exl3", f"CUDA GPU and model at {settings.model_dir}"
