@@ -16,34 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
-import urllib.request
+
+from client import Client, add_server_args, chat_prompt, client_from_args
 
 PROMPT = "Write a detailed essay of at least 1200 words on the history of the printing press."
 HALF_MIN = 0.40
 TAIL_MAX = 0.10
 
 
-def _post_stream(url: str, body: dict, timeout: float):
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        for raw in resp:
-            line = raw.decode("utf-8").rstrip("\n")
-            if not line.startswith("data: "):
-                continue  # blank separators and keep-alive comments
-            payload = line[len("data: "):]
-            if payload == "[DONE]":
-                return
-            yield time.monotonic(), json.loads(payload)
-
-
-def _post(url: str, body: dict, timeout: float) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return json.loads(resp.read())
-
-
-def chat_arrivals(base: str, args) -> list[tuple[float, int]]:
+def chat_arrivals(client: Client, args) -> list[tuple[float, int]]:
     """(arrival time, cumulative characters) for each chat chunk that carries text."""
     body = {
         "model": args.model, "messages": [{"role": "user", "content": PROMPT}], "stream": True, "temperature": 0,
@@ -52,7 +33,7 @@ def chat_arrivals(base: str, args) -> list[tuple[float, int]]:
     if args.ignore_eos:
         body["ignore_eos"] = True
     total, out = 0, []
-    for t, chunk in _post_stream(base + "/v1/chat/completions", body, args.timeout):
+    for t, chunk in client.stream("/v1/chat/completions", body):
         for choice in chunk.get("choices", []):
             delta = choice.get("delta", {})
             n = len(delta.get("content") or "") + len(delta.get("reasoning_content") or "")
@@ -62,13 +43,12 @@ def chat_arrivals(base: str, args) -> list[tuple[float, int]]:
     return out
 
 
-def generate_arrivals(base: str, args) -> list[tuple[float, int]]:
+def generate_arrivals(client: Client, args) -> list[tuple[float, int]]:
     """The same for ``/generate``, whose events carry the cumulative text."""
-    prompt = f"[gMASK]<sop><|user|>{PROMPT}<|assistant|><think></think>"
-    ids = _post(base + "/tokenize", {"text": prompt}, args.timeout)["tokens"]
+    ids = client.post("/tokenize", {"text": chat_prompt(PROMPT)})["tokens"]
     body = {"input_ids": ids, "stream": True, "sampling_params": {"temperature": 0, "max_new_tokens": args.max_tokens, "ignore_eos": args.ignore_eos}}
     last, out = 0, []
-    for t, chunk in _post_stream(base + "/generate", body, args.timeout):
+    for t, chunk in client.stream("/generate", body):
         n = len(chunk.get("text", ""))
         if n > last:
             last = n
@@ -97,19 +77,18 @@ def shares(arrivals: list[tuple[float, int]]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--url", default="http://127.0.0.1:30000")
+    add_server_args(ap)
     ap.add_argument("--model", default="glm-5.3-flash")
     ap.add_argument("--max-tokens", type=int, default=2048)
     ap.add_argument("--ignore-eos", action="store_true", help="generate exactly --max-tokens (for models that stop early)")
-    ap.add_argument("--timeout", type=float, default=600)
     args = ap.parse_args(argv)
-    base = args.url.rstrip("/")
+    client = client_from_args(args)
     paths = []
     for name, fn in (("chat", chat_arrivals), ("generate", generate_arrivals)):
-        report = {"path": name, **shares(fn(base, args))}
+        report = {"path": name, **shares(fn(client, args))}
         report["pass"] = report["half_share"] >= HALF_MIN and report["tail_share"] <= TAIL_MAX and report["chars"] > 0
         paths.append(report)
-    result = {"url": base, "max_tokens": args.max_tokens, "criteria": {"half_share_min": HALF_MIN, "tail_share_max": TAIL_MAX},
+    result = {"url": client.base, "max_tokens": args.max_tokens, "criteria": {"half_share_min": HALF_MIN, "tail_share_max": TAIL_MAX},
               "paths": paths, "pass": all(p["pass"] for p in paths)}
     print(json.dumps(result, indent=2))
     return 0 if result["pass"] else 1
