@@ -184,6 +184,8 @@ class Settings:
     max_queue: int = setting(_number(int, 0, 100000), 256, "requests that may wait for a batch slot; beyond that, 429 with Retry-After")
     max_request_mb: float = setting(_number(float, 0.01, 1024, " MB"), 16.0, "largest request body accepted (413 beyond)")
     sse_keepalive_s: float = setting(_number(float, 0.1, 300, " s"), 5.0, "idle time after which a stream gets an SSE comment (keeps proxies and clients from timing out)")
+    shutdown_grace_s: float = setting(_number(float, 0, 3600, " s"), 30.0, "on SIGTERM, how long in-flight requests may run to completion while new ones get 503; the rest are then cancelled")
+    log_prompts: bool = setting(BOOL, False, "put prompt and completion text in the per-request access-log line (off: counts and timings only)")
     # --- engine
     cache_size: int = setting(_multiple_of(_number(int, 256, 16 * 1048576), 256), 131072, "KV cache size in tokens: the context one sequence may use, shared by all", flags=("-cs",))
     max_batch_size: int = setting(_number(int, 1, 256), 8, "jobs generated concurrently (continuous batching)")

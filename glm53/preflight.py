@@ -2,21 +2,46 @@
 
 Each check gives a level (``ok``, ``warn``, ``fail``) and one sentence; a ``fail`` says what to do about it. A
 failure stops ``glm53 serve`` before it binds the port; a warning does not. Nothing here initialises CUDA (the
-server forks its worker after these checks).
+server forks its worker after these checks): free VRAM comes from ``nvidia-smi``.
+
+Host RAM needed, from the checkpoint's routed-expert bytes E (the sizes of its ``...mlp.experts.*`` tensors):
+
+- ``exact``: ``1.02 * E + 6 GiB``. The host store holds every routed expert once, padded by at most 2 % for
+  alignment; 6 GiB covers the rest of the process (Python, torch and the CUDA runtime's host allocations, the
+  tokenizer, the loader's buffers): the reference implementation used 5.1 GB beyond one expert copy in exact
+  mode (shared/notes/anchor.md, 4.5), rounded up.
+- ``fast``: the same, plus what the CPU tier adds: its own copies of the experts' ``suh``/``svh`` vectors (S,
+  summed from the same headers: 0.45 GB for the full model) and 64 MiB per CPU-tier thread (stack and working
+  buffers; a planning figure until the tier exists and is measured). The expert store itself is not copied: the
+  single copy is kept in the tier's layout.
+
+The need is compared with MemAvailable and, inside a cgroup, with its limit minus what it already uses.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import platform
 import resource
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import host
 from .config import Settings
 from .engine import cuda_gpu_visible, resolve_engine
+from .models import checkpoint
 from .models.download import fetch_command
+
+GiB = 2**30
+STORE_PADDING = 1.02
+PROCESS_OVERHEAD = 6 * GiB
+CPU_TIER_PER_THREAD = 64 * 2**20
+FAST_MODE_CPU_FLAGS = ("avx2", "fma", "f16c")
+MIN_SHM = 1 * GiB
+# free VRAM below this share of the total means another process holds the GPU
+OTHER_PROCESS_SHARE = 0.05
 
 
 SUPPORTED_ARCHITECTURE = "Glm5NextForConditionalGeneration"
@@ -29,12 +54,19 @@ class Check:
     message: str
 
 
-def run_checks(settings: Settings) -> list[Check]:
+def run_checks(settings: Settings, paths: host.HostPaths | None = None, query_gpus=host.query_gpus) -> list[Check]:
+    """Every check for ``settings``. :param paths: where the host's figures are read (default: the real /proc,
+    /sys and /dev/shm; tests pass fakes). :param query_gpus: lists the GPUs (``host.query_gpus``; tests pass a fake)."""
+    paths = paths or host.HostPaths()
     engine, why = resolve_engine(settings)
     checks = [Check("engine", "ok", f"{engine}: {why}"), _python()]
-    if engine == "exl3":
-        checks += [_exllamav3(), _gpu(), _model_dir(settings), _memlock()]
-    checks.append(_host_ram())
+    if engine != "exl3":
+        return checks + [_host_ram(None, settings, paths)]
+    model = _model_dir(settings)
+    experts = _expert_bytes(settings.model_dir) if model.level == "ok" else None
+    checks += [_exllamav3(), _gpu(settings, query_gpus), model, _host_ram(experts, settings, paths), _memlock(experts), _shm(paths)]
+    if settings.mode == "fast":
+        checks.append(_cpu_features(paths))
     return checks
 
 
@@ -53,10 +85,25 @@ def _exllamav3() -> Check:
     return Check("exllamav3", "ok", f"exllamav3 at {Path(spec.origin).parent}")
 
 
-def _gpu() -> Check:
-    if cuda_gpu_visible():
-        return Check("gpu", "ok", "an NVIDIA GPU is visible")
-    return Check("gpu", "fail", "no NVIDIA GPU is visible (no /dev/nvidia*, or CUDA_VISIBLE_DEVICES hides them); run on a CUDA host or use --engine tiny")
+def _gpu(settings: Settings, query_gpus) -> Check:
+    if not cuda_gpu_visible():
+        return Check("gpu", "fail", "no NVIDIA GPU is visible (no /dev/nvidia*, or CUDA_VISIBLE_DEVICES hides them); run on a CUDA host or use --engine tiny")
+    try:
+        gpus = query_gpus()
+    except OSError as exc:
+        return Check("gpu", "warn", f"an NVIDIA GPU is visible, but its free memory is unknown ({exc}); nvidia-smi comes with the NVIDIA driver")
+    # nvidia-smi numbers GPUs in PCI order, as CUDA does with CUDA_DEVICE_ORDER=PCI_BUS_ID
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    gpu = host.selected_gpu(gpus, visible)
+    if gpu is None:
+        return Check("gpu", "warn", f"nvidia-smi lists no GPU matching CUDA_VISIBLE_DEVICES={visible!r}; free VRAM unknown")
+    text = f"GPU {gpu.index} ({gpu.name}): {gpu.free / GiB:.1f} GiB free of {gpu.total / GiB:.1f} GiB"
+    budget = settings.vram_limit_gb
+    if budget is not None and gpu.free < budget * 1e9:
+        return Check("gpu", "fail", f"{text}, below the {budget:g} GB that GLM53_VRAM_LIMIT_GB asks for; stop the processes nvidia-smi lists on it, or lower GLM53_VRAM_LIMIT_GB")
+    if gpu.free < (1 - OTHER_PROCESS_SHARE) * gpu.total:
+        return Check("gpu", "warn", f"{text}: other processes hold {(gpu.total - gpu.free) / GiB:.1f} GiB, which the expert cache cannot use")
+    return Check("gpu", "ok", text)
 
 
 def _model_dir(settings: Settings) -> Check:
@@ -102,38 +149,78 @@ def _header_fits(path: Path) -> bool:
     return path.stat().st_size >= 8 + n + end
 
 
-def _memlock() -> Check:
+def _expert_bytes(model_dir: Path) -> checkpoint.ExpertBytes | None:
+    try:
+        return checkpoint.expert_bytes(model_dir)
+    except (OSError, ValueError, KeyError):
+        return None  # the model check has said what is wrong with the files
+
+
+def ram_needed(experts: checkpoint.ExpertBytes, settings: Settings) -> int:
+    """Host RAM the chosen mode needs for this checkpoint (the module docstring gives the terms)."""
+    need = int(STORE_PADDING * experts.routed) + PROCESS_OVERHEAD
+    if settings.mode == "fast":
+        need += experts.sign_scale + CPU_TIER_PER_THREAD * _cpu_tier_threads(settings)
+    return need
+
+
+def _cpu_tier_threads(settings: Settings) -> int:
+    if settings.ct_threads:
+        return settings.ct_threads
+    if isinstance(settings.ct_cpus, tuple):
+        return len(settings.ct_cpus)
+    return os.cpu_count() or 1  # auto leaves some cores out: counting all of them errs on the safe side
+
+
+def _host_ram(experts: checkpoint.ExpertBytes | None, settings: Settings, paths: host.HostPaths) -> Check:
+    avail = host.meminfo(paths.meminfo).get("MemAvailable")
+    if avail is None:
+        return Check("host_ram", "warn", f"cannot read MemAvailable from {paths.meminfo}; host RAM unchecked")
+    text = f"{avail / GiB:.1f} GiB available"
+    cgroup = host.cgroup_memory(paths)
+    if cgroup is not None:
+        room = cgroup.limit - (cgroup.current or 0)
+        text += f", cgroup limit {cgroup.limit / GiB:.1f} GiB ({room / GiB:.1f} GiB unused)"
+        avail = min(avail, room)
+    if experts is None:
+        return Check("host_ram", "ok", text)
+    need = ram_needed(experts, settings)
+    terms = f"{STORE_PADDING} x {experts.routed / GiB:.1f} GiB of routed experts + {PROCESS_OVERHEAD / GiB:.0f} GiB"
+    if settings.mode == "fast":
+        terms += f" + the CPU tier's {(need - int(STORE_PADDING * experts.routed) - PROCESS_OVERHEAD) / GiB:.1f} GiB"
+    if need > avail:
+        return Check("host_ram", "fail", f"{settings.mode} mode needs {need / GiB:.1f} GiB of host RAM for this checkpoint ({terms}) but {text}; "
+                                         "free memory, raise the memory limit (docker --memory, systemd MemoryMax)"
+                                         + (", or use GLM53_MODE=exact" if settings.mode == "fast" else ""))
+    return Check("host_ram", "ok", f"{settings.mode} mode needs {need / GiB:.1f} GiB ({terms}); {text}")
+
+
+def _memlock(experts: checkpoint.ExpertBytes | None) -> Check:
     soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     if soft == resource.RLIM_INFINITY:
         return Check("memlock", "ok", "locked-memory limit is unlimited")
-    return Check("memlock", "warn", f"locked-memory limit is {soft / 2**20:.0f} MiB; pinning host RAM for the experts may fail or be slow: set it to unlimited (ulimit -l unlimited, LimitMEMLOCK=infinity)")
+    store = f"the {STORE_PADDING * experts.routed / GiB:.1f} GiB host expert store" if experts else "the host expert store"
+    return Check("memlock", "warn", f"locked-memory limit is {soft / 2**20:.0f} MiB: page-locking {store} fails past it, and the GPU can read "
+                                    "missed experts in place over PCIe (zero-copy) only from page-locked memory; "
+                                    "set it to unlimited (ulimit -l unlimited, docker --ulimit memlock=-1, LimitMEMLOCK=infinity)")
 
 
-def _host_ram() -> Check:
-    avail = _meminfo().get("MemAvailable")
-    limit = _cgroup_limit()
-    if avail is None:
-        return Check("host_ram", "warn", "cannot read /proc/meminfo")
-    text = f"{avail / 2**30:.1f} GiB available"
-    if limit is not None:
-        text += f", cgroup limit {limit / 2**30:.1f} GiB"
-    return Check("host_ram", "ok", text)
+def _shm(paths: host.HostPaths) -> Check:
+    size = host.shm_bytes(paths.shm)
+    if size is None:
+        return Check("shm", "warn", f"{paths.shm} is missing; torch's shared-memory tensors fail without it: mount a tmpfs there")
+    if size < MIN_SHM:
+        return Check("shm", "warn", f"{paths.shm} holds only {size / 2**20:.0f} MiB; torch's shared-memory tensors fail with a bus error when "
+                                    f"it fills: give it at least {MIN_SHM / GiB:.0f} GiB (docker --shm-size=1g)")
+    return Check("shm", "ok", f"{paths.shm}: {size / GiB:.1f} GiB")
 
 
-def _meminfo() -> dict[str, int]:
-    out = {}
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            key, _, rest = line.partition(":")
-            out[key] = int(rest.split()[0]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return out
-
-
-def _cgroup_limit() -> int | None:
-    try:
-        text = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-    except OSError:
-        return None
-    return None if text == "max" else int(text)
+def _cpu_features(paths: host.HostPaths) -> Check:
+    flags = host.cpu_flags(paths.cpuinfo)
+    if flags is None:
+        return Check("cpu", "warn", f"cannot read CPU flags from {paths.cpuinfo}; the CPU tier needs {', '.join(FAST_MODE_CPU_FLAGS)}")
+    missing = [f for f in FAST_MODE_CPU_FLAGS if f not in flags]
+    if missing:
+        return Check("cpu", "fail", f"fast mode's CPU tier needs {', '.join(f.upper() for f in FAST_MODE_CPU_FLAGS)}, and this CPU lacks "
+                                    f"{', '.join(f.upper() for f in missing)}; run GLM53_MODE=exact")
+    return Check("cpu", "ok", f"CPU has {', '.join(f.upper() for f in FAST_MODE_CPU_FLAGS)} (fast mode's CPU tier)")

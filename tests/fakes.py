@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
-from glm53.engine.interface import LogprobRequest, ModelInfo, SampledToken, SamplingParams, TokenLogprobs
+from glm53.engine.interface import LogprobRequest, ModelInfo, SampledToken, SamplingParams, SequenceFailure, TokenLogprobs
 
 EOS = 256
+# Script entries that are not tokens: a step that yields nothing (one more prefill step), and the step at which
+# the sequence fails alone (step reports a SequenceFailure for it; the rest of the batch goes on).
+PREFILL = -1
+FAIL_ALONE = -4
 
 
 class ByteTokens:
@@ -33,9 +38,14 @@ class ByteTokens:
 
 
 class ScriptedBackend:
-    """Sequence i emits ``script(prompt_ids)`` one token per step (after a prefill step), then EOS forever."""
+    """Sequence i emits ``script(prompt_ids)`` one token per step (after a prefill step), then EOS forever.
 
-    def __init__(self, script=None, max_batch_size: int = 4, context_length: int = 4096, fail_on_step: int | None = None):
+    ``step_seconds`` makes each step take that long, as a real engine's does, so that a test can act while a
+    sequence is in a given phase.
+    """
+
+    def __init__(self, script=None, max_batch_size: int = 4, context_length: int = 4096, fail_on_step: int | None = None,
+                 step_seconds: float = 0.0, refuse_leading_zero: bool = True):
         self.tokenizer = ByteTokens()
         self.info = ModelInfo("scripted", "test", context_length, 257, frozenset({EOS}))
         self.max_batch_size = max_batch_size
@@ -43,31 +53,42 @@ class ScriptedBackend:
         self.seqs: dict[int, list[int]] = {}
         self.added: list[int] = []
         self.removed: list[int] = []
+        self.failed: set[int] = set()
         self.steps = 0
         self.fail_on_step = fail_on_step
+        self.step_seconds = step_seconds
+        self.refuse_leading_zero = refuse_leading_zero  # a hook for tests of a backend that refuses a job
         self.max_active = 0
 
     def add(self, seq_id: int, prompt_ids: Sequence[int], sampling: SamplingParams, logprobs: LogprobRequest | None = None) -> None:
         if seq_id in self.seqs:
             raise ValueError("duplicate")
-        if prompt_ids and prompt_ids[0] == 0:
+        if self.refuse_leading_zero and prompt_ids and prompt_ids[0] == 0:
             raise ValueError("prompts starting with byte 0 are refused (test hook)")
-        self.seqs[seq_id] = [-1] + list(self._script(list(prompt_ids)))  # -1: the prefill step yields nothing
+        self.seqs[seq_id] = [PREFILL] + list(self._script(list(prompt_ids)))
         self.added.append(seq_id)
         self.max_active = max(self.max_active, len(self.seqs))
 
     def remove(self, seq_id: int) -> None:
         if self.seqs.pop(seq_id, None) is not None:
             self.removed.append(seq_id)
+        self.failed.discard(seq_id)
 
-    def step(self) -> dict[int, list[SampledToken]]:
+    def step(self) -> dict[int, list[SampledToken] | SequenceFailure]:
         self.steps += 1
+        if self.step_seconds:
+            time.sleep(self.step_seconds)
         if self.fail_on_step == self.steps:
             raise RuntimeError("injected step failure")
         out = {}
         for seq_id, queue in self.seqs.items():
+            if seq_id in self.failed:
+                continue  # the contract: a failed sequence is fed nothing more
             tok = queue.pop(0) if queue else EOS
-            if tok != -1:
+            if tok == FAIL_ALONE:
+                self.failed.add(seq_id)
+                out[seq_id] = SequenceFailure(f"injected failure of sequence {seq_id}")
+            elif tok != PREFILL:
                 out[seq_id] = [SampledToken(tok, TokenLogprobs(-0.5, ((tok, -0.5),)))]
         return out
 
@@ -76,7 +97,8 @@ class ScriptedBackend:
         yield [None if p == 0 else TokenLogprobs(-1.0 * p) for p in range(start, len(ids))]
 
     def stats(self) -> dict:
-        return {"steps": self.steps}
+        prefilling = sum(1 for queue in self.seqs.values() if queue and queue[0] == PREFILL)
+        return {"steps": self.steps, "active_sequences": len(self.seqs), "prefilling": prefilling}
 
     def close(self) -> None:
         pass

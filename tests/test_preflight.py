@@ -1,4 +1,5 @@
 import json
+import pytest
 import os
 import subprocess
 import sys
@@ -71,3 +72,155 @@ def test_download_with_the_hub_unreachable_stops_with_the_fetch_command(tmp_path
     out = subprocess.run([sys.executable, "-m", "glm53", "serve"], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 1
     assert f"into {tmp_path / 'model'}" in out.stderr and "huggingface-cli download turboderp/GLM-5.3-Flash-exl3 --revision" in out.stderr
+
+
+# ----- host figures and the checks built on them, from synthetic /proc and /sys files
+
+from glm53 import host
+from glm53.models import checkpoint
+from glm53.models.synth.safetensors_file import Entry, open_shard
+
+GiB = 2**30
+CPUINFO = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma f16c\n\nprocessor\t: 1\nflags\t\t: fpu\n"
+
+
+def fake_host(tmp_path: Path, avail_kb: int, cgroup_lines: str = "0::/\n", cpuinfo: str = CPUINFO) -> host.HostPaths:
+    (tmp_path / "meminfo").write_text(f"MemTotal:       99999999 kB\nMemAvailable:   {avail_kb} kB\nHugePages_Total:       0\n")
+    (tmp_path / "cgroup").write_text(cgroup_lines)
+    (tmp_path / "cpuinfo").write_text(cpuinfo)
+    (tmp_path / "sys").mkdir(exist_ok=True)
+    return host.HostPaths(meminfo=tmp_path / "meminfo", cpuinfo=tmp_path / "cpuinfo", self_cgroup=tmp_path / "cgroup",
+                          cgroup_root=tmp_path / "sys", shm=tmp_path)
+
+
+def expert_checkpoint(tmp_path: Path) -> Path:
+    """A checkpoint with 48 bytes of routed experts (16 of them suh/svh), plus a shared expert and a router."""
+    d = model_dir(tmp_path, write=())
+    entries = [Entry("model.layers.3.mlp.experts.0.gate_proj.trellis", "I16", (16,)),
+               Entry("model.layers.3.mlp.experts.17.down_proj.suh", "F16", (8,)),
+               Entry("model.layers.3.mlp.shared_experts.gate_proj.trellis", "I16", (64,)),
+               Entry("model.layers.3.mlp.gate.weight", "F16", (4,))]
+    with open_shard(d / "a.safetensors", entries) as shard:
+        for e in entries:
+            shard.write(e.name, [b"\0" * e.nbytes])
+    return d
+
+
+def test_meminfo_and_cpu_flags_are_read_from_the_given_files(tmp_path):
+    paths = fake_host(tmp_path, 1234)
+    assert host.meminfo(paths.meminfo)["MemAvailable"] == 1234 * 1024 and host.meminfo(paths.meminfo)["HugePages_Total"] == 0
+    assert host.cpu_flags(paths.cpuinfo) == {"fpu", "sse2", "avx", "avx2", "fma", "f16c"}
+    assert host.meminfo(tmp_path / "absent") == {} and host.cpu_flags(tmp_path / "absent") is None
+
+
+def test_cgroup_v2_limit_is_the_lowest_along_the_path(tmp_path):
+    paths = fake_host(tmp_path, 1, "0::/system.slice/glm53.service\n")
+    svc = paths.cgroup_root / "system.slice" / "glm53.service"
+    svc.mkdir(parents=True)
+    (svc / "memory.max").write_text("max\n")
+    (svc / "memory.current").write_text(f"{GiB}\n")
+    (paths.cgroup_root / "system.slice" / "memory.max").write_text(f"{8 * GiB}\n")
+    assert host.cgroup_memory(paths) == host.CgroupMemory(8 * GiB, GiB)
+    (svc / "memory.max").write_text(f"{4 * GiB}\n")
+    assert host.cgroup_memory(paths).limit == 4 * GiB
+
+
+def test_cgroup_v1_limit_and_its_unlimited_value(tmp_path):
+    paths = fake_host(tmp_path, 1, "12:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n")
+    mem = paths.cgroup_root / "memory" / "docker" / "abc"
+    mem.mkdir(parents=True)
+    (mem / "memory.limit_in_bytes").write_text(f"{2 * GiB}\n")
+    (mem / "memory.usage_in_bytes").write_text("1000\n")
+    assert host.cgroup_memory(paths) == host.CgroupMemory(2 * GiB, 1000)
+    (mem / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    assert host.cgroup_memory(paths) is None
+
+
+def test_expert_bytes_come_from_the_headers(tmp_path):
+    assert checkpoint.expert_bytes(expert_checkpoint(tmp_path)) == checkpoint.ExpertBytes(routed=48, sign_scale=16)
+
+
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+def test_host_ram_need_per_mode_against_available_and_the_cgroup(tmp_path, mode):
+    d = expert_checkpoint(tmp_path)
+    settings = config.load(["-m", str(d), "--mode", mode, "--ct-threads", "4"], {})
+    experts = checkpoint.expert_bytes(d)
+    need = preflight.ram_needed(experts, settings)
+    expected = int(1.02 * 48) + 6 * GiB + ((16 + 4 * 64 * 2**20) if mode == "fast" else 0)
+    assert need == expected
+    enough = fake_host(tmp_path, (need + GiB) // 1024)
+    c = preflight._host_ram(experts, settings, enough)
+    assert c.level == "ok" and f"{mode} mode needs" in c.message
+    short = fake_host(tmp_path, (need - GiB) // 1024)
+    c = preflight._host_ram(experts, settings, short)
+    assert c.level == "fail" and "raise the memory limit" in c.message and ("GLM53_MODE=exact" in c.message) == (mode == "fast")
+    # plenty available, but the cgroup's limit minus its use is short
+    capped = fake_host(tmp_path, (need + 10 * GiB) // 1024, "0::/app\n")
+    (capped.cgroup_root / "app").mkdir()
+    (capped.cgroup_root / "app" / "memory.max").write_text(f"{need + GiB}\n")
+    (capped.cgroup_root / "app" / "memory.current").write_text(f"{2 * GiB}\n")
+    c = preflight._host_ram(experts, settings, capped)
+    assert c.level == "fail" and "cgroup limit" in c.message
+
+
+def test_fast_mode_needs_avx2_fma_f16c(tmp_path):
+    assert preflight._cpu_features(fake_host(tmp_path, 1)).level == "ok"
+    c = preflight._cpu_features(fake_host(tmp_path, 1, cpuinfo="flags\t: fpu avx2 fma\n"))
+    assert c.level == "fail" and "lacks F16C" in c.message and "GLM53_MODE=exact" in c.message
+
+
+def test_small_dev_shm_is_a_warning(tmp_path, monkeypatch):
+    monkeypatch.setattr(host, "shm_bytes", lambda path: 64 * 2**20)
+    c = preflight._shm(fake_host(tmp_path, 1))
+    assert c.level == "warn" and "64 MiB" in c.message and "--shm-size=1g" in c.message
+
+
+def test_finite_memlock_is_a_warning_that_says_what_fails(monkeypatch, tmp_path):
+    monkeypatch.setattr(preflight.resource, "getrlimit", lambda which: (8 * 2**20, 8 * 2**20))
+    c = preflight._memlock(checkpoint.ExpertBytes(100 * GiB, 0))
+    assert c.level == "warn" and "8 MiB" in c.message and "102.0 GiB host expert store" in c.message and "zero-copy" in c.message
+
+
+def nvidia_smi(stdout: str, returncode: int = 0):
+    return lambda cmd, **kw: subprocess.CompletedProcess(cmd, returncode, stdout, "")
+
+
+def test_free_vram_from_nvidia_smi(monkeypatch):
+    monkeypatch.setattr(preflight, "cuda_gpu_visible", lambda: True)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    out = "0, GPU-aaa, NVIDIA H200, 143771, 143000\n1, GPU-bbb, NVIDIA RTX 3090, 24576, 24000\n"
+    gpus = host.query_gpus(run=nvidia_smi(out))
+    assert host.selected_gpu(gpus, "GPU-aaa").name == "NVIDIA H200"
+    settings = config.load(["--vram-limit-gb", "20"], {})
+    c = preflight._gpu(settings, lambda: gpus)
+    assert c.level == "ok" and c.message.startswith("GPU 1 (NVIDIA RTX 3090): 23.4 GiB free of 24.0 GiB")
+    c = preflight._gpu(config.load(["--vram-limit-gb", "30"], {}), lambda: gpus)
+    assert c.level == "fail" and "GLM53_VRAM_LIMIT_GB" in c.message
+    busy = [host.Gpu(1, "GPU-bbb", "NVIDIA RTX 3090", 24 * GiB, 10 * GiB)]
+    c = preflight._gpu(config.load([], {}), lambda: busy)
+    assert c.level == "warn" and "other processes hold 14.0 GiB" in c.message
+
+
+def test_missing_nvidia_smi_is_a_warning_not_a_crash(monkeypatch):
+    monkeypatch.setattr(preflight, "cuda_gpu_visible", lambda: True)
+
+    def absent(cmd, **kw):
+        raise FileNotFoundError(2, "No such file or directory", "nvidia-smi")
+
+    c = preflight._gpu(config.load([], {}), lambda: host.query_gpus(run=absent))
+    assert c.level == "warn" and "nvidia-smi" in c.message
+    with pytest.raises(OSError, match="nvidia-smi failed"):
+        host.query_gpus(run=nvidia_smi("NVIDIA-SMI has failed because it couldn't communicate with the driver", 9))
+
+
+def test_exl3_preflight_puts_it_together(tmp_path, monkeypatch):
+    monkeypatch.setattr(preflight, "cuda_gpu_visible", lambda: True)
+    monkeypatch.setattr(preflight, "resolve_engine", lambda s: ("exl3", "test"))
+    d = expert_checkpoint(tmp_path)
+    gpus = [host.Gpu(0, "GPU-a", "NVIDIA RTX 3090", 24 * GiB, 24 * GiB)]
+    checks = preflight.run_checks(config.load(["-m", str(d)], {}), fake_host(tmp_path, 64 * GiB // 1024), lambda: gpus)
+    by_name = {c.name: c for c in checks}
+    assert {"gpu", "model", "host_ram", "memlock", "shm", "cpu"} <= set(by_name)
+    assert by_name["host_ram"].level == "ok" and by_name["cpu"].level == "ok"
+    exact = preflight.run_checks(config.load(["-m", str(d), "--mode", "exact"], {}), fake_host(tmp_path, 1), lambda: gpus)
+    assert "cpu" not in {c.name for c in exact} and "host_ram" in {c.name for c in preflight.failures(exact)}

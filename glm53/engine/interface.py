@@ -9,6 +9,12 @@ Lifecycle of a sequence: ``add`` → ``step`` (prefill, possibly over several st
 per step) → ``remove`` (after the scheduler saw a stop condition or the client went away). A token returned
 by ``step`` is already part of the sequence: the backend feeds it in the next step unless ``remove`` is
 called first.
+
+Failures come in two sizes. A fault the backend can pin on one sequence (non-finite logits in its row, cache
+pages that could not be extended for it) is reported by ``step`` as a :class:`SequenceFailure` in place of that sequence's tokens: the scheduler
+ends that job alone with an error and calls ``remove``, and every other sequence of the batch goes on. An
+exception out of ``step`` means the backend cannot say which sequences are affected, so the scheduler ends
+every active job; a backend should raise only when that is true.
 """
 
 from __future__ import annotations
@@ -61,6 +67,13 @@ class SampledToken:
 
 
 @dataclass(frozen=True)
+class SequenceFailure:
+    """What ``step`` returns for a sequence that failed alone (see the module docstring)."""
+
+    reason: str  # one sentence for the client and the log, e.g. "non-finite logits at position 812"
+
+
+@dataclass(frozen=True)
 class ModelInfo:
     """Facts about the loaded model that the scheduler and the server need."""
 
@@ -101,11 +114,13 @@ class Backend(Protocol):
     def remove(self, seq_id: int) -> None:
         """Forget a sequence and free its cache. Unknown ids are ignored (a cancel may race a finish)."""
 
-    def step(self) -> dict[int, list[SampledToken]]:
+    def step(self) -> dict[int, list[SampledToken] | SequenceFailure]:
         """Run one forward pass over the active sequences.
 
         :return: for each sequence that produced tokens this step, the tokens in order (one per step for
-            plain decoding; a sequence that is still prefilling is absent).
+            plain decoding; a sequence that is still prefilling is absent); for a sequence that failed alone,
+            a :class:`SequenceFailure` instead (the backend feeds it nothing more; ``remove`` follows).
+        :raise Exception: a failure that cannot be pinned on particular sequences (it ends every active job).
         """
 
     def score(self, ids: Sequence[int], start: int, request: LogprobRequest) -> Iterator[list[TokenLogprobs | None] | None]:

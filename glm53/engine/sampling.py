@@ -63,8 +63,11 @@ def _add_bias(logits: torch.Tensor, params: Sequence[SamplingParams]) -> None:
 
 def _draw(logits: torch.Tensor, params: Sequence[SamplingParams], generators: Sequence[torch.Generator | None]) -> torch.Tensor:
     """Sample one token per row of ``logits`` [R, V] after temperature, top-k, top-p and min-p."""
-    temperature = logits.new_tensor([p.temperature for p in params])[:, None]  # [R, 1]
-    probs = torch.softmax(logits / temperature, dim=-1)  # [R, V]
+    # A temperature below the dtype's smallest normal (a request may ask for 1e-300) would overflow the division
+    # into NaN; with the row's maximum taken off first, it gives a one-hot on the argmax, as it should.
+    temperature = logits.new_tensor([p.temperature for p in params])[:, None].clamp_min(torch.finfo(logits.dtype).tiny)  # [R, 1]
+    shifted = logits - logits.max(dim=-1, keepdim=True).values  # [R, V]
+    probs = torch.softmax(shifted / temperature, dim=-1)  # [R, V]
     # Stable descending sort: equal probabilities keep id order, so a one-token cut-off keeps what argmax picks.
     sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)  # [R, V] each
     kept = _kept(sorted_probs, params)  # [R, V] bool, a prefix of each row

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from .detok import IncrementalDetokenizer
-from .interface import Backend, LogprobRequest, SamplingParams, SampledToken, TokenLogprobs
+from .interface import Backend, LogprobRequest, SamplingParams, SampledToken, SequenceFailure, TokenLogprobs
 from .stops import StopMatcher
 from .threads import NativeQueue, QueueEmpty, native_lock, start_native_thread
 
@@ -118,7 +118,7 @@ class Scheduler:
         self.counters = {
             "jobs_submitted": 0, "jobs_finished": 0, "jobs_stop": 0, "jobs_length": 0, "jobs_cancelled": 0,
             "jobs_error": 0, "jobs_rejected": 0, "score_jobs": 0, "prompt_tokens": 0, "completion_tokens": 0,
-            "steps": 0, "step_seconds": 0.0, "engine_errors": 0,
+            "steps": 0, "step_seconds": 0.0, "engine_errors": 0, "sequence_errors": 0,
         }
 
     # ----- called from any thread
@@ -273,11 +273,21 @@ class Scheduler:
         t1 = time.monotonic()
         self.counters["steps"] += 1
         self.counters["step_seconds"] += t1 - t0
-        self._note_rate(t1, sum(len(tokens) for tokens in produced.values()))
-        for job_id, tokens in produced.items():
+        self._note_rate(t1, sum(len(out) for out in produced.values() if not isinstance(out, SequenceFailure)))
+        for job_id, out in produced.items():
             job = self._active.get(job_id)
-            if job is not None:
-                self._consume(job, tokens)
+            if job is None:
+                continue
+            if isinstance(out, SequenceFailure):
+                self._fail(job, out.reason)
+            else:
+                self._consume(job, out)
+
+    def _fail(self, job: Job, reason: str) -> None:
+        """End one job the backend failed alone; the rest of the batch goes on."""
+        log.error("engine failed job %d alone: %s", job.id, reason)
+        self.counters["sequence_errors"] += 1
+        self._retire(job, Finish("error", len(job.request.prompt_ids), job.completion_tokens, error=reason))
 
     def _note_rate(self, now: float, tokens: int) -> None:
         self._recent.append((now, tokens))

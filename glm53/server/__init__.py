@@ -12,7 +12,8 @@ from ..config import Settings
 from ..engine import create_backend
 from ..engine.interface import Backend
 from ..engine.scheduler import Scheduler
-from . import auth, errors
+from . import auth, drain, errors
+from .access_log import AccessLog
 from .jobs import Runtime
 from .metrics import Metrics
 
@@ -38,10 +39,11 @@ def create_app(
     app.extensions["glm53"] = rt
 
     errors.init_app(app)
+    drain.init_app(app, rt.drain)  # before auth: while draining, every client gets the same 503
     auth.init_app(app, settings.api_key)
-    from . import chat, completions, info, sglang
+    from . import chat, completions, info, openapi, sglang
 
-    for module in (info, chat, completions, sglang):
+    for module in (info, chat, completions, sglang, openapi):
         app.register_blueprint(module.bp)
 
     @app.after_request
@@ -50,5 +52,6 @@ def create_app(
         rt.metrics.request_done(rule, response.status_code)
         return response
 
+    app.wsgi_app = AccessLog(app.wsgi_app, settings.log_prompts)
     scheduler.start(on_failure=on_load_failure)
     return app

@@ -1,10 +1,13 @@
 """Optional API key: ``Authorization: Bearer <key>`` on every endpoint but ``/health``.
 
-The comparison takes constant time, and neither the key nor the presented value is ever logged.
+The comparison takes constant time: both sides are hashed first, so not even the key's length shows in the
+timing (``hmac.compare_digest`` is constant-time only for inputs of equal length). Neither the key nor the
+presented value is ever logged (the access log carries no headers).
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 
 from flask import Flask, request
@@ -17,7 +20,7 @@ OPEN_PATHS = frozenset({"/health"})
 def init_app(app: Flask, api_key: str | None) -> None:
     if not api_key:
         return
-    expected = api_key.encode()
+    expected = hashlib.sha256(api_key.encode()).digest()
 
     @app.before_request
     def _require_key():
@@ -25,7 +28,9 @@ def init_app(app: Flask, api_key: str | None) -> None:
             return None
         header = request.headers.get("Authorization", "")
         scheme, _, presented = header.partition(" ")
-        ok = scheme.lower() == "bearer" and hmac.compare_digest(presented.strip().encode(), expected)
+        # WSGI hands header bytes over as latin-1 text: encoding back gives the bytes the client sent
+        digest = hashlib.sha256(presented.strip().encode("latin-1")).digest()
+        ok = hmac.compare_digest(digest, expected) and scheme.lower() == "bearer"
         if not ok:
             err = APIError(401, "a valid API key is required: send `Authorization: Bearer <key>`", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
             return json_error(err)

@@ -10,11 +10,15 @@ from __future__ import annotations
 import json
 import logging
 
-from flask import Flask, Response
+from flask import Flask, Response, current_app, request
 from pydantic import ValidationError
 from werkzeug.exceptions import HTTPException
 
 log = logging.getLogger("glm53.server")
+
+# A client that sends its whole body before reading the answer (urllib, requests) sees a connection reset instead
+# of the 413 when the server closes with the body unread; up to this many bytes are read and dropped first.
+DISCARD_LIMIT = 64 * 2**20
 
 _TYPES = {
     400: "invalid_request_error",
@@ -107,10 +111,11 @@ def init_app(app: Flask) -> None:
     @app.errorhandler(HTTPException)
     def _http(err: HTTPException):
         status = err.code or 500
+        if status == 413:
+            return json_error(too_large())
         message = {
             404: "no such endpoint",
             405: "method not allowed for this endpoint",
-            413: "request body too large",
         }.get(status, err.description or err.name)
         return json_error(APIError(status, message))
 
@@ -118,3 +123,19 @@ def init_app(app: Flask) -> None:
     def _unexpected(err: Exception):
         log.exception("unhandled error")
         return json_error(APIError(500, f"internal error ({type(err).__name__}); see the server log"))
+
+
+def too_large() -> APIError:
+    """The 413, after reading and dropping what is left of the body (see DISCARD_LIMIT)."""
+    limit = current_app.config["MAX_CONTENT_LENGTH"]
+    length = request.content_length
+    stream = request.environ.get("wsgi.input")
+    if stream is not None and (length is None or length <= DISCARD_LIMIT):
+        left = DISCARD_LIMIT
+        while left > 0:
+            chunk = stream.read(min(65536, left))
+            if not chunk:
+                break
+            left -= len(chunk)
+    got = f"{length} bytes" if length is not None else "a chunked body longer than that"
+    return APIError(413, f"request body too large: at most {limit} bytes are accepted (GLM53_MAX_REQUEST_MB), got {got}", code="request_too_large")

@@ -3,14 +3,17 @@
 One worker because the model is loaded once, in that worker (each worker would load its own copy). The app is
 built after the fork (no preload), so the model, CUDA and the scheduler thread live in the worker only. A model
 that fails to load makes the worker exit with gunicorn's "app failed to load" code, which stops the arbiter
-instead of restarting the worker into the same failure.
+instead of restarting the worker into the same failure. SIGTERM drains the worker (``server/drain.py``).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
+import time
 from collections.abc import Callable
+from functools import partial
 
 from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
@@ -21,6 +24,11 @@ from ..engine.interface import Backend
 from . import create_app
 
 log = logging.getLogger("glm53.server")
+
+# After the grace period the remaining jobs are cancelled; their streams then need a moment to write the error
+# event and close. gunicorn's arbiter kills the worker this long after the grace period.
+CANCEL_FLUSH_S = 2.0
+ARBITER_MARGIN_S = 5.0
 
 
 def bind_address(host: str, port: int) -> str:
@@ -55,6 +63,64 @@ class GeventWorker(_GunicornGeventWorker):
         # the listening sockets were made before patching: re-wrap them as gevent sockets
         self.sockets = [socket.socket(s.FAMILY, socket.SOCK_STREAM, fileno=s.sock.detach()) for s in self.sockets]
 
+    def init_process(self):
+        self._in_flight = 0  # requests between their first byte read and their last byte written
+        super().init_process()
+
+    def handle_exit(self, sig, frame):
+        """SIGTERM: start draining. Only flags are set here (this runs in a signal handler); ``run`` does the rest."""
+        self.alive = False  # gunicorn closes each connection after its current response from now on
+        app = getattr(self, "wsgi", None)  # None: the signal came before the app was built; nothing to drain
+        if app is not None:
+            app.extensions["glm53"].drain.begin()
+
+    def handle_request(self, *args):
+        self._in_flight += 1
+        try:
+            return super().handle_request(*args)
+        finally:
+            self._in_flight -= 1
+
+    def run(self):
+        """gunicorn's gevent loop, except that SIGTERM keeps the listener open until the drain is over.
+
+        gunicorn's own loop closes the listening socket at once, so clients arriving during the drain would
+        be refused, and waits for idle keep-alive connections as if they were requests.
+        """
+        from gevent import sleep
+        from gevent.pool import Pool
+        from gevent.server import StreamServer
+
+        servers = []
+        for s in self.sockets:
+            s.setblocking(1)
+            server = StreamServer(s, handle=partial(self.handle, s), spawn=Pool(self.worker_connections))
+            server.start()
+            servers.append(server)
+        while self.alive:
+            self.notify()
+            sleep(1.0)
+        if getattr(self, "wsgi", None) is not None:
+            self._drain(sleep)
+        for server in servers:
+            server.close()  # stop accepting; idle keep-alive connections close with the process, a moment later
+
+    def _drain(self, sleep) -> None:
+        rt = self.wsgi.extensions["glm53"]
+        grace = rt.settings.shutdown_grace_s
+        log.info("SIGTERM: draining %d request(s) in flight for up to %.0f s; new requests get 503", self._in_flight, grace)
+        deadline = rt.drain.started + grace
+        while self._in_flight and time.monotonic() < deadline:
+            self.notify()
+            sleep(0.05)
+        if self._in_flight:
+            log.warning("grace period over with %d request(s) in flight: cancelling them", self._in_flight)
+            rt.scheduler.stop()
+            flush_deadline = time.monotonic() + CANCEL_FLUSH_S
+            while self._in_flight and time.monotonic() < flush_deadline:
+                sleep(0.05)
+        log.info("drained in %.2f s; %d request(s) still open", time.monotonic() - rt.drain.started, self._in_flight)
+
 
 class GunicornServer(BaseApplication):
     def __init__(self, settings: Settings, backend_factory: Callable[[], Backend] | None = None):
@@ -72,7 +138,9 @@ class GunicornServer(BaseApplication):
             # a gevent worker heartbeats from its hub, which never blocks on the model: a generous limit only
             # guards against a wedged process, and loading happens off the hub
             "timeout": 120,
-            "graceful_timeout": 30,  # SIGTERM: in-flight streams get this long to finish
+            # the worker drains for shutdown_grace_s, then cancels what is left (GeventWorker.run); the arbiter
+            # kills it only if that somehow did not end it
+            "graceful_timeout": math.ceil(s.shutdown_grace_s + CANCEL_FLUSH_S + ARBITER_MARGIN_S),  # gunicorn takes whole seconds
             "keepalive": 75,  # longer than common proxies' idle timeouts
             "preload_app": False,
             "proc_name": "glm53",

@@ -13,8 +13,12 @@ bp = Blueprint("info", __name__)
 
 @bp.get("/health")
 def health():
-    """200 ``{"status": "ok"}`` when the model is loaded; 503 with ``loading`` or ``failed`` before."""
-    sched = runtime().scheduler
+    """200 ``{"status": "ok"}`` when the model is loaded; 503 with ``loading`` or ``failed`` before, and with
+    ``draining`` after a SIGTERM (in-flight requests are finishing; new ones are refused)."""
+    rt = runtime()
+    sched = rt.scheduler
+    if rt.drain.active:
+        return {"status": "draining"}, 503, {"Retry-After": "5"}
     if sched.state == "ready":
         return {"status": "ok"}
     body = {"status": sched.state}

@@ -13,8 +13,10 @@ from flask import current_app
 from ..config import Settings
 from ..engine.interface import Backend, SamplingParams
 from ..engine.scheduler import Delta, Finish, GenerationRequest, NotReady, QueueFull, Scheduler, ScoreRequest, Scored
+from .access_log import current_record
 from .bridge import make_channel
 from .disconnect import DisconnectWatcher
+from .drain import Drain
 from .errors import APIError
 from .metrics import Metrics
 from .protocol import SamplingFields
@@ -27,6 +29,7 @@ class Runtime:
     settings: Settings
     scheduler: Scheduler
     metrics: Metrics
+    drain: Drain = field(default_factory=Drain)
     started: float = field(default_factory=time.time)
     _template: object = None
 
@@ -82,6 +85,14 @@ def max_new_tokens(requested: int | None, prompt_len: int, param: str = "max_tok
     return room if requested is None else min(requested, room)
 
 
+def top_k(requested: int | None) -> int:
+    """The backend's top_k: 0 (off) for none, -1, or at least the vocabulary, which keep every token anyway
+    (and a request's 10**30 would not fit the backends' integer types)."""
+    if requested is None or requested == -1 or requested >= runtime().backend.info.vocab_size:
+        return 0
+    return requested
+
+
 def sampling_params(req: SamplingFields, choice: int = 0) -> SamplingParams:
     """Request sampling fields over the OpenAI defaults; choice i of n gets seed + i (distinct, reproducible)."""
     bias = ()
@@ -90,7 +101,7 @@ def sampling_params(req: SamplingFields, choice: int = 0) -> SamplingParams:
         check_token_ids([b[0] for b in bias], "logit_bias")
     return SamplingParams(
         temperature=1.0 if req.temperature is None else req.temperature,
-        top_k=0 if req.top_k in (None, -1) else req.top_k,
+        top_k=top_k(req.top_k),
         top_p=1.0 if req.top_p is None else req.top_p,
         min_p=0.0 if req.min_p is None else req.min_p,
         presence_penalty=req.presence_penalty or 0.0,
@@ -117,6 +128,7 @@ class JobGroup:
         self._jobs = []
         self._open = 0
         self._watcher = None
+        self._record = current_record()
         try:
             for index, request in enumerate(requests):
                 self._jobs.append(self._scheduler.submit(request, lambda ev, i=index: self._channel.put((i, ev))))
@@ -127,6 +139,8 @@ class JobGroup:
         except NotReady as exc:
             self.close()
             raise APIError(503, f"the model is not ready ({exc})", code="model_not_ready", headers={"Retry-After": "5"}) from None
+        if self._record is not None:
+            self._note_prompts(requests)
         self._watcher = DisconnectWatcher(environ, self.cancel)
 
     def events(self, keepalive_s: float | None) -> Iterator[tuple[int, object] | None]:
@@ -140,11 +154,36 @@ class JobGroup:
                 if isinstance(event, Delta) and event.token_ids and not self._first_token_seen:
                     self._first_token_seen = True
                     self._metrics.first_token(time.monotonic() - self._t0)
+                    if self._record is not None:
+                        self._record.first_token_s = time.monotonic() - self._t0
                 if isinstance(event, (Finish, Scored)):
                     self._open -= 1
                     if not self._open:
                         self._metrics.completed(time.monotonic() - self._t0)
+                if self._record is not None:
+                    self._note_event(index, event)
                 yield index, event
+
+    def _note_prompts(self, requests: Sequence[GenerationRequest | ScoreRequest]) -> None:
+        record = self._record
+        ids = [r.prompt_ids if isinstance(r, GenerationRequest) else r.ids for r in requests]
+        # the n choices of a prompt are consecutive jobs with the same prompt, counted once (as in `usage`)
+        prompts = [p for i, p in enumerate(ids) if i == 0 or p != ids[i - 1]]
+        record.prompt_tokens += sum(len(p) for p in prompts)
+        if record.with_text:
+            tokenizer = runtime().backend.tokenizer
+            record.prompts += [tokenizer.decode(p) for p in prompts]
+
+    def _note_event(self, index: int, event: object) -> None:
+        record = self._record
+        if isinstance(event, Delta):
+            record.completion_tokens += len(event.token_ids)
+            if record.with_text:
+                record.completions.setdefault(index, []).append(event.text)
+        elif isinstance(event, Finish):
+            record.finishes.append(event.reason)
+        elif isinstance(event, Scored):
+            record.finishes.append("scored")
 
     def cancel(self) -> None:
         for job in self._jobs:
@@ -156,5 +195,7 @@ class JobGroup:
             self._watcher.stop()
         if self._open:
             self.cancel()
+            if self._record is not None:
+                self._record.finishes += ["cancelled"] * self._open
             self._open = 0
 

@@ -74,7 +74,8 @@ class Metrics:
         _counter(out, "glm53_prompt_tokens_total", "Prompt tokens admitted.", scheduler["prompt_tokens"])
         _counter(out, "glm53_completion_tokens_total", "Tokens generated.", scheduler["completion_tokens"])
         _counter(out, "glm53_engine_steps_total", "Engine forward steps.", scheduler["steps"])
-        _counter(out, "glm53_engine_errors_total", "Engine steps that failed.", scheduler["engine_errors"])
+        _counter(out, "glm53_engine_errors_total", "Engine steps that failed (every active job ended with an error).", scheduler["engine_errors"])
+        _counter(out, "glm53_sequence_errors_total", "Jobs the engine failed alone (the rest of their batch went on).", scheduler["sequence_errors"])
         out.append("# HELP glm53_jobs_finished_total Jobs by how they ended.")
         out.append("# TYPE glm53_jobs_finished_total counter")
         for reason in ("stop", "length", "cancelled", "error"):

@@ -18,7 +18,7 @@ from ..engine.interface import LogprobRequest, SamplingParams, TokenLogprobs
 from ..engine.scheduler import Delta, Finish, GenerationRequest, ScoreRequest, Scored
 from .body import parse_body
 from .errors import APIError
-from .jobs import JobGroup, check_token_ids, max_new_tokens, runtime
+from .jobs import JobGroup, check_token_ids, max_new_tokens, runtime, top_k
 from .protocol import DetokenizeRequest, GenerateRequest, TokenizeRequest
 from .responses import engine_failure
 from .sse import DONE, KEEPALIVE, frame, stream_response
@@ -44,7 +44,7 @@ def generate():
     jobs: list = []
     if budget:
         sampling = SamplingParams(
-            temperature=sp.temperature, top_k=max(sp.top_k, 0), top_p=sp.top_p, min_p=sp.min_p,
+            temperature=sp.temperature, top_k=top_k(sp.top_k), top_p=sp.top_p, min_p=sp.min_p,
             presence_penalty=sp.presence_penalty, frequency_penalty=sp.frequency_penalty, seed=sp.sampling_seed,
         )
         check_token_ids(sp.stop_token_ids or [], "sampling_params.stop_token_ids")

@@ -144,3 +144,9 @@ def test_logprobs_for_rows_gives_one_entry_per_row():
     assert first.logprob == pytest.approx(math.log(0.5))
     assert second.logprob == pytest.approx(math.log(0.75))
     assert first.top == () and first.requested == ()
+
+
+@pytest.mark.parametrize("temperature", [1e-300, 5e-324, 1e-45, 1e-38])
+def test_a_vanishing_temperature_samples_the_argmax(temperature):
+    # below float32's smallest normal the division used to overflow to NaN and pick token 0
+    assert draw([0.0, 3.0, 1.0, 2.9], SamplingParams(temperature=temperature), n=5) == [1] * 5

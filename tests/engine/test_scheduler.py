@@ -5,7 +5,7 @@ import pytest
 
 from glm53.engine.interface import LogprobRequest
 from glm53.engine.scheduler import Delta, Finish, GenerationRequest, NotReady, QueueFull, Scheduler, ScoreRequest, Scored
-from tests.fakes import EOS, ScriptedBackend
+from tests.fakes import EOS, FAIL_ALONE, ScriptedBackend
 
 
 class Collector:
@@ -220,3 +220,18 @@ def test_submit_before_ready_and_after_a_failed_load():
     assert s.state == "failed" and failures == ["RuntimeError: no weights"]
     with pytest.raises(NotReady, match="no weights"):
         s.submit(gen(), Collector())
+
+
+def test_a_sequence_the_engine_fails_alone_ends_alone_and_the_batch_goes_on():
+    backend = ScriptedBackend(script=lambda p: [65, 66, FAIL_ALONE] if p[0] == ord("f") else list(b"hello world"))
+    s = started(backend)
+    bad, good = Collector(), Collector()
+    bad_job = s.submit(gen(prompt=b"f"), bad)
+    good_job = s.submit(gen(), good)
+    assert bad.wait().finish == Finish("error", 1, 2, error=f"injected failure of sequence {bad_job.id}")
+    assert bad.text == "AB"
+    assert good.wait().finish.reason == "stop" and good.text == "hello world"
+    snap = s.snapshot()
+    assert (snap["sequence_errors"], snap["engine_errors"], snap["jobs_error"], snap["in_system"]) == (1, 0, 1, 0)
+    assert sorted(backend.removed) == sorted([bad_job.id, good_job.id]) and backend.seqs == {}
+    s.stop()

@@ -1,18 +1,26 @@
 """A real gunicorn + gevent server whose model is scripted, so tests know exactly what it will say.
 
 The last ``[[script:NAME]]`` marker in the prompt picks the output from SCRIPTS (default: a plain answer);
-``[[script:fail]]`` makes the backend's step raise while that sequence is active.
-Run: ``python -m tests.server.scripted_server [setting flags]``.
+``[[script:fail]]`` makes the backend's step raise while that sequence is active (the whole batch fails);
+``[[script:fail_alone]]`` fails that sequence alone after two tokens; ``[[script:slow_prefill]]`` spends
+PREFILL_STEPS steps prefilling; ``[[script:long]]`` writes LONG_TOKENS tokens.
+Run: ``python -m tests.server.scripted_server [setting flags]``; ``SCRIPTED_STEP_S`` in the environment makes each
+engine step take that many seconds (so a test can act while a job is in a given phase).
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 import sys
 
 from glm53 import config
 from glm53.server.gunicorn_app import serve
-from tests.fakes import ScriptedBackend
+from tests.fakes import FAIL_ALONE, PREFILL, ScriptedBackend
+
+PREFILL_STEPS = 100
+LONG_TOKENS = 2000
 
 SCRIPTS = {
     "plain": "Hello there, friend.",
@@ -47,12 +55,22 @@ def script(prompt_ids: list[int]) -> list[int]:
     name = names[-1] if names else "plain"
     if name == "fail":
         return [65, -2] + [65] * 50  # -2 marks the failure point; the step that reaches it raises
+    if name == "fail_alone":
+        return [65, 66, FAIL_ALONE]
+    if name == "slow_prefill":
+        return [PREFILL] * PREFILL_STEPS + list(SCRIPTS["plain"].encode())
+    if name == "long":
+        return [ord("x")] * LONG_TOKENS
     return list(SCRIPTS[name].encode())
 
 
 def main() -> None:
     settings = config.load(sys.argv[1:])
-    serve(settings, backend_factory=lambda: FailingBackend(script=script, max_batch_size=settings.max_batch_size, context_length=settings.cache_size))
+    step_s = float(os.environ.get("SCRIPTED_STEP_S", "0"))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    serve(settings, backend_factory=lambda: FailingBackend(
+        script=script, max_batch_size=settings.max_batch_size, context_length=settings.cache_size, step_seconds=step_s,
+        refuse_leading_zero=False))
 
 
 if __name__ == "__main__":

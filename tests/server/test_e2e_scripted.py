@@ -5,6 +5,7 @@ The official ``openai`` client is the arbiter of the wire format: a malformed ch
 
 from __future__ import annotations
 
+import http.client
 import json
 
 import openai
@@ -202,6 +203,19 @@ def test_models_endpoint(client):
         ({"messages": [{"role": "user", "content": "x" * 5000}]}, 400, "messages"),
         ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"999999": 5}}, 400, "logit_bias"),
         ({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"enable_thinking": "no"}}, 400, None),
+        ({"messages": [{"role": "user", "content": "x"}], "top_p": 0}, 400, "top_p"),
+        ({"messages": [{"role": "user", "content": "x"}], "top_k": -2}, 400, "top_k"),
+        ({"messages": [{"role": "user", "content": "x"}], "min_p": 1.5}, 400, "min_p"),
+        ({"messages": [{"role": "user", "content": "x"}], "presence_penalty": -2.5}, 400, "presence_penalty"),
+        ({"messages": [{"role": "user", "content": "x"}], "frequency_penalty": 3}, 400, "frequency_penalty"),
+        ({"messages": [{"role": "user", "content": "x"}], "seed": 2**64}, 400, "seed"),
+        ({"messages": [{"role": "user", "content": "\ud800"}]}, 400, "messages.0.content"),
+        ({"messages": [{"role": "user", "content": "x"}], "stop": ["ok", "\udfff"]}, 400, "stop.1"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]}, 400, "tools.0.function.parameters"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": "object"}}]}, 400, "tools.0.function.parameters"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": ["object", "null"]}}}]}, 400, "tools.0.function.parameters"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": []}}}]}, 400, "tools.0.function.parameters"),
+        ({"messages": [{"role": "user", "content": "x"}], "tools": {"type": "function"}}, 400, "tools"),
     ],
 )
 def test_bad_chat_requests_get_clear_4xx(server, body, status, param):
@@ -227,6 +241,8 @@ def test_context_length_error_quotes_the_numbers(server):
         (b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}', "not valid UTF-8"),
         (b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}', "not valid JSON"),
         (b"[" * 100000 + b"]" * 100000, "nests too deeply"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "top_p": 1e400}', "top_p: Input should be a finite number"),
+        (b'{"messages": [{"role": "user", "content": "x"}], "top_k": -Infinity}', "not valid JSON"),
     ],
 )
 def test_malformed_bodies(server, raw, fragment):
@@ -237,6 +253,88 @@ def test_malformed_bodies(server, raw, fragment):
 def test_oversize_body_is_413(server):
     code, resp = server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 2_000_000}]})
     assert code == 413 and resp["error"]["type"] == "invalid_request_error"
+    assert "at most 1000000 bytes are accepted (GLM53_MAX_REQUEST_MB)" in resp["error"]["message"]
+
+
+POST_PATHS = ["/v1/chat/completions", "/v1/completions", "/generate", "/tokenize", "/detokenize"]
+
+
+@pytest.mark.parametrize("path", POST_PATHS)
+def test_every_post_endpoint_refuses_broken_bodies_with_a_400_or_413(server, path):
+    cases = [
+        (b'{"text": "\xff"}', 400, "not valid UTF-8"),
+        (b"[" * 5000 + b"]" * 5000, 400, "nests too deeply"),
+        (b'{"x": ' * 200 + b"1" + b"}" * 200, 400, "nests more than 128 levels"),
+        (b'{"x": NaN}', 400, "not valid JSON"),
+        (b'{"text": "a\\ud800b"}', 400, "unpaired UTF-16 surrogate"),
+        (b'{"x": "' + b"y" * 1_100_000 + b'"}', 413, "too large"),
+    ]
+    for raw, status, fragment in cases:
+        code, resp = server.post(path, raw)
+        assert (code, fragment in resp["error"]["message"]) == (status, True), (raw[:40], resp)
+
+
+def test_oversize_chunked_body_without_a_length_is_413(server):
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        chunks = (b"x" * 65536 for _ in range(32))  # 2 MB against a 1 MB limit, with no Content-Length
+        conn.request("POST", "/v1/chat/completions", body=chunks, headers={"Content-Type": "application/json"}, encode_chunked=True)
+        resp = conn.getresponse()
+        assert resp.status == 413 and "too large" in json.loads(resp.read())["error"]["message"]
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("field", ["chat_template_kwargs", "tool_arguments", "content_part", "tool_schema"])
+def test_nesting_just_under_the_limit_is_served_or_refused_but_never_a_500(server, field):
+    deep: object = "leaf"
+    for _ in range(120):
+        deep = {"a": deep}
+    body = {"messages": user("[[script:plain]]"), "max_tokens": 3}
+    if field == "chat_template_kwargs":
+        body["chat_template_kwargs"] = {"x": deep}
+    elif field == "tool_arguments":
+        body["messages"] = body["messages"] + [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": deep}}]}]
+    elif field == "content_part":
+        body["messages"] = [{"role": "user", "content": [{"type": "text", "text": "x", "extra": deep}]}]
+    else:
+        body["tools"] = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"p": deep}}}}]
+    code, resp = server.post("/v1/chat/completions", body)
+    assert code in (200, 400), resp
+
+
+def test_huge_max_tokens_is_capped_to_the_context(server):
+    body = {"messages": user("[[script:plain]]"), "max_tokens": 10**30, "ignore_eos": True, "chat_template_kwargs": {"enable_thinking": False}}
+    code, resp = server.post("/v1/chat/completions", body)
+    assert code == 200 and resp["choices"][0]["finish_reason"] == "length"
+    assert resp["usage"]["total_tokens"] == 4096  # the context of this server
+    code, resp = server.post("/generate", {"text": "[[script:plain]]", "sampling_params": {"max_new_tokens": 10**30, "top_k": 10**30}})
+    assert code == 200 and resp["text"] == "Hello there, friend."
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/completions", {"prompt": "x", "stop": ["s"] * 5000}, "stop"),
+    ("/generate", {"text": "x", "sampling_params": {"stop": ["s"] * 5000}}, "sampling_params.stop"),
+    ("/generate", {"text": "x", "sampling_params": {"stop_token_ids": list(range(5000))}}, "sampling_params.stop_token_ids"),
+])
+def test_thousands_of_stop_strings_are_refused_with_the_limit(server, path, body, param):
+    code, resp = server.post(path, body)
+    assert code == 400 and resp["error"]["param"] == param and ("64" in resp["error"]["message"] or "1024" in resp["error"]["message"])
+
+
+def test_the_most_stop_strings_allowed_are_served(server):
+    code, resp = server.post("/v1/chat/completions", {"messages": user("[[script:stop_demo]]"), "stop": ["q" * 1024] * 63 + ["STOP"],
+                                                      "chat_template_kwargs": {"enable_thinking": False}})
+    assert code == 200 and resp["choices"][0]["message"]["content"] == "alpha beta "
+
+
+def test_tool_schemas_with_odd_property_shapes_still_parse_calls(server):
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": {"not": "a type name"}}, "days": 5}}}}]
+    code, resp = server.post("/v1/chat/completions", {"messages": user("[[script:weather]]"), "tools": tools})
+    assert code == 200, resp
+    (call,) = resp["choices"][0]["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather" and json.loads(call["function"]["arguments"])["city"] == " New York\n"
 
 
 def test_unknown_endpoint_and_wrong_method_are_json(server):

@@ -32,3 +32,17 @@ def test_stream_rate_tool_passes_against_the_demo_model(server):
     assert out.returncode == 0, out.stdout + out.stderr
     report = json.loads(out.stdout)
     assert report["pass"] and {p["path"] for p in report["paths"]} == {"chat", "generate"}
+
+
+@pytest.mark.parametrize("extra", [
+    {"temperature": 1e-300}, {"temperature": 100.0, "top_p": 5e-324}, {"top_k": 10**30}, {"min_p": 1.0},
+    {"presence_penalty": -2.0, "frequency_penalty": 2.0}, {"logit_bias": {"0": 100, "1": -100}},
+    {"seed": -(2**63)}, {"seed": 2**64 - 1, "n": 16},
+])
+def test_extreme_valid_sampling_values_are_served(server, extra):
+    """The real sampler at the edges of what the API accepts: served, never an engine error."""
+    code, resp = server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "edge"}], "max_tokens": 4, **extra})
+    assert code == 200, resp
+    assert all(c["finish_reason"] in ("stop", "length") for c in resp["choices"])
+    code, resp = server.post("/generate", {"text": "edge", "sampling_params": {"max_new_tokens": 4, "top_k": 10**30, "sampling_seed": -1, "temperature": 1e-300}})
+    assert code == 200 and len(resp["output_ids"]) <= 4

@@ -1,0 +1,100 @@
+"""One access-log line per request (logger ``glm53.access``), written once its response has been sent, so a
+stream is logged at its end with its real token counts and duration.
+
+    POST /v1/chat/completions 200 prompt_tokens=35 completion_tokens=21 ttft_ms=4.1 total_ms=88.0 finish=stop
+
+The line carries no prompt or completion text unless ``GLM53_LOG_PROMPTS`` asks for it: prompts are the
+users' data, and logs are kept longer and read by more people than responses. Headers are never logged (the
+API key travels in one).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from flask import request
+
+log = logging.getLogger("glm53.access")
+
+ENVIRON_KEY = "glm53.access"
+
+
+@dataclass
+class RequestRecord:
+    """What a request's handlers add to its line (the generating endpoints, through ``JobGroup``)."""
+
+    with_text: bool  # GLM53_LOG_PROMPTS: keep the texts below
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    first_token_s: float | None = None
+    finishes: list[str] = field(default_factory=list)
+    prompts: list[str] = field(default_factory=list)
+    completions: dict[int, list[str]] = field(default_factory=dict)  # choice index -> text pieces
+
+    def fields(self) -> str:
+        """Token counts and time to first token; empty for a request that ran no job."""
+        if not (self.prompt_tokens or self.finishes):
+            return ""
+        out = [f"prompt_tokens={self.prompt_tokens}", f"completion_tokens={self.completion_tokens}"]
+        if self.first_token_s is not None:
+            out.append(f"ttft_ms={1000 * self.first_token_s:.1f}")
+        return " ".join(out)
+
+    def texts(self) -> str:
+        completions = ["".join(self.completions[i]) for i in sorted(self.completions)]
+        return f"prompts={json.dumps(self.prompts, ensure_ascii=False)} completions={json.dumps(completions, ensure_ascii=False)}"
+
+
+def current_record() -> RequestRecord | None:
+    """The record of the request being handled (None outside the access-logged app, as in unit tests)."""
+    return request.environ.get(ENVIRON_KEY)
+
+
+class AccessLog:
+    """WSGI middleware: gives each request a :class:`RequestRecord` and logs it when the response is closed."""
+
+    def __init__(self, app, with_text: bool):
+        self.app = app
+        self.with_text = with_text
+
+    def __call__(self, environ, start_response):
+        t0 = time.monotonic()
+        record = environ[ENVIRON_KEY] = RequestRecord(self.with_text)
+        status = []
+
+        def _start_response(status_line, headers, exc_info=None):
+            status[:] = [status_line.split(" ", 1)[0]]
+            return start_response(status_line, headers, exc_info)
+
+        def _done():
+            parts = [environ.get("REQUEST_METHOD", "-"), environ.get("PATH_INFO", "-"), status[0] if status else "-", record.fields()]
+            line = " ".join(p for p in parts if p) + f" total_ms={1000 * (time.monotonic() - t0):.1f}"
+            if record.finishes:
+                line += " finish=" + ",".join(record.finishes)
+            if self.with_text and (record.prompts or record.completions):
+                line += " " + record.texts()
+            log.info("%s", line)
+
+        return _ClosingIterable(self.app(environ, _start_response), _done)
+
+
+class _ClosingIterable:
+    """The app's response iterable, with a callback once the server has closed it (sent, or client gone)."""
+
+    def __init__(self, inner: Iterable[bytes], on_close):
+        self._inner = inner
+        self._on_close = on_close
+
+    def __iter__(self):
+        return iter(self._inner)
+
+    def close(self) -> None:
+        try:
+            if hasattr(self._inner, "close"):
+                self._inner.close()
+        finally:
+            self._on_close()

@@ -1,0 +1,153 @@
+"""Hypothesis strategies for JSON values that follow, or nearly follow, a JSON Schema as pydantic writes it.
+
+``valid`` covers the keywords of the server's OpenAPI description: ``$ref``, ``anyOf``/``oneOf``, ``const``,
+``enum``, ``type`` (one or a list), ``properties``/``required``/``additionalProperties``, ``items`` with
+``minItems``/``maxItems``, ``minLength``/``maxLength``/``pattern``, ``minimum``/``maximum`` and their exclusive
+forms. Any other keyword that constrains values raises, so a new schema feature is noticed rather than fuzzed
+wrongly. ``near_valid`` mixes valid instances with one mutation somewhere inside (a value replaced by any JSON,
+a field dropped, an unknown field added), which reaches the validators' error paths as well as the handlers
+behind them. Schema-valid bodies can still break cross-field rules the schema cannot express; the server must
+answer those with a 4xx too.
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+ANNOTATIONS = frozenset({"title", "description", "default", "examples"})
+KEYWORDS = frozenset({
+    "$ref", "anyOf", "oneOf", "const", "enum", "type", "properties", "required", "additionalProperties", "items",
+    "minItems", "maxItems", "minLength", "maxLength", "pattern", "minimum", "maximum", "exclusiveMinimum",
+    "exclusiveMaximum",
+}) | ANNOTATIONS
+
+# Characters of every category, and lone surrogates on purpose: JSON carries them as \ud800 escapes, and the
+# string they decode to cannot be encoded (hypothesis's own characters are whole code points).
+SURROGATE_ONE_IN = 20  # strings; more often, and few bodies would get past the check that refuses them
+
+
+def text(min_size: int = 0, max_size: int = 24):
+    # st.text() drops surrogates from any alphabet, so those strings are joined from characters here
+    clean = st.text(st.characters(), min_size=min_size, max_size=max_size)
+    dirty = st.lists(st.characters() | st.characters(categories=["Cs"]), min_size=max(min_size, 1), max_size=max(max_size, 1)).map("".join)
+    return st.integers(0, SURROGATE_ONE_IN - 1).flatmap(lambda i: dirty if i == 0 else clean)
+
+
+TEXT = text()
+ANY_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False, allow_infinity=False) | TEXT,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4),
+    max_leaves=12,
+)
+
+
+class SchemaStrategies:
+    """Strategies for the schemas of one OpenAPI document (``components`` resolves ``$ref``).
+
+    ``hints`` are keywords laid over named component schemas: rules the validators enforce but the schema
+    cannot say (a user message needs content), so that more generated bodies get past validation.
+    """
+
+    def __init__(self, components: dict[str, dict], max_items: int = 4, hints: dict[str, dict] | None = None):
+        self.components = {name: {**schema, **(hints or {}).get(name, {})} for name, schema in components.items()}
+        self.max_items = max_items
+
+    def valid(self, schema: dict):
+        unknown = set(schema) - KEYWORDS
+        if unknown:
+            raise ValueError(f"schema keyword(s) {sorted(unknown)} are not supported by this generator")
+        if "$ref" in schema:
+            name = schema["$ref"].rsplit("/", 1)[1]
+            return st.deferred(lambda: self.valid(self.components[name]))
+        if "const" in schema:
+            return st.just(schema["const"])
+        if "enum" in schema:
+            return st.sampled_from(schema["enum"])
+        for key in ("anyOf", "oneOf"):
+            if key in schema:
+                return st.one_of([self.valid(member) for member in schema[key]])
+        kind = schema.get("type")
+        if kind is None:
+            return ANY_JSON
+        if isinstance(kind, list):
+            return st.one_of([self.valid({**schema, "type": k}) for k in kind])
+        return getattr(self, "_" + kind)(schema)
+
+    def _null(self, schema):
+        return st.none()
+
+    def _boolean(self, schema):
+        return st.booleans()
+
+    def _integer(self, schema):
+        lo = schema.get("minimum", schema.get("exclusiveMinimum", -(2**70) - 1) + 1)
+        hi = schema.get("maximum", schema.get("exclusiveMaximum", 2**70 + 1) - 1)
+        # bounds and their neighbours are where range checks go wrong; the rest is spread over the range
+        edges = st.sampled_from([v for v in (lo, lo + 1, hi - 1, hi, 0, 1) if lo <= v <= hi])
+        return st.one_of(edges, st.integers(lo, hi))
+
+    def _number(self, schema):
+        return st.floats(
+            min_value=schema.get("minimum", schema.get("exclusiveMinimum")),
+            max_value=schema.get("maximum", schema.get("exclusiveMaximum")),
+            exclude_min="exclusiveMinimum" in schema, exclude_max="exclusiveMaximum" in schema,
+            allow_nan=False, allow_infinity=False,
+        )
+
+    def _string(self, schema):
+        lo, hi = schema.get("minLength", 0), schema.get("maxLength")
+        if "pattern" in schema:
+            strategy = st.from_regex(schema["pattern"], fullmatch=True)
+            return strategy.filter(lambda s: lo <= len(s) and (hi is None or len(s) <= hi))
+        cap = lo + 24 if hi is None else min(hi, lo + 24)
+        edges = [] if hi is None or hi > 4096 else [st.text(st.characters(codec="ascii"), min_size=hi, max_size=hi)]
+        return st.one_of(text(lo, cap), *edges)
+
+    def _array(self, schema):
+        lo = schema.get("minItems", 0)
+        hi = min(schema.get("maxItems", lo + self.max_items), lo + self.max_items)
+        return st.lists(self.valid(schema.get("items", {})), min_size=lo, max_size=hi)
+
+    def _object(self, schema):
+        props = schema.get("properties", {})
+        required = set(schema.get("required", ()))
+        extra = schema.get("additionalProperties", True)
+        if not props:
+            values = ANY_JSON if extra is True else self.valid(extra) if isinstance(extra, dict) else st.nothing()
+            return st.dictionaries(TEXT, values, max_size=self.max_items)
+        return st.fixed_dictionaries(
+            {k: self.valid(v) for k, v in props.items() if k in required},
+            optional={k: self.valid(v) for k, v in props.items() if k not in required},
+        )
+
+
+@st.composite
+def near_valid(draw, strategies: SchemaStrategies, schema: dict):
+    """A valid instance (a third of the time) or one with a single mutation at a random depth."""
+    value = draw(strategies.valid(schema))
+    if draw(st.integers(0, 2)) == 0:
+        return value
+    holder, key = _random_slot(draw, value)
+    if holder is None:
+        return draw(ANY_JSON)
+    actions = ["add"] if key is None else ["replace", "drop", "add"] if isinstance(holder, dict) else ["replace", "drop"]
+    action = draw(st.sampled_from(actions))
+    if action == "replace":
+        holder[key] = draw(ANY_JSON)
+    elif action == "drop":
+        del holder[key]
+    else:
+        holder[draw(TEXT.filter(lambda k: k not in holder))] = draw(ANY_JSON)
+    return value
+
+
+def _random_slot(draw, value, depth: int = 0):
+    """A (container, key) inside ``value``, descending a random path; (None, None) for a scalar."""
+    keys = list(value) if isinstance(value, dict) else list(range(len(value))) if isinstance(value, list) else []
+    if not keys:
+        return (value, None) if isinstance(value, dict) and depth == 0 else (None, None)
+    key = draw(st.sampled_from(keys))
+    child = value[key]
+    if depth < 3 and isinstance(child, (dict, list)) and child and draw(st.booleans()):
+        return _random_slot(draw, child, depth + 1)
+    return value, key
