@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from ...config import Settings
-from ..interface import LogprobRequest, ModelInfo, SampledToken, SamplingParams, TokenLogprobs
+from ..interface import LogprobRequest, ModelInfo, SampledToken, SamplingParams, SequenceFailure, TokenLogprobs
 from ..sampling import logprobs_for
 from .tokenizer import HFTokenizer
 
@@ -88,9 +88,16 @@ class Exl3Backend:
             if job.identifier == seq_id:
                 self.generator.cancel(job)
 
-    def step(self) -> dict[int, list[SampledToken]]:
-        out: dict[int, list[SampledToken]] = {}
+    def step(self) -> dict[int, list[SampledToken] | SequenceFailure]:
+        out: dict[int, list[SampledToken] | SequenceFailure] = {}
         for r in self.generator.iterate():
+            if r.get("stage") == "error":
+                # exllamav3 contained a failure to one job (reap_failed_job): that sequence ends alone
+                seq_id = getattr(r.get("job"), "identifier", None)
+                if seq_id in self._jobs:
+                    err = r.get("error")
+                    out[seq_id] = SequenceFailure(f"{type(err).__name__}: {err}")
+                continue
             if r.get("stage") != "streaming" or r.get("token_ids") is None:
                 continue
             seq_id = r["identifier"]
