@@ -25,6 +25,10 @@ from .tokenizer import HFTokenizer
 
 log = logging.getLogger("glm53.engine.exl3")
 
+# exllamav3 divides the logits by the temperature: far below this the quotient overflows to inf/NaN, while at it
+# sampling is already argmax in practice (greedy with penalties or a bias also runs at it).
+MIN_TEMPERATURE = 1e-4
+
 # Pages a job reserves per round: a job past it requeues (keeping its pages through the prefix cache), so an
 # uncapped job never holds the whole remaining context while others wait.
 PAGE_ROUND_TOKENS = 2048
@@ -150,7 +154,7 @@ def exl3_sampler(params: SamplingParams):
     if params.greedy and not params.logit_bias and not params.presence_penalty and not params.frequency_penalty:
         return ArgmaxSampler()
     return ComboSampler(
-        temperature=max(params.temperature, 0.0) or 1e-6,  # greedy with penalties/bias: a vanishing temperature
+        temperature=max(params.temperature, MIN_TEMPERATURE),
         top_k=params.top_k,
         top_p=params.top_p,
         min_p=params.min_p,
