@@ -22,7 +22,7 @@ from .jobs import JobGroup, check_model, max_new_tokens, runtime, sampling_param
 from .parsing import ContentText, OutputParser, ReasoningText, ToolCallArguments, ToolCallBegin, parse_output
 from .protocol import ChatCompletionRequest, NamedToolChoice
 from .responses import engine_failure, finish_reason, usage
-from .sse import DONE, KEEPALIVE, frame, stream_response
+from .sse import DONE, frame, stream_response
 
 bp = Blueprint("chat", __name__)
 
@@ -122,17 +122,14 @@ def _stream(group: JobGroup, plan: ChatPlan, req: ChatCompletionRequest, meta: d
             yield chunk(i, {"role": "assistant", "content": ""})
             for delta in _deltas(parsers[i].feed(plan.prefix)):
                 yield chunk(i, delta)
-        for item in group.events(keepalive_s):
-            if item is None:
-                yield KEEPALIVE
+        for item in group.sse_events(keepalive_s):
+            if isinstance(item, str):
+                yield item
                 continue
             i, ev = item
             if isinstance(ev, Delta):
                 events = parsers[i].feed(ev.text)
-            elif isinstance(ev, Finish):
-                if ev.reason in ("error", "cancelled"):
-                    yield frame(engine_failure(ev).body())
-                    break
+            else:
                 completion_tokens += ev.completion_tokens
                 events = parsers[i].finish()
             called[i] = called[i] or any(isinstance(e, ToolCallBegin) for e in events)
@@ -140,9 +137,8 @@ def _stream(group: JobGroup, plan: ChatPlan, req: ChatCompletionRequest, meta: d
                 yield chunk(i, delta)
             if isinstance(ev, Finish):
                 yield chunk(i, {}, finish_reason(ev, called[i]))
-        else:
-            if include_usage:
-                yield frame({**meta, "object": "chat.completion.chunk", "choices": [], "usage": usage(len(plan.prompt_ids), completion_tokens)})
+        if include_usage and not group.failed:
+            yield frame({**meta, "object": "chat.completion.chunk", "choices": [], "usage": usage(len(plan.prompt_ids), completion_tokens)})
         yield DONE
     finally:
         group.close()

@@ -12,7 +12,7 @@ from .body import parse_body
 from .jobs import JobGroup, check_model, check_token_ids, max_new_tokens, runtime, sampling_params
 from .protocol import CompletionRequest
 from .responses import engine_failure, finish_reason, usage
-from .sse import DONE, KEEPALIVE, frame, stream_response
+from .sse import DONE, frame, stream_response
 
 bp = Blueprint("completions", __name__)
 
@@ -67,23 +67,19 @@ def _stream(group: JobGroup, req: CompletionRequest, meta: dict, echoes: list[st
         for i, echo in enumerate(echoes):
             if echo:
                 yield chunk(i, echo)
-        for item in group.events(keepalive_s):
-            if item is None:
-                yield KEEPALIVE
+        for item in group.sse_events(keepalive_s):
+            if isinstance(item, str):
+                yield item
                 continue
             i, ev = item
             if isinstance(ev, Delta):
                 if ev.text:
                     yield chunk(i, ev.text)
-            elif isinstance(ev, Finish):
-                if ev.reason in ("error", "cancelled"):
-                    yield frame(engine_failure(ev).body())
-                    break
+            else:
                 completion_tokens += ev.completion_tokens
                 yield chunk(i, "", finish_reason(ev))
-        else:
-            if include_usage:
-                yield frame({**meta, "choices": [], "usage": usage(prompt_tokens, completion_tokens)})
+        if include_usage and not group.failed:
+            yield frame({**meta, "choices": [], "usage": usage(prompt_tokens, completion_tokens)})
         yield DONE
     finally:
         group.close()

@@ -20,6 +20,8 @@ from .drain import Drain
 from .errors import APIError
 from .metrics import Metrics
 from .protocol import SamplingFields
+from .responses import engine_failure
+from .sse import KEEPALIVE, frame
 
 
 @dataclass
@@ -128,6 +130,7 @@ class JobGroup:
         self._jobs = []
         self._open = 0
         self._watcher = None
+        self.failed = False  # a job ended in error or was cancelled (set by sse_events)
         self._record = current_record()
         try:
             for index, request in enumerate(requests):
@@ -163,6 +166,21 @@ class JobGroup:
                 if self._record is not None:
                     self._note_event(index, event)
                 yield index, event
+
+    def sse_events(self, keepalive_s: float) -> Iterator[str | tuple[int, object]]:
+        """``events`` for a streamed response: ready SSE frames (a keep-alive comment while idle; the error frame
+        of a job that failed or was cancelled, after which the stream stops and ``failed`` is set) or
+        ``(choice index, event)`` for the caller to render."""
+        for item in self.events(keepalive_s):
+            if item is None:
+                yield KEEPALIVE
+                continue
+            _, event = item
+            if isinstance(event, Finish) and event.reason in ("error", "cancelled"):
+                self.failed = True
+                yield frame(engine_failure(event).body())
+                return
+            yield item
 
     def _note_prompts(self, requests: Sequence[GenerationRequest | ScoreRequest]) -> None:
         record = self._record

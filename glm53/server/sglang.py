@@ -21,7 +21,7 @@ from .errors import APIError
 from .jobs import JobGroup, check_token_ids, max_new_tokens, runtime, top_k
 from .protocol import DetokenizeRequest, GenerateRequest, TokenizeRequest
 from .responses import engine_failure
-from .sse import DONE, KEEPALIVE, frame, stream_response
+from .sse import DONE, frame, stream_response
 
 bp = Blueprint("sglang", __name__)
 
@@ -138,18 +138,15 @@ def _apply(out: _Output, ev: object) -> None:
 
 def _stream(group: JobGroup, out: _Output, keepalive_s: float):
     try:
-        for item in group.events(keepalive_s):
-            if item is None:
-                yield KEEPALIVE
+        for item in group.sse_events(keepalive_s):
+            if isinstance(item, str):
+                yield item
                 continue
             _, ev = item
-            if isinstance(ev, Finish) and ev.reason in ("error", "cancelled"):
-                yield frame(engine_failure(ev).body())
-                break
             _apply(out, ev)
             if isinstance(ev, Delta) and ev.token_ids:
                 yield frame(out.body())
-        else:
+        if not group.failed:
             if out.finish is None:  # scoring only
                 out.finish = Finish("length", len(out.prompt_ids), 0)
             yield frame(out.body())
