@@ -19,7 +19,7 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .detok import IncrementalDetokenizer
 from .interface import Backend, LogprobRequest, SamplingParams, SampledToken, SequenceFailure, TokenLogprobs
@@ -90,7 +90,6 @@ class Job:
     id: int
     request: GenerationRequest | ScoreRequest
     sink: Callable[[object], None]
-    submitted: float = field(default_factory=time.monotonic)
     # scheduler-thread state
     completion_tokens: int = 0
     detok: IncrementalDetokenizer | None = None

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import queue
 from collections import deque
-from collections.abc import Callable
 
 
 def gevent_active() -> bool:
@@ -97,7 +96,6 @@ class _ThreadChannel:
 
 
 Channel = _GeventChannel | _ThreadChannel
-ChannelFactory = Callable[[], Channel]
 
 
 def make_channel() -> Channel:

@@ -34,7 +34,6 @@ class Metrics:
         self.requests: dict[tuple[str, int], int] = defaultdict(int)  # (endpoint, status) -> count
         self.ttft = Histogram(TTFT_BUCKETS)
         self.latency = Histogram(LATENCY_BUCKETS)
-        self.disconnects = 0
 
     def request_done(self, endpoint: str, status: int) -> None:
         with self._lock:

@@ -87,7 +87,6 @@ class SamplingFields(Lenient):
 
 class StreamOptions(Strict):
     include_usage: bool = False
-    continuous_usage_stats: bool = False
 
 
 class ContentPart(Strict):

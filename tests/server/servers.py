@@ -56,23 +56,18 @@ class Server:
         raise RuntimeError("server did not become ready:\n" + self.log())
 
     def get(self, path: str, headers: dict | None = None) -> tuple[int, dict | str]:
-        req = urllib.request.Request(self.url + path, headers=headers or {})
-        try:
-            with urllib.request.urlopen(req, timeout=30) as r:
-                body = r.read().decode()
-                status = r.status
-        except urllib.error.HTTPError as e:
-            body, status = e.read().decode(), e.code
-        try:
-            return status, json.loads(body)
-        except ValueError:
-            return status, body
+        return self._request(urllib.request.Request(self.url + path, headers=headers or {}), timeout=30)
 
     def post(self, path: str, body: bytes | dict, headers: dict | None = None) -> tuple[int, dict | str]:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
         req = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json", **(headers or {})})
+        return self._request(req, timeout=60)
+
+    @staticmethod
+    def _request(req: urllib.request.Request, timeout: float) -> tuple[int, dict | str]:
+        """(status, body as JSON when it parses, else text); error statuses are answers, not exceptions."""
         try:
-            with urllib.request.urlopen(req, timeout=60) as r:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
                 text, status = r.read().decode(), r.status
         except urllib.error.HTTPError as e:
             text, status = e.read().decode(), e.code
