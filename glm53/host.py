@@ -36,6 +36,8 @@ class Gpu:
     name: str
     total: int  # bytes
     free: int  # bytes
+    driver: str  # the NVIDIA driver's version
+    compute_capability: str  # "9.0" for an H100/H200
 
 
 def meminfo(path: Path) -> dict[str, int]:
@@ -118,11 +120,11 @@ def shm_bytes(path: Path) -> int | None:
 
 
 def query_gpus(run=subprocess.run) -> list[Gpu]:
-    """The GPUs ``nvidia-smi`` sees, in its order.
+    """The GPUs ``nvidia-smi`` sees, in its order, with their memory, driver version and compute capability.
 
     :raise OSError: nvidia-smi is missing or failed (its message says why).
     """
-    cmd = ["nvidia-smi", "--query-gpu=index,uuid,name,memory.total,memory.free", "--format=csv,noheader,nounits"]
+    cmd = ["nvidia-smi", "--query-gpu=index,uuid,name,memory.total,memory.free,driver_version,compute_cap", "--format=csv,noheader,nounits"]
     try:
         out = run(cmd, capture_output=True, text=True, timeout=20)
     except subprocess.TimeoutExpired:
@@ -131,8 +133,8 @@ def query_gpus(run=subprocess.run) -> list[Gpu]:
         raise OSError(f"nvidia-smi failed: {(out.stderr or out.stdout).strip().splitlines()[0] if (out.stderr or out.stdout).strip() else out.returncode}")
     gpus = []
     for line in out.stdout.strip().splitlines():
-        index, uuid, name, total, free = (f.strip() for f in line.split(","))
-        gpus.append(Gpu(int(index), uuid, name, int(total) * 2**20, int(free) * 2**20))
+        index, uuid, name, total, free, driver, cc = (f.strip() for f in line.split(","))
+        gpus.append(Gpu(int(index), uuid, name, int(total) * 2**20, int(free) * 2**20, driver, cc))
     return gpus
 
 

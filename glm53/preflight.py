@@ -97,7 +97,8 @@ def _gpu(settings: Settings, query_gpus) -> Check:
     gpu = host.selected_gpu(gpus, visible)
     if gpu is None:
         return Check("gpu", "warn", f"nvidia-smi lists no GPU matching CUDA_VISIBLE_DEVICES={visible!r}; free VRAM unknown")
-    text = f"GPU {gpu.index} ({gpu.name}): {gpu.free / GiB:.1f} GiB free of {gpu.total / GiB:.1f} GiB"
+    text = (f"GPU {gpu.index} ({gpu.name}, compute capability {gpu.compute_capability}, driver {gpu.driver}): "
+            f"{gpu.free / GiB:.1f} GiB free of {gpu.total / GiB:.1f} GiB")
     budget = settings.vram_limit_gb
     if budget is not None and gpu.free < budget * 1e9:
         return Check("gpu", "fail", f"{text}, below the {budget:g} GB that GLM53_VRAM_LIMIT_GB asks for; stop the processes nvidia-smi lists on it, or lower GLM53_VRAM_LIMIT_GB")

@@ -41,16 +41,19 @@ class ScriptedBackend:
     """Sequence i emits ``script(prompt_ids)`` one token per step (after a prefill step), then EOS forever.
 
     ``step_seconds`` makes each step take that long, as a real engine's does, so that a test can act while a
-    sequence is in a given phase.
+    sequence is in a given phase. ``cached(prompt_ids)`` is how many prompt tokens the first token reports as
+    served from a prefix cache (default none).
     """
 
     def __init__(self, script=None, max_batch_size: int = 4, context_length: int = 4096, fail_on_step: int | None = None,
-                 step_seconds: float = 0.0, refuse_leading_zero: bool = True):
+                 step_seconds: float = 0.0, refuse_leading_zero: bool = True, cached=None):
         self.tokenizer = ByteTokens()
         self.info = ModelInfo("scripted", "test", context_length, 257, frozenset({EOS}))
         self.max_batch_size = max_batch_size
         self._script = script or (lambda prompt: list(b"hello world"))
+        self._cached = cached or (lambda prompt: 0)
         self.seqs: dict[int, list[int]] = {}
+        self._first_token_cached: dict[int, int] = {}  # sequences whose first token is still to come -> its cached tokens
         self.added: list[int] = []
         self.removed: list[int] = []
         self.failed: set[int] = set()
@@ -66,6 +69,7 @@ class ScriptedBackend:
         if self.refuse_leading_zero and prompt_ids and prompt_ids[0] == 0:
             raise ValueError("prompts starting with byte 0 are refused (test hook)")
         self.seqs[seq_id] = [PREFILL] + list(self._script(list(prompt_ids)))
+        self._first_token_cached[seq_id] = self._cached(list(prompt_ids))
         self.added.append(seq_id)
         self.max_active = max(self.max_active, len(self.seqs))
 
@@ -73,6 +77,7 @@ class ScriptedBackend:
         if self.seqs.pop(seq_id, None) is not None:
             self.removed.append(seq_id)
         self.failed.discard(seq_id)
+        self._first_token_cached.pop(seq_id, None)
 
     def step(self) -> dict[int, list[SampledToken] | SequenceFailure]:
         self.steps += 1
@@ -89,7 +94,7 @@ class ScriptedBackend:
                 self.failed.add(seq_id)
                 out[seq_id] = SequenceFailure(f"injected failure of sequence {seq_id}")
             elif tok != PREFILL:
-                out[seq_id] = [SampledToken(tok, TokenLogprobs(-0.5, ((tok, -0.5),)))]
+                out[seq_id] = [SampledToken(tok, TokenLogprobs(-0.5, ((tok, -0.5),)), self._first_token_cached.pop(seq_id, 0))]
         return out
 
     def score(self, ids, start, request):

@@ -188,15 +188,15 @@ def nvidia_smi(stdout: str, returncode: int = 0):
 def test_free_vram_from_nvidia_smi(monkeypatch):
     monkeypatch.setattr(preflight, "cuda_gpu_visible", lambda: True)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
-    out = "0, GPU-aaa, NVIDIA H200, 143771, 143000\n1, GPU-bbb, NVIDIA RTX 3090, 24576, 24000\n"
+    out = "0, GPU-aaa, NVIDIA H200, 143771, 143000, 580.159.04, 9.0\n1, GPU-bbb, NVIDIA RTX 3090, 24576, 24000, 550.54.15, 8.6\n"
     gpus = host.query_gpus(run=nvidia_smi(out))
     assert host.selected_gpu(gpus, "GPU-aaa").name == "NVIDIA H200"
     settings = config.load(["--vram-limit-gb", "20"], {})
     c = preflight._gpu(settings, lambda: gpus)
-    assert c.level == "ok" and c.message.startswith("GPU 1 (NVIDIA RTX 3090): 23.4 GiB free of 24.0 GiB")
+    assert c.level == "ok" and c.message.startswith("GPU 1 (NVIDIA RTX 3090, compute capability 8.6, driver 550.54.15): 23.4 GiB free of 24.0 GiB")
     c = preflight._gpu(config.load(["--vram-limit-gb", "30"], {}), lambda: gpus)
     assert c.level == "fail" and "GLM53_VRAM_LIMIT_GB" in c.message
-    busy = [host.Gpu(1, "GPU-bbb", "NVIDIA RTX 3090", 24 * GiB, 10 * GiB)]
+    busy = [host.Gpu(1, "GPU-bbb", "NVIDIA RTX 3090", 24 * GiB, 10 * GiB, "550.54.15", "8.6")]
     c = preflight._gpu(config.load([], {}), lambda: busy)
     assert c.level == "warn" and "other processes hold 14.0 GiB" in c.message
 
@@ -217,7 +217,7 @@ def test_exl3_preflight_puts_it_together(tmp_path, monkeypatch):
     monkeypatch.setattr(preflight, "cuda_gpu_visible", lambda: True)
     monkeypatch.setattr(preflight, "resolve_engine", lambda s: ("exl3", "test"))
     d = expert_checkpoint(tmp_path)
-    gpus = [host.Gpu(0, "GPU-a", "NVIDIA RTX 3090", 24 * GiB, 24 * GiB)]
+    gpus = [host.Gpu(0, "GPU-a", "NVIDIA RTX 3090", 24 * GiB, 24 * GiB, "550.54.15", "8.6")]
     checks = preflight.run_checks(config.load(["-m", str(d)], {}), fake_host(tmp_path, 64 * GiB // 1024), lambda: gpus)
     by_name = {c.name: c for c in checks}
     assert {"gpu", "model", "host_ram", "memlock", "shm", "cpu"} <= set(by_name)

@@ -8,7 +8,8 @@ Every backend method is called from the scheduler's thread only, so a backend ne
 Lifecycle of a sequence: ``add`` → ``step`` (prefill, possibly over several steps, then one sampled token
 per step) → ``remove`` (after the scheduler saw a stop condition or the client went away). A token returned
 by ``step`` is already part of the sequence: the backend feeds it in the next step unless ``remove`` is
-called first.
+called first. A backend that keeps a prefix cache (keys and values of earlier prompts, reused when a new prompt
+starts the same way) says on the sequence's first token how many prompt tokens it did not have to prefill.
 
 Failures come in two sizes. A fault the backend can pin on one sequence (non-finite logits in its row, cache
 pages that could not be extended for it) is reported by ``step`` as a :class:`SequenceFailure` in place of that sequence's tokens: the scheduler
@@ -64,6 +65,9 @@ class TokenLogprobs:
 class SampledToken:
     token_id: int
     logprobs: TokenLogprobs | None = None  # set when the sequence was added with a LogprobRequest
+    # On a sequence's first token only: how many of its prompt tokens the backend took from its prefix cache
+    # instead of prefilling them (0 for a backend without one). The scheduler reads it there and nowhere else.
+    cached_prompt_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,7 @@ class ModelInfo:
     eos_token_ids: frozenset[int]  # any of these ends a completion (unless the request ignores EOS)
     checkpoint_dir: Path | None = None  # its chat template is used when it has one; else the built-in GLM-5 one
     facts: Mapping[str, object] = field(default_factory=dict)  # load time, memory use, shapes: shown in /server_info
+    gpu: Mapping[str, object] | None = None  # the GPU the model runs on (engine/gpu.py); None for a CPU backend
 
 
 class Tokenizer(Protocol):

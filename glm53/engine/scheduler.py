@@ -57,6 +57,7 @@ class Delta:
     text: str
     token_ids: tuple[int, ...]
     logprobs: tuple[TokenLogprobs, ...] | None = None
+    cached_tokens: int | None = None  # on a job's first Delta only: its prompt tokens served from the prefix cache
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class Finish:
     completion_tokens: int
     matched: str | int | None = None  # the stop string or token id that ended it
     error: str | None = None
+    cached_tokens: int = 0  # prompt tokens served from the backend's prefix cache (0 if it ended before a token)
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ class Job:
     sink: Callable[[object], None]
     # scheduler-thread state
     completion_tokens: int = 0
+    cached_tokens: int = 0
     detok: IncrementalDetokenizer | None = None
     stops: StopMatcher | None = None
     scoring: Iterator | None = None
@@ -118,6 +121,9 @@ class Scheduler:
             "jobs_submitted": 0, "jobs_finished": 0, "jobs_stop": 0, "jobs_length": 0, "jobs_cancelled": 0,
             "jobs_error": 0, "jobs_rejected": 0, "score_jobs": 0, "prompt_tokens": 0, "completion_tokens": 0,
             "steps": 0, "step_seconds": 0.0, "engine_errors": 0, "sequence_errors": 0,
+            # in prompt tokens, of the jobs whose prefill completed: taken from the backend's prefix cache, or prefilled
+            # (a hits/misses pair: bench/sweep.py derives each phase's hit rate from it)
+            "prefix_cache_hits": 0, "prefix_cache_misses": 0,
         }
 
     # ----- called from any thread
@@ -150,6 +156,7 @@ class Scheduler:
     def snapshot(self) -> dict:
         """Queue and counter figures for /stats and /metrics (read without locking: figures, not invariants)."""
         steps = self.counters["steps"]
+        looked_up = self.counters["prefix_cache_hits"] + self.counters["prefix_cache_misses"]
         return {
             "state": self.state,
             "waiting": len(self._waiting),
@@ -158,6 +165,7 @@ class Scheduler:
             "in_system": self._in_system,
             "mean_step_ms": round(1000 * self.counters["step_seconds"] / steps, 3) if steps else None,
             "decode_tokens_per_second": round(self.decode_rate, 2) if self._recent_is_fresh() else 0.0,
+            "prefix_cache_hit_rate": round(self.counters["prefix_cache_hits"] / looked_up, 4) if looked_up else None,
             **self.counters,
         }
 
@@ -216,7 +224,7 @@ class Scheduler:
     def _cancel(self, job_id: int) -> None:
         job = self._active.get(job_id)
         if job is not None:
-            self._retire(job, Finish("cancelled", len(job.request.prompt_ids), job.completion_tokens))
+            self._retire(job, "cancelled")
             return
         for queue in (self._waiting, self._scoring):
             for job in queue:
@@ -267,7 +275,7 @@ class Scheduler:
             log.exception("backend step failed; ending the %d active jobs", len(self._active))
             self.counters["engine_errors"] += 1
             for job in list(self._active.values()):
-                self._retire(job, Finish("error", len(job.request.prompt_ids), job.completion_tokens, error=f"{type(exc).__name__}: {exc}"))
+                self._retire(job, "error", error=f"{type(exc).__name__}: {exc}")
             return
         t1 = time.monotonic()
         self.counters["steps"] += 1
@@ -286,7 +294,7 @@ class Scheduler:
         """End one job the backend failed alone; the rest of the batch goes on."""
         log.error("engine failed job %d alone: %s", job.id, reason)
         self.counters["sequence_errors"] += 1
-        self._retire(job, Finish("error", len(job.request.prompt_ids), job.completion_tokens, error=reason))
+        self._retire(job, "error", error=reason)
 
     def _note_rate(self, now: float, tokens: int) -> None:
         self._recent.append((now, tokens))
@@ -306,6 +314,9 @@ class Scheduler:
         """Turn one step's tokens of a job into a Delta, and retire the job if a stop condition hit."""
         req: GenerationRequest = job.request
         backend = self.backend
+        first = job.completion_tokens == 0
+        if first:
+            self._note_prefill(job, tokens[0].cached_prompt_tokens)
         eos = frozenset() if req.ignore_eos else backend.info.eos_token_ids
         limit = min(req.max_new_tokens, backend.info.context_length - len(req.prompt_ids))
         text, ids, lps, finish = [], [], [], None
@@ -334,11 +345,19 @@ class Scheduler:
                 text.append(job.stops.flush())
             else:
                 finish = ("stop", matched)
-        self._deliver(job, Delta("".join(text), tuple(ids), tuple(lps) if req.logprobs else None))
+        self._deliver(job, Delta("".join(text), tuple(ids), tuple(lps) if req.logprobs else None, job.cached_tokens if first else None))
         if finish is not None:
-            self._retire(job, Finish(finish[0], len(req.prompt_ids), job.completion_tokens, matched=finish[1]))
+            self._retire(job, finish[0], matched=finish[1])
 
-    def _retire(self, job: Job, finish: Finish) -> None:
+    def _note_prefill(self, job: Job, cached: int) -> None:
+        """A job's prefill completed (its first token arrived): count its prompt as prefix-cache hits and misses."""
+        job.cached_tokens = cached
+        self.counters["prefix_cache_hits"] += cached
+        self.counters["prefix_cache_misses"] += len(job.request.prompt_ids) - cached
+
+    def _retire(self, job: Job, reason: str, matched: str | int | None = None, error: str | None = None) -> None:
+        """End an admitted job: free its sequence, then send its Finish."""
+        finish = Finish(reason, len(job.request.prompt_ids), job.completion_tokens, matched, error, job.cached_tokens)
         self._active.pop(job.id, None)
         try:
             self.backend.remove(job.id)
@@ -370,7 +389,7 @@ class Scheduler:
 
     def _shutdown(self) -> None:
         for job in list(self._active.values()):
-            self._retire(job, Finish("cancelled", len(job.request.prompt_ids), job.completion_tokens, error="server shutting down"))
+            self._retire(job, "cancelled", error="server shutting down")
         while self._waiting:
             self._finish_unstarted(self._waiting.popleft(), "cancelled", "server shutting down")
         while self._scoring:

@@ -21,7 +21,7 @@ from .errors import APIError
 from .jobs import JobGroup, check_model, max_new_tokens, runtime, sampling_params
 from .parsing import ContentText, OutputParser, ReasoningText, ToolCallArguments, ToolCallBegin, parse_output
 from .protocol import ChatCompletionRequest, NamedToolChoice
-from .responses import engine_failure, finish_reason, usage
+from .responses import cached_prompt_tokens, engine_failure, finish_reason, usage
 from .sse import DONE, frame, stream_response
 
 bp = Blueprint("chat", __name__)
@@ -109,7 +109,7 @@ def _stream(group: JobGroup, plan: ChatPlan, req: ChatCompletionRequest, meta: d
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     parsers = [OutputParser(plan.tools, plan.reasoning_open) for _ in range(req.n)]
     called = [False] * req.n
-    completion_tokens = 0
+    finishes: list[Finish | None] = [None] * req.n
 
     def chunk(index: int, delta: dict, finish: str | None = None) -> str:
         body = {**meta, "object": "chat.completion.chunk", "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}]}
@@ -130,7 +130,7 @@ def _stream(group: JobGroup, plan: ChatPlan, req: ChatCompletionRequest, meta: d
             if isinstance(ev, Delta):
                 events = parsers[i].feed(ev.text)
             else:
-                completion_tokens += ev.completion_tokens
+                finishes[i] = ev
                 events = parsers[i].finish()
             called[i] = called[i] or any(isinstance(e, ToolCallBegin) for e in events)
             for delta in _deltas(events):
@@ -138,7 +138,8 @@ def _stream(group: JobGroup, plan: ChatPlan, req: ChatCompletionRequest, meta: d
             if isinstance(ev, Finish):
                 yield chunk(i, {}, finish_reason(ev, called[i]))
         if include_usage and not group.failed:
-            yield frame({**meta, "object": "chat.completion.chunk", "choices": [], "usage": usage(len(plan.prompt_ids), completion_tokens)})
+            body = usage(len(plan.prompt_ids), sum(f.completion_tokens for f in finishes), cached_prompt_tokens(finishes, req.n))
+            yield frame({**meta, "object": "chat.completion.chunk", "choices": [], "usage": body})
         yield DONE
     finally:
         group.close()
@@ -168,4 +169,5 @@ def _collect(group: JobGroup, plan: ChatPlan, req: ChatCompletionRequest, meta: 
             ]
         choices.append({"index": i, "message": message, "logprobs": None, "finish_reason": finish_reason(fin, bool(parsed.tool_calls))})
     completion = sum(f.completion_tokens for f in finishes)
-    return {**meta, "object": "chat.completion", "choices": choices, "usage": usage(len(plan.prompt_ids), completion)}
+    return {**meta, "object": "chat.completion", "choices": choices,
+            "usage": usage(len(plan.prompt_ids), completion, cached_prompt_tokens(finishes, req.n))}

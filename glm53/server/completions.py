@@ -11,7 +11,7 @@ from ..engine.scheduler import Delta, Finish, GenerationRequest
 from .body import parse_body
 from .jobs import JobGroup, check_model, check_token_ids, max_new_tokens, runtime, sampling_params
 from .protocol import CompletionRequest
-from .responses import engine_failure, finish_reason, usage
+from .responses import cached_prompt_tokens, engine_failure, finish_reason, usage
 from .sse import DONE, frame, stream_response
 
 bp = Blueprint("completions", __name__)
@@ -50,12 +50,12 @@ def completions():
     meta = {"id": "cmpl-" + uuid.uuid4().hex[:24], "object": "text_completion", "created": int(time.time()), "model": runtime().settings.served_name}
     if req.stream:
         return stream_response(_stream(group, req, meta, echoes, prompt_tokens, runtime().settings.sse_keepalive_s))
-    return _collect(group, meta, echoes, prompt_tokens)
+    return _collect(group, req, meta, echoes, prompt_tokens)
 
 
 def _stream(group: JobGroup, req: CompletionRequest, meta: dict, echoes: list[str], prompt_tokens: int, keepalive_s: float):
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    completion_tokens = 0
+    finishes: list[Finish | None] = [None] * len(echoes)
 
     def chunk(index: int, text: str, finish: str | None = None) -> str:
         body = {**meta, "choices": [{"index": index, "text": text, "logprobs": None, "finish_reason": finish}]}
@@ -76,16 +76,17 @@ def _stream(group: JobGroup, req: CompletionRequest, meta: dict, echoes: list[st
                 if ev.text:
                     yield chunk(i, ev.text)
             else:
-                completion_tokens += ev.completion_tokens
+                finishes[i] = ev
                 yield chunk(i, "", finish_reason(ev))
         if include_usage and not group.failed:
-            yield frame({**meta, "choices": [], "usage": usage(prompt_tokens, completion_tokens)})
+            body = usage(prompt_tokens, sum(f.completion_tokens for f in finishes), cached_prompt_tokens(finishes, req.n))
+            yield frame({**meta, "choices": [], "usage": body})
         yield DONE
     finally:
         group.close()
 
 
-def _collect(group: JobGroup, meta: dict, echoes: list[str], prompt_tokens: int):
+def _collect(group: JobGroup, req: CompletionRequest, meta: dict, echoes: list[str], prompt_tokens: int):
     texts = [[echo] for echo in echoes]
     finishes: list[Finish | None] = [None] * len(echoes)
     try:
@@ -102,4 +103,5 @@ def _collect(group: JobGroup, meta: dict, echoes: list[str], prompt_tokens: int)
     choices = [
         {"index": i, "text": "".join(texts[i]), "logprobs": None, "finish_reason": finish_reason(fin)} for i, fin in enumerate(finishes)
     ]
-    return {**meta, "choices": choices, "usage": usage(prompt_tokens, sum(f.completion_tokens for f in finishes))}
+    completion = sum(f.completion_tokens for f in finishes)
+    return {**meta, "choices": choices, "usage": usage(prompt_tokens, completion, cached_prompt_tokens(finishes, req.n))}

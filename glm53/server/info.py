@@ -60,7 +60,8 @@ def stats():
 
 @bp.get("/server_info")
 def server_info():
-    """Effective settings (secrets redacted), where each came from, and the model's facts."""
+    """Effective settings (secrets redacted), where each came from, the model's facts and, once it is loaded, the
+    GPU it runs on (``gpu``: null for the CPU demo model)."""
     rt = runtime()
     sched = rt.scheduler
     s = rt.settings
@@ -83,6 +84,7 @@ def server_info():
             model={"name": info.name, "architecture": info.architecture, "vocab_size": info.vocab_size,
                    "eos_token_ids": sorted(info.eos_token_ids), "chat_template": rt.template().origin,
                    **info.facts},
+            gpu=dict(info.gpu) if info.gpu is not None else None,
         )
     return body
 

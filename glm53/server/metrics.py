@@ -72,6 +72,12 @@ class Metrics:
         _gauge(out, "glm53_decode_tokens_per_second", "Tokens per second over the recent engine steps (all jobs).", scheduler["decode_tokens_per_second"] or 0.0)
         _counter(out, "glm53_prompt_tokens_total", "Prompt tokens admitted.", scheduler["prompt_tokens"])
         _counter(out, "glm53_completion_tokens_total", "Tokens generated.", scheduler["completion_tokens"])
+        _counter(out, "glm53_prefix_cache_hit_tokens_total", "Prompt tokens served from the prefix cache (counted when a prefill completes).",
+                 scheduler["prefix_cache_hits"])
+        _counter(out, "glm53_prefix_cache_miss_tokens_total", "Prompt tokens prefilled (counted when a prefill completes).",
+                 scheduler["prefix_cache_misses"])
+        _gauge(out, "glm53_prefix_cache_hit_rate", "Share of prefix-cache hit tokens among all prompt tokens counted so far (0 before any).",
+               scheduler["prefix_cache_hit_rate"] or 0.0)
         _counter(out, "glm53_engine_steps_total", "Engine forward steps.", scheduler["steps"])
         _counter(out, "glm53_engine_errors_total", "Engine steps that failed (every active job ended with an error).", scheduler["engine_errors"])
         _counter(out, "glm53_sequence_errors_total", "Jobs the engine failed alone (the rest of their batch went on).", scheduler["sequence_errors"])

@@ -75,6 +75,7 @@ class _Output:
         self.text = ""
         self.output_ids: list[int] = []
         self.output_lps: list[TokenLogprobs] = []
+        self.cached_tokens = 0  # prompt tokens served from the prefix cache, known from the first token on
         self.scored: list | None = None
         self.finish: Finish | None = None
 
@@ -82,6 +83,8 @@ class _Output:
         self.text += ev.text
         self.output_ids.extend(ev.token_ids)
         self.output_lps.extend(ev.logprobs or ())
+        if ev.cached_tokens is not None:
+            self.cached_tokens = ev.cached_tokens
 
     def body(self) -> dict:
         meta = {
@@ -89,7 +92,7 @@ class _Output:
             "finish_reason": _finish(self.finish) if self.finish else None,
             "prompt_tokens": len(self.prompt_ids),
             "completion_tokens": len(self.output_ids),
-            "cached_tokens": 0,
+            "cached_tokens": self.cached_tokens,
             "e2e_latency": round(time.monotonic() - self.t0, 4),
         }
         if self.req.return_logprob and (self.finish or not self.req.stream):

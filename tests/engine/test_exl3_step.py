@@ -9,8 +9,10 @@ from glm53.engine.interface import LogprobRequest, SequenceFailure
 
 
 class FakeJob:
-    def __init__(self, identifier):
+    def __init__(self, identifier, cached_pages=0, cached_tokens=0):
         self.identifier = identifier
+        self.cached_pages = cached_pages  # whole pages from the page cache
+        self.cached_tokens = cached_tokens  # the start of a partial page copied from a matching one
 
 
 class FakeGenerator:
@@ -21,10 +23,12 @@ class FakeGenerator:
         return self.results
 
 
-def backend_with(results, jobs):
+def backend_with(results, jobs, prefilling=()):
     b = object.__new__(Exl3Backend)  # no model: only step()'s bookkeeping is under test
     b.generator = FakeGenerator(results)
     b._jobs = jobs
+    b._prefilling = set(prefilling)
+    b._page_size = 256
     b._counters = {"steps": 0, "decode_tokens": 0}
     return b
 
@@ -33,14 +37,17 @@ def test_tokens_logprobs_and_a_contained_job_failure():
     logits = torch.tensor([[[0.0, 2.0, 1.0], [3.0, 0.0, 0.0]]])  # [1, 2 tokens, V]
     results = [
         {"stage": "prefill", "identifier": 1},
-        {"stage": "streaming", "identifier": 1, "token_ids": torch.tensor([[1, 0]]), "logits": logits},
-        {"stage": "streaming", "identifier": 2, "token_ids": torch.tensor([[2]])},
+        {"stage": "streaming", "identifier": 1, "job": FakeJob(1, 2, 5), "token_ids": torch.tensor([[1, 0]]), "logits": logits},
+        {"stage": "streaming", "identifier": 2, "job": FakeJob(2, 1, 0), "token_ids": torch.tensor([[2]])},
         {"stage": "error", "job": FakeJob(3), "serial": 7, "eos": True, "error": RuntimeError("non-finite logits")},
         {"stage": "streaming", "identifier": 99, "token_ids": torch.tensor([[1]])},  # removed already: ignored
     ]
-    b = backend_with(results, {1: LogprobRequest(top_n=1), 2: None, 3: None})
+    b = backend_with(results, {1: LogprobRequest(top_n=1), 2: None, 3: None}, prefilling={1, 3})
     out = b.step()
     assert [t.token_id for t in out[1]] == [1, 0] and out[1][0].logprobs.top[0][0] == 1
+    # sequence 1's first token says how much of its prompt came from the page cache; 2 had its first token before
+    assert [t.cached_prompt_tokens for t in out[1]] == [2 * 256 + 5, 0] and out[2][0].cached_prompt_tokens == 0
+    assert b._prefilling == {3}
     assert [t.token_id for t in out[2]] == [2] and out[2][0].logprobs is None
     assert out[3] == SequenceFailure("RuntimeError: non-finite logits")
     assert 99 not in out and b._counters == {"steps": 1, "decode_tokens": 3}

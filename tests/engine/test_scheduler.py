@@ -5,7 +5,7 @@ import pytest
 
 from glm53.engine.interface import LogprobRequest
 from glm53.engine.scheduler import Delta, Finish, GenerationRequest, NotReady, QueueFull, Scheduler, ScoreRequest, Scored
-from tests.fakes import EOS, FAIL_ALONE, ScriptedBackend
+from tests.fakes import EOS, FAIL_ALONE, PREFILL, ScriptedBackend
 
 
 class Collector:
@@ -234,4 +234,35 @@ def test_a_sequence_the_engine_fails_alone_ends_alone_and_the_batch_goes_on():
     snap = s.snapshot()
     assert (snap["sequence_errors"], snap["engine_errors"], snap["jobs_error"], snap["in_system"]) == (1, 0, 1, 0)
     assert sorted(backend.removed) == sorted([bad_job.id, good_job.id]) and backend.seqs == {}
+    s.stop()
+
+
+def test_prefix_cache_hits_reach_the_first_delta_the_finish_and_the_counters():
+    s = started(ScriptedBackend(script=lambda p: [65, 66], cached=lambda p: 3 if p[0] == ord("c") else 0))
+    assert s.snapshot()["prefix_cache_hit_rate"] is None  # no prefill completed yet
+    hit, miss = Collector(), Collector()
+    s.submit(gen(prompt=b"cached"), hit)
+    s.submit(gen(prompt=b"fresh!!"), miss)
+    hit.wait()
+    miss.wait()
+    deltas = [e for e in hit.events if isinstance(e, Delta)]
+    assert [d.cached_tokens for d in deltas] == [3, None, None]
+    assert hit.finish == Finish("stop", 6, 3, matched=EOS, cached_tokens=3)
+    assert miss.finish.cached_tokens == 0 and next(e for e in miss.events if isinstance(e, Delta)).cached_tokens == 0
+    snap = s.snapshot()
+    assert (snap["prefix_cache_hits"], snap["prefix_cache_misses"], snap["prefix_cache_hit_rate"]) == (3, 3 + 7, 0.2308)
+    s.stop()
+
+
+def test_a_job_cancelled_before_its_first_token_counts_no_prefill():
+    backend = ScriptedBackend(script=lambda p: [PREFILL] * 100_000, cached=lambda p: 2, step_seconds=0.001)
+    s = started(backend)
+    c = Collector()
+    job = s.submit(gen(prompt=b"long prefill"), c)
+    while not backend.seqs:
+        time.sleep(0.001)
+    s.cancel(job)
+    assert c.wait().finish == Finish("cancelled", 12, 0)
+    snap = s.snapshot()
+    assert (snap["prefix_cache_hits"], snap["prefix_cache_misses"], snap["prompt_tokens"]) == (0, 0, 12)
     s.stop()

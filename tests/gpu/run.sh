@@ -4,12 +4,14 @@
 #   tests/gpu/run.sh [pytest arguments]
 #
 # GPU_KIT: a copy of ../shared/device (wheels, prebuilt exllamav3 extension, Triton cache, prep.sh); default .gpu
-# REPORT_DIR: where the report goes; default $OUT (the device runner's output folder) or /tmp/glm53-gpu-report
+# REPORT_DIR: where the report (and the figures some tests write) goes; default $OUT (the device runner's output
+#   folder) or /tmp/glm53-gpu-report
 # TEST_CHECKPOINT: where the tiny synthetic checkpoint is written; default /tmp/glm53-ckpt/tiny
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 KIT=${GPU_KIT:-.gpu}
-REPORT_DIR=${REPORT_DIR:-${OUT:-/tmp/glm53-gpu-report}}
+# exported: tests write their figures there too (test_reliability_exl3.py: reliability-exl3.json and .md)
+export REPORT_DIR=${REPORT_DIR:-${OUT:-/tmp/glm53-gpu-report}}
 export TEST_CHECKPOINT=${TEST_CHECKPOINT:-/tmp/glm53-ckpt/tiny}
 export SERVER_LOG_DIR=${SERVER_LOG_DIR:-$REPORT_DIR}
 mkdir -p "$REPORT_DIR"

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from glm53 import config
-from glm53.engine.interface import LogprobRequest, SamplingParams
+from glm53.engine.interface import LogprobRequest, SamplingParams, SequenceFailure
 from glm53.engine.sampling import logprobs_for
 
 CACHE_TOKENS = 16384
@@ -66,7 +66,9 @@ def backend_greedy(backend, seq_id: int, prompt: list[int], n: int, request: Log
     backend.add(seq_id, prompt, SamplingParams(temperature=0.0), request)
     tokens = []
     for _ in range(4 * n + 64):  # a bound, so a stuck sequence fails the test instead of hanging it
-        tokens += backend.step().get(seq_id, [])
+        got = backend.step().get(seq_id, [])
+        assert not isinstance(got, SequenceFailure), f"sequence {seq_id} failed: {got.reason}"
+        tokens += got
         if len(tokens) >= n:
             break
     backend.remove(seq_id)
@@ -87,11 +89,18 @@ def test_greedy_tokens_and_logprobs_equal_plain_exllamav3(backend, reference, in
 
 
 def test_a_repeated_prompt_reuses_the_prefix_cache_and_gives_the_same_tokens(backend):
-    """The second run of a prompt starts from exllamav3's cached pages (and recurrent checkpoint)."""
+    """The second run of a prompt starts from exllamav3's cached pages (and recurrent checkpoint), and its first
+    token says how many prompt tokens that saved: every whole page before the prompt's last token."""
+    from exllamav3.constants import PAGE_SIZE
+
     prompt = PROMPTS[2] + [500] * 700
-    first = [t.token_id for t in backend_greedy(backend, 300, prompt, 16, None)]
-    second = [t.token_id for t in backend_greedy(backend, 301, prompt, 16, None)]
-    assert first == second
+    first = backend_greedy(backend, 300, prompt, 16, None)
+    second = backend_greedy(backend, 301, prompt, 16, None)
+    assert [t.token_id for t in first] == [t.token_id for t in second]
+    # the first run may reuse the first page of PROMPTS[2] (310 tokens), which an earlier test ran
+    assert first[0].cached_prompt_tokens in (0, PAGE_SIZE)
+    assert second[0].cached_prompt_tokens == (len(prompt) - 1) // PAGE_SIZE * PAGE_SIZE
+    assert all(t.cached_prompt_tokens == 0 for t in first[1:] + second[1:])
 
 
 def test_score_equals_a_plain_forward(backend, reference):

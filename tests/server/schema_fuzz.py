@@ -8,10 +8,21 @@ wrongly. ``near_valid`` mixes valid instances with one mutation somewhere inside
 a field dropped, an unknown field added), which reaches the validators' error paths as well as the handlers
 behind them. Schema-valid bodies can still break cross-field rules the schema cannot express; the server must
 answer those with a 4xx too.
+
+``operation_cases`` turns one operation of this server's description into requests (target and body), for the
+CPU fuzz (``test_fuzz.py``). The GPU machine has no hypothesis, so its fuzz (``tests/gpu/test_reliability_exl3.py``)
+replays a fixed corpus drawn from the same strategies: ``python -m tests.server.schema_fuzz`` rewrites it (after
+the API changes; ``test_fuzz.py`` checks that it still covers every operation).
 """
 
 from __future__ import annotations
 
+import http.client
+import json
+import urllib.parse
+from pathlib import Path
+
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 ANNOTATIONS = frozenset({"title", "description", "default", "examples"})
@@ -151,3 +162,94 @@ def _random_slot(draw, value, depth: int = 0):
     if depth < 3 and isinstance(child, (dict, list)) and child and draw(st.booleans()):
         return _random_slot(draw, child, depth + 1)
     return value, key
+
+
+# ----- this server's operations
+
+ENDPOINTS = [
+    ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("POST", "/generate"), ("POST", "/tokenize"),
+    ("POST", "/detokenize"), ("GET", "/v1/models/{model_id}"), ("GET", "/v1/models"), ("GET", "/health"),
+    ("GET", "/stats"), ("GET", "/server_info"), ("GET", "/metrics"), ("GET", "/openapi.json"),
+]
+URL_TEXT = st.text(st.characters(codec="utf-8"), max_size=16)
+# What the model validators of server/protocol.py require beyond the schema; half the bodies follow these.
+HINTS = {
+    "ChatMessage": {"required": ["role", "content"]},
+    "ContentPart": {"properties": {"type": {"const": "text"}, "text": {"type": "string"}}, "required": ["type", "text"]},
+    "ResponseFormat": {"properties": {"type": {"const": "text"}}},
+}
+GPU_CORPUS = Path(__file__).resolve().parents[1] / "gpu" / "fuzz_corpus.json"
+GPU_CORPUS_CASES = {"POST": 24, "GET": 4, "GET /v1/models/{model_id}": 6}  # 150 in all
+# The corpus takes every SPREAD-th case of a longer run: hypothesis builds many cases by varying the ones before,
+# so consecutive cases are near copies
+GPU_CORPUS_SPREAD = 8
+
+
+def operation_cases(doc: dict, method: str, path: str):
+    """A strategy of (request target, body) for one operation of the OpenAPI document ``doc``."""
+    op = doc["paths"][path][method.lower()]
+    plain, hinted = (SchemaStrategies(doc["components"]["schemas"], hints=h) for h in (None, HINTS))
+    if method == "POST":
+        schema = op["requestBody"]["content"]["application/json"]["schema"]
+        body = st.one_of(near_valid(plain, schema), near_valid(hinted, schema)).map(lambda v: json.dumps(v).encode())
+        return st.tuples(st.just(path), body)
+    if op.get("parameters"):
+        # arbitrary bytes, percent-encoded: invalid UTF-8 in the path is part of the fuzz
+        segment = st.binary(max_size=24).map(lambda b: urllib.parse.quote_from_bytes(b, safe=""))
+        return st.tuples(segment.map(lambda seg: path.replace("{model_id}", seg)), st.none())
+    query = st.dictionaries(URL_TEXT, URL_TEXT, max_size=3).map(urllib.parse.urlencode)
+    return st.tuples(query.map(lambda q: f"{path}?{q}" if q else path), st.none())
+
+
+def send(port: int, method: str, target: str, body: bytes | None, timeout: float) -> tuple[int, bytes]:
+    """(status, body) of one request on a fresh connection. :raise AssertionError: no answer within ``timeout``."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request(method, target, body=body, headers={"Content-Type": "application/json"} if body is not None else {})
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    except TimeoutError:
+        raise AssertionError(f"{method} {target} hung for over {timeout} s; body {body[:300] if body else None!r}") from None
+    finally:
+        conn.close()
+
+
+def draw(doc: dict, method: str, path: str, count: int) -> list[tuple[str, bytes | None]]:
+    """``count`` cases of one operation (fewer if hypothesis runs out of distinct ones), the same every run."""
+    drawn: list[tuple[str, bytes | None]] = []
+
+    @settings(max_examples=count, deadline=None, derandomize=True, database=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(operation_cases(doc, method, path))
+    def collect(case):
+        drawn.append(case)
+
+    collect()
+    return drawn
+
+
+def gpu_corpus(doc: dict) -> dict:
+    """The GPU fuzz's cases: GPU_CORPUS_CASES per operation, bodies as JSON text."""
+    cases = []
+    for method, path in ENDPOINTS:
+        count = GPU_CORPUS_CASES.get(f"{method} {path}", GPU_CORPUS_CASES[method])
+        for target, body in draw(doc, method, path, count * GPU_CORPUS_SPREAD)[::GPU_CORPUS_SPREAD]:
+            cases.append({"operation": f"{method} {path}", "target": target, "body": None if body is None else body.decode()})
+    return {"written_by": "python -m tests.server.schema_fuzz", "cases": cases}
+
+
+def main() -> None:
+    """Rewrite GPU_CORPUS from the OpenAPI description of a scripted server built in this process."""
+    from glm53 import config
+    from glm53.server import create_app
+    from tests.fakes import ScriptedBackend
+
+    app = create_app(config.load([], {}), backend_factory=ScriptedBackend)
+    doc = app.test_client().get("/openapi.json").get_json()
+    corpus = gpu_corpus(doc)
+    GPU_CORPUS.write_text(json.dumps(corpus, indent=1) + "\n")
+    print(f"wrote {len(corpus['cases'])} cases to {GPU_CORPUS}")
+
+
+if __name__ == "__main__":
+    main()

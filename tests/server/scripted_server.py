@@ -3,7 +3,8 @@
 The last ``[[script:NAME]]`` marker in the prompt picks the output from SCRIPTS (default: a plain answer);
 ``[[script:fail]]`` makes the backend's step raise while that sequence is active (the whole batch fails);
 ``[[script:fail_alone]]`` fails that sequence alone after two tokens; ``[[script:slow_prefill]]`` spends
-PREFILL_STEPS steps prefilling; ``[[script:long]]`` writes LONG_TOKENS tokens.
+PREFILL_STEPS steps prefilling; ``[[script:long]]`` writes LONG_TOKENS tokens. ``[[cached:N]]`` makes the first
+token report N prompt tokens served from a prefix cache.
 Run: ``python -m tests.server.scripted_server [setting flags]``; ``SCRIPTED_STEP_S`` in the environment makes each
 engine step take that many seconds (so a test can act while a job is in a given phase).
 """
@@ -64,13 +65,19 @@ def script(prompt_ids: list[int]) -> list[int]:
     return list(SCRIPTS[name].encode())
 
 
+def cached(prompt_ids: list[int]) -> int:
+    text = bytes(i for i in prompt_ids if i < 256).decode(errors="replace")
+    found = re.findall(r"\[\[cached:(\d+)\]\]", text)
+    return int(found[-1]) if found else 0
+
+
 def main() -> None:
     settings = config.load(sys.argv[1:])
     step_s = float(os.environ.get("SCRIPTED_STEP_S", "0"))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     serve(settings, backend_factory=lambda: FailingBackend(
         script=script, max_batch_size=settings.max_batch_size, context_length=settings.cache_size, step_seconds=step_s,
-        refuse_leading_zero=False))
+        refuse_leading_zero=False, cached=cached))
 
 
 if __name__ == "__main__":

@@ -161,6 +161,42 @@ def test_n_choices(client):
     assert per_choice == {0: ["stop"], 1: ["stop"]}
 
 
+def test_cached_prompt_tokens_reach_every_usage_block_and_the_counters(server, client):
+    """The scripted backend reports N cached prompt tokens for a prompt with ``[[cached:N]]``."""
+    msgs = user("[[cached:7]] [[script:plain]]")
+    r = client.chat.completions.create(model="glm-5.3-flash", messages=msgs, extra_body=NO_THINK)
+    assert r.usage.prompt_tokens_details.cached_tokens == 7
+    chunks = stream_chunks(client, messages=msgs, stream_options={"include_usage": True}, extra_body=NO_THINK)
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 7
+    # n samples of a prompt: the prompt is counted once in prompt_tokens, and so are its cached tokens
+    r = client.chat.completions.create(model="glm-5.3-flash", messages=msgs, n=3, extra_body=NO_THINK)
+    assert r.usage.prompt_tokens_details.cached_tokens == 7
+    prompts = ["[[cached:3]] [[script:plain]]", "[[cached:5]] [[script:plain]]"]
+    r = client.completions.create(model="glm-5.3-flash", prompt=prompts, n=2)
+    assert r.usage.prompt_tokens_details.cached_tokens == 3 + 5
+    chunks = list(client.completions.create(model="glm-5.3-flash", prompt=prompts, stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 3 + 5
+    r = client.completions.create(model="glm-5.3-flash", prompt="[[script:plain]]")
+    assert r.usage.prompt_tokens_details.cached_tokens == 0
+
+    before = server.get("/stats")[1]["scheduler"]
+    prompt = "[[cached:11]] [[script:plain]]"
+    code, r = server.post("/generate", {"text": prompt})
+    assert code == 200 and r["meta_info"]["cached_tokens"] == 11 and r["meta_info"]["prompt_tokens"] == len(prompt)
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.request("POST", "/generate", json.dumps({"text": prompt, "stream": True}), {"Content-Type": "application/json"})
+    frames = [json.loads(line[6:]) for line in conn.getresponse().read().decode().splitlines() if line.startswith("data: {")]
+    conn.close()
+    assert len(frames) > 2 and {f["meta_info"]["cached_tokens"] for f in frames} == {11}
+    after = server.get("/stats")[1]["scheduler"]
+    assert after["prefix_cache_hits"] - before["prefix_cache_hits"] == 2 * 11
+    assert after["prefix_cache_misses"] - before["prefix_cache_misses"] == 2 * (len(prompt) - 11)
+    text = server.get("/metrics")[1]
+    assert f"glm53_prefix_cache_hit_tokens_total {after['prefix_cache_hits']}" in text
+    assert f"glm53_prefix_cache_miss_tokens_total {after['prefix_cache_misses']}" in text
+    assert f"glm53_prefix_cache_hit_rate {after['prefix_cache_hit_rate']}" in text
+
+
 def test_unicode_survives_streaming(client):
     chunks = stream_chunks(client, messages=user("[[script:unicode]]"))
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Grüße, 世界 😀!"

@@ -46,3 +46,19 @@ def test_extreme_valid_sampling_values_are_served(server, extra):
     assert all(c["finish_reason"] in ("stop", "length") for c in resp["choices"])
     code, resp = server.post("/generate", {"text": "edge", "sampling_params": {"max_new_tokens": 4, "top_k": 10**30, "sampling_seed": -1, "temperature": 1e-300}})
     assert code == 200 and len(resp["output_ids"]) <= 4
+
+
+def test_the_demo_model_has_no_prefix_cache_and_no_gpu(server):
+    """A repeated prompt is prefilled again in full (the demo model keeps no prefix cache), and says so."""
+    before = server.get("/stats")[1]["scheduler"]
+    body = {"prompt": "the same prompt, twice " * 20, "max_tokens": 2, "temperature": 0}
+    for _ in range(2):
+        code, r = server.post("/v1/completions", body)
+        assert code == 200 and r["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+    prompt_tokens = r["usage"]["prompt_tokens"]
+    after = server.get("/stats")[1]["scheduler"]
+    assert after["prefix_cache_hits"] == before["prefix_cache_hits"] == 0
+    assert after["prefix_cache_misses"] - before["prefix_cache_misses"] == 2 * prompt_tokens
+    assert after["prefix_cache_hit_rate"] == 0.0
+    code, info = server.get("/server_info")
+    assert code == 200 and "gpu" in info and info["gpu"] is None

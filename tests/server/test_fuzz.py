@@ -8,33 +8,17 @@ normal request, hold no job, and have counted no 5xx in ``/metrics``.
 
 from __future__ import annotations
 
-import http.client
 import json
-import socket
-import urllib.parse
 from collections import Counter
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis import strategies as st
 
-from .schema_fuzz import SchemaStrategies, near_valid
+from .schema_fuzz import ENDPOINTS, GPU_CORPUS, GPU_CORPUS_CASES, operation_cases, send
 from .servers import Server
 
 CASES = {"POST": 300, "GET": 25}
 REQUEST_TIMEOUT_S = 20
-ENDPOINTS = [
-    ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("POST", "/generate"), ("POST", "/tokenize"),
-    ("POST", "/detokenize"), ("GET", "/v1/models/{model_id}"), ("GET", "/v1/models"), ("GET", "/health"),
-    ("GET", "/stats"), ("GET", "/server_info"), ("GET", "/metrics"), ("GET", "/openapi.json"),
-]
-URL_TEXT = st.text(st.characters(codec="utf-8"), max_size=16)
-# What the model validators of server/protocol.py require beyond the schema; half the bodies follow these.
-HINTS = {
-    "ChatMessage": {"required": ["role", "content"]},
-    "ContentPart": {"properties": {"type": {"const": "text"}, "text": {"type": "string"}}, "required": ["type", "text"]},
-    "ResponseFormat": {"properties": {"type": {"const": "text"}}},
-}
 statuses: dict[str, Counter] = {}
 
 
@@ -53,19 +37,6 @@ def doc(server):
     return body
 
 
-def send(server: Server, method: str, target: str, body: bytes | None) -> int:
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=REQUEST_TIMEOUT_S)
-    try:
-        conn.request(method, target, body=body, headers={"Content-Type": "application/json"} if body is not None else {})
-        resp = conn.getresponse()
-        resp.read()
-        return resp.status
-    except socket.timeout:
-        raise AssertionError(f"{method} {target} hung for over {REQUEST_TIMEOUT_S} s; body {body[:300] if body else None!r}") from None
-    finally:
-        conn.close()
-
-
 def test_every_endpoint_is_described_and_fuzzed(doc):
     described = {(m.upper(), p) for p, ops in doc["paths"].items() for m in ops}
     assert described == set(ENDPOINTS)
@@ -76,20 +47,16 @@ def test_every_endpoint_is_described_and_fuzzed(doc):
             assert ref.rsplit("/", 1)[1] in doc["components"]["schemas"], path
 
 
-def _cases(doc: dict, method: str, path: str):
-    """A strategy of (request target, body) for one operation."""
-    op = doc["paths"][path][method.lower()]
-    plain, hinted = (SchemaStrategies(doc["components"]["schemas"], hints=h) for h in (None, HINTS))
-    if method == "POST":
-        schema = op["requestBody"]["content"]["application/json"]["schema"]
-        body = st.one_of(near_valid(plain, schema), near_valid(hinted, schema)).map(lambda v: json.dumps(v).encode())
-        return st.tuples(st.just(path), body)
-    if op.get("parameters"):
-        # arbitrary bytes, percent-encoded: invalid UTF-8 in the path is part of the fuzz
-        segment = st.binary(max_size=24).map(lambda b: urllib.parse.quote_from_bytes(b, safe=""))
-        return st.tuples(segment.map(lambda seg: path.replace("{model_id}", seg)), st.none())
-    query = st.dictionaries(URL_TEXT, URL_TEXT, max_size=3).map(urllib.parse.urlencode)
-    return st.tuples(query.map(lambda q: f"{path}?{q}" if q else path), st.none())
+def test_the_gpu_fuzz_corpus_covers_every_operation():
+    """tests/gpu replays a stored corpus (no hypothesis there); rewrite it with ``python -m tests.server.schema_fuzz``."""
+    cases = json.loads(GPU_CORPUS.read_text())["cases"]
+    counts = Counter(c["operation"] for c in cases)
+    assert set(counts) == {f"{m} {p}" for m, p in ENDPOINTS}
+    assert all(n >= GPU_CORPUS_CASES.get(op, GPU_CORPUS_CASES[op.split()[0]]) // 2 for op, n in counts.items()), counts
+    for c in cases:
+        assert (c["body"] is None) == c["operation"].startswith("GET ") and c["target"].startswith("/")
+        if c["body"] is not None:
+            json.loads(c["body"])  # bodies are JSON text (lone surrogates as \ud800 escapes)
 
 
 @pytest.mark.parametrize("method,path", ENDPOINTS)
@@ -98,10 +65,10 @@ def test_fuzz_endpoint(server, doc, method, path):
 
     @settings(max_examples=CASES[method], deadline=None, derandomize=True, database=None,
               phases=[Phase.explicit, Phase.generate, Phase.shrink], suppress_health_check=list(HealthCheck))
-    @given(_cases(doc, method, path))
+    @given(operation_cases(doc, method, path))
     def case(request):
         target, body = request
-        status = send(server, method, target, body)
+        status, _ = send(server.port, method, target, body, REQUEST_TIMEOUT_S)
         seen[status] += 1
         assert status < 500, f"{method} {target} answered {status} to {body[:500] if body else None!r}"
 

@@ -5,7 +5,8 @@ carry no stop conditions and no length limit here: the scheduler removes a seque
 backends stop in exactly the same way. Pages are reserved in rounds (``max_rq_tokens``) rather than for the
 whole remaining context, so several jobs with uncapped ``max_tokens`` all start at once.
 
-Only exllamav3's public API is used here; reaching into its internals is ``glm53/offload/exl3_patch.py``'s job.
+Only exllamav3's public API is used here (and a job's own prefix-cache counters, ``cached_prompt_tokens``);
+reaching into its internals is ``glm53/offload/exl3_patch.py``'s job.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 import torch
 
 from ...config import Settings
+from ..gpu import device_facts
 from ..interface import LogprobRequest, ModelInfo, SampledToken, SamplingParams, SequenceFailure, TokenLogprobs
 from ..sampling import logprobs_for
 from .tokenizer import HFTokenizer
@@ -40,6 +42,7 @@ class Exl3Backend:
         if not torch.cuda.is_available():
             raise RuntimeError("no CUDA GPU is available to this process; use --engine tiny or run on a CUDA host")
         from exllamav3 import Cache, CacheLayer_fp16, Config, Generator, Model, Tokenizer
+        from exllamav3.constants import PAGE_SIZE
 
         model_dir = str(settings.model_dir)
         self._config = Config.from_directory(model_dir)
@@ -62,8 +65,11 @@ class Exl3Backend:
             eos_token_ids=frozenset(eos_token_ids(settings.model_dir, exl_tokenizer)),
             checkpoint_dir=settings.model_dir,
             facts={"load_seconds": round(time.monotonic() - t0, 2), "decode_slots": self.max_batch_size, **_memory_facts()},
+            gpu=device_facts(torch.cuda.current_device()),
         )
         self._jobs: dict[int, LogprobRequest | None] = {}
+        self._page_size = PAGE_SIZE
+        self._prefilling: set[int] = set()  # sequences that have not had their first token yet
         self._counters = {"steps": 0, "decode_tokens": 0, "scored_tokens": 0, "requeues_seen": 0}
 
     def add(self, seq_id: int, prompt_ids: Sequence[int], sampling: SamplingParams, logprobs: LogprobRequest | None = None) -> None:
@@ -83,8 +89,10 @@ class Exl3Backend:
         )
         self.generator.enqueue(job)
         self._jobs[seq_id] = logprobs
+        self._prefilling.add(seq_id)
 
     def remove(self, seq_id: int) -> None:
+        self._prefilling.discard(seq_id)
         if self._jobs.pop(seq_id, "absent") == "absent":
             return
         # a requeued job is a new Job object with the same identifier
@@ -110,8 +118,13 @@ class Exl3Backend:
                 continue
             request = self._jobs[seq_id]
             logits = r.get("logits") if request is not None else None
+            cached = 0
+            if seq_id in self._prefilling:
+                self._prefilling.discard(seq_id)
+                cached = cached_prompt_tokens(r["job"], self._page_size)
             out.setdefault(seq_id, []).extend(
-                SampledToken(t, logprobs_for(logits[0, i].float(), t, request) if logits is not None else None) for i, t in enumerate(ids)
+                SampledToken(t, logprobs_for(logits[0, i].float(), t, request) if logits is not None else None, cached if i == 0 else 0)
+                for i, t in enumerate(ids)
             )
             self._counters["decode_tokens"] += len(ids)
         self._counters["steps"] += 1
@@ -145,6 +158,19 @@ class Exl3Backend:
     def close(self) -> None:
         self.generator.close()
         self.model.unload()
+
+
+def cached_prompt_tokens(job, page_size: int) -> int:
+    """Prompt tokens of a single-sequence exllamav3 job whose keys and values it took from the page cache.
+
+    exllamav3's own count, the one it reports as ``cached_tokens`` in a finished job's result (the scheduler
+    removes jobs before they finish): whole pages found by hash when the job's pages were allocated, or filled
+    by another job before its prefill reached them, plus the start of a partial page copied from a matching one
+    (not on recurrent models such as GLM-5.3-Flash, whose reuse ends at the last page with a stashed recurrent
+    state). Read at the job's first token, which always comes in its first round (before any requeue resets
+    these counters).
+    """
+    return job.cached_pages * page_size + job.cached_tokens
 
 
 def exl3_sampler(params: SamplingParams):

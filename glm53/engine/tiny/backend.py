@@ -3,6 +3,8 @@
 Every serving path runs for real on it: chunked prefill, one batched decode forward over all sequences
 (each sequence's KV cache is one slot of a shared pool), per-sequence sampling, logprobs and teacher-forced
 scoring. The weights come from a seed, so two backends with the same seed give the same outputs.
+It keeps no prefix cache (a sequence's slot is wiped when it ends), so every prompt is prefilled in full and
+reports no cached prompt tokens.
 """
 
 from __future__ import annotations
