@@ -133,6 +133,24 @@ def _parse_cpus(text: str) -> str | tuple[int, ...]:
 CPUS = Parser("auto, or a CPU list such as 2-11,14", _parse_cpus)
 
 
+def _parse_expert_count(text: str) -> str | int:
+    """``auto``, a count of experts, or a percentage of all routed experts such as ``11%``."""
+    value = text.strip().lower()
+    if value == "auto":
+        return "auto"
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)%", value)
+    if m:
+        if float(m.group(1)) > 100:
+            raise ValueError(text)
+        return f"{m.group(1)}%"
+    if not value.isdigit():
+        raise ValueError(text)
+    return int(value)
+
+
+EXPERT_COUNT = Parser("auto, a number of experts, or a percentage of all routed experts such as 11%", _parse_expert_count)
+
+
 def setting(
     parser: Parser,
     default: Any,
@@ -195,6 +213,7 @@ class Settings:
     triton_pin: Path | None = setting(_optional(PATH, "autotune"), None, "pin file of Triton autotune choices for the KDA kernels (autotuned picks change rounding)", show_default="unset (autotune)")
     # --- offload: GPU expert cache and prefill staging
     ec_reserve_gb: float = setting(_number(float, 0, None, " GB"), {"fast": 1.5, "exact": 1.0}, "VRAM left free after the expert cache takes the rest")
+    ec_cache_experts: Any = setting(EXPERT_COUNT, "auto", "most routed experts the VRAM cache holds; auto: as many as fit in the VRAM budget")
     ec_elastic_gb: float = setting(_number(float, 0, None, " GB"), 10.0, "expert-cache VRAM lent to activations and staging during a long prefill")
     ec_stage_gb: float = setting(_number(float, 0, None, " GB"), 2.6, "size of each of the two prefill staging buffers")
     # --- offload: CPU tier (fast mode)

@@ -13,6 +13,9 @@ from .synth.safetensors_file import read_header
 ROUTED_EXPERT = re.compile(r"\.mlp\.experts\.\d+\.")
 # The per-channel sign/scale vectors of each EXL3 linear, of which the CPU tier keeps its own fp16 copies.
 SIGN_SCALE = re.compile(r"\.(suh|svh)$")
+# A checkpoint's own routing profile, {"model.language_model.layers.N.mlp": [picks per expert]}: the synthetic
+# writer ships the routing its router biases were fitted to; the expert cache warm-starts from it.
+ROUTING_PROFILE_FILE = "glm53-routing-profile.json"
 
 
 @dataclass(frozen=True)

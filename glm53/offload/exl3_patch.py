@@ -6,12 +6,26 @@ Patch points (each checked by ``check_internals`` when a model is loaded; a mism
   router; wrapped to count expert picks on the device), ``routing_cfg.e_score_correction_bias`` and its lazily
   built copies ``e_score_bias_h`` / ``e_score_bias_f32`` (rewritten in place to set router biases),
   ``num_experts``, ``key``.
-- ``exllamav3.model.Model.modules`` (walked to find the MoE layers).
+- ``exllamav3.model.Model.modules`` (walked to find the MoE layers) and ``Model.fwd_modules`` (the first
+  module's ``forward`` is wrapped to see each forward's size before any layer runs).
+- ``Config.stc.get_tensor`` (``SafetensorsCollection``, wrapped while the model loads): routed expert trellises
+  are answered with CUDA aliases of the host store instead of being read into VRAM. ``LinearEXL3`` keeps the
+  tensor it is given as ``trellis`` and builds its pointers from it.
+- ``exllamav3_ext.pinned_cuda_view`` (a CUDA alias of pinned host memory).
+- ``exllamav3_ext.BC_BlockSparseMLP`` (wrapped while the model loads): its 44th positional argument is the
+  ``(E, 2)`` gate/up trellis pointer table of the fused decode kernels, a local of ``load_local`` that Python
+  keeps no other reference to; it is captured by matching its first column against the gate table.
+- ``BlockSparseMLP.multi_gate / multi_up / multi_down .ptrs_trellis``: the ``(E,)`` int64 device tables that
+  the fused prefill kernel, the batched-reconstruct tier (which keeps references to the same tensors) and, with
+  the captured gate/up table, the fused decode kernels read at launch. Rewriting entries in place redirects
+  them. The per-expert graph/dq paths use each expert's own ``trellis`` (the host alias: correct bytes).
+- ``BlockSparseMLP.forward`` (instance attribute, wrapped for prefill staging).
 """
 
 from __future__ import annotations
 
 import re
+from contextlib import contextmanager
 
 import torch
 
@@ -34,6 +48,18 @@ def check_internals(model) -> None:
                 raise InternalsChanged(f"exllamav3 BlockSparseMLP {mlp.key!r} has no {name!r}; the patch points moved")
         if not hasattr(mlp.routing_cfg, "e_score_correction_bias"):
             raise InternalsChanged("exllamav3 RoutingCFG has no e_score_correction_bias; the patch points moved")
+
+
+def check_offload_internals(model) -> None:
+    """What the offload layer needs beyond ``check_internals``. :raise InternalsChanged:"""
+    from exllamav3.ext import exllamav3_ext as ext
+
+    check_internals(model)
+    for name in ("pinned_cuda_view", "BC_BlockSparseMLP"):
+        if not hasattr(ext, name):
+            raise InternalsChanged(f"exllamav3_ext has no {name}; the patch points moved")
+    if not hasattr(model, "fwd_modules") or not hasattr(model.config, "stc"):
+        raise InternalsChanged("exllamav3 Model has no fwd_modules or Config no stc; the patch points moved")
 
 
 def _walk(module):
@@ -75,23 +101,17 @@ class RoutingCounter:
 
     def install(self) -> None:
         for row, (_, mlp) in enumerate(self.layers):
-            original = mlp.routing_fn
-            self._originals[row] = original
+            self._originals[row] = add_routing_hook(mlp, lambda selected, params, _row=row: self._count(_row, selected))
 
-            def counted(bsz, cfg, z, params, _orig=original, _row=row):
-                selected, weights = _orig(bsz, cfg, z, params)
-                counted_call = self.max_rows is None or bsz <= self.max_rows
-                if counted_call and not params.get("tp_warmup") and not params.get("autosplit_measure"):
-                    flat = selected.reshape(-1)  # [bsz * top_k]
-                    self.counts[_row].index_add_(0, flat, torch.ones_like(flat))
-                return selected, weights
-
-            mlp.routing_fn = counted
+    def _count(self, row: int, selected: torch.Tensor) -> None:
+        if self.max_rows is None or selected.shape[0] <= self.max_rows:
+            flat = selected.reshape(-1)  # [bsz * top_k]
+            self.counts[row].index_add_(0, flat, torch.ones_like(flat))
 
     def uninstall(self) -> None:
-        for row, (_, mlp) in enumerate(self.layers):
-            if row in self._originals:
-                mlp.routing_fn = self._originals.pop(row)
+        for remove in self._originals.values():
+            remove()
+        self._originals.clear()
 
     def reset(self) -> None:
         self.counts.zero_()
@@ -120,3 +140,120 @@ def _set_router_bias(cfg, key: str, bias: torch.Tensor) -> None:
     f32 = getattr(cfg, "e_score_bias_f32", None)
     if f32 is not None:
         f32.copy_(esb.float())
+
+
+# ---- the offload layer's patch points
+
+GU_TABLE_ARG = 43  # position of the (E, 2) gate/up trellis table in BC_BlockSparseMLP's constructor (1.6.5)
+GATE_TABLE_ARG = 16  # the gate (E,) trellis table, whose values the gate/up table's first column repeats
+
+
+@contextmanager
+def expert_trellises_from(config, lookup):
+    """While the model loads, answer routed expert trellis requests with ``lookup(key)`` (a tensor, or None to
+    read as usual) instead of reading them into VRAM."""
+    stc = config.stc
+    original = stc.get_tensor
+
+    def get_tensor(key, *args, **kwargs):
+        if key.endswith(".trellis"):
+            found = lookup(key)
+            if found is not None:
+                return found
+        return original(key, *args, **kwargs)
+
+    stc.get_tensor = get_tensor
+    try:
+        yield
+    finally:
+        del stc.get_tensor  # back to the class's method
+
+
+@contextmanager
+def capture_gate_up_tables(captured: dict[int, torch.Tensor]):
+    """While the model loads, record each MoE layer's gate/up pointer table, keyed by the address of its gate
+    table (``mlp.multi_gate.ptrs_trellis.data_ptr()``)."""
+    from exllamav3.ext import exllamav3_ext as ext
+    from exllamav3.modules import block_sparse_mlp
+
+    original = ext.BC_BlockSparseMLP
+
+    def construct(*args, **kwargs):
+        if len(args) > GU_TABLE_ARG:
+            gate, gu = args[GATE_TABLE_ARG], args[GU_TABLE_ARG]
+            if not (isinstance(gu, torch.Tensor) and gu.dim() == 2 and gu.shape[1] == 2 and gu.dtype == torch.int64
+                    and isinstance(gate, torch.Tensor) and gu.shape[0] == gate.shape[0] and torch.equal(gu[:, 0], gate)):
+                raise InternalsChanged("BC_BlockSparseMLP's arguments moved: no (E, 2) gate/up table at position "
+                                       f"{GU_TABLE_ARG} matching the gate table at {GATE_TABLE_ARG}")
+            captured[gate.data_ptr()] = gu
+        return original(*args, **kwargs)
+
+    block_sparse_mlp.ext.BC_BlockSparseMLP = construct
+    try:
+        yield
+    finally:
+        block_sparse_mlp.ext.BC_BlockSparseMLP = original
+
+
+def expert_tables(mlp, captured: dict[int, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A MoE layer's gate, up, down (E,) and gate/up (E, 2) trellis pointer tables.
+
+    :raise InternalsChanged: the layer has no fused tables (not quantised, or exllamav3 changed).
+    """
+    mg, mu, md = (getattr(mlp, n, None) for n in ("multi_gate", "multi_up", "multi_down"))
+    if mg is None or mu is None or md is None or getattr(mlp, "bc", None) is None:
+        raise InternalsChanged(f"{mlp.key}: no fused EXL3 expert tables (multi_gate/up/down, bc); the expert offload needs them")
+    gu = captured.get(mg.ptrs_trellis.data_ptr())
+    if gu is None:
+        raise InternalsChanged(f"{mlp.key}: its gate/up table was not captured while loading")
+    return mg.ptrs_trellis, mu.ptrs_trellis, md.ptrs_trellis, gu
+
+
+def add_routing_hook(mlp, hook):
+    """Call ``hook(selected, params)`` after the layer's router picked experts (same stream, no sync).
+    Returns a function that removes it."""
+    original = mlp.routing_fn
+
+    def routed(bsz, cfg, z, params):
+        selected, weights = original(bsz, cfg, z, params)
+        if not params.get("tp_warmup") and not params.get("autosplit_measure"):
+            hook(selected, params)
+        return selected, weights
+
+    mlp.routing_fn = routed
+
+    def remove():
+        mlp.routing_fn = original
+
+    return remove
+
+
+def wrap_forward(module, before=None, after=None):
+    """Call ``before(x, params)`` / ``after(x, params)`` around the module's forward. Returns a remover."""
+    original = module.forward
+
+    def forward(x, params, *args, **kwargs):
+        if before is not None:
+            before(x, params)
+        try:
+            return original(x, params, *args, **kwargs)
+        finally:
+            if after is not None:
+                after(x, params)
+
+    module.forward = forward
+
+    def remove():
+        del module.forward
+
+    return remove
+
+
+def first_forward_module(model):
+    return model.fwd_modules[0][0]
+
+
+def pinned_cuda_view(tensor: torch.Tensor, device_index: int) -> torch.Tensor:
+    from exllamav3.ext import exllamav3_ext as ext
+
+    return ext.pinned_cuda_view(tensor, device_index)

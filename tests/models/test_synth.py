@@ -135,8 +135,8 @@ def test_every_file_exists_and_parses(tiny):
     shards = sorted(n for n in names if n.endswith(".safetensors"))
     assert len(shards) >= 3
     assert shards == [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
-    assert names == set(shards) | {"model.safetensors.index.json", *writer.JSON_FILES}
-    for name in writer.JSON_FILES:
+    assert names == set(shards) | {"model.safetensors.index.json", writer.ROUTING_PROFILE_FILE, *writer.JSON_FILES}
+    for name in (*writer.JSON_FILES, writer.ROUTING_PROFILE_FILE):
         json.loads((tiny / name).read_text())
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from ...config import Settings
+from ...offload.runtime import Offload
 from ..gpu import device_facts
 from ..interface import LogprobRequest, ModelInfo, SampledToken, SamplingParams, SequenceFailure, TokenLogprobs
 from ..sampling import logprobs_for
@@ -49,8 +50,14 @@ class Exl3Backend:
         self.model = Model.from_config(self._config)
         self.cache = Cache(self.model, max_num_tokens=settings.cache_size, layer_type=CacheLayer_fp16, max_batch_size=settings.ambs)
         split = [settings.vram_limit_gb] if settings.vram_limit_gb else None
-        self.model.load(use_per_device=split, progressbar=False, max_batch_size=settings.ambs, max_chunk_size=settings.chunk_size)
+        # Routed experts live in pinned host memory and a VRAM cache (glm53/offload), never loaded into VRAM whole
+        self.offload = Offload(settings)
+        if settings.mode == "fast":
+            log.warning("fast mode: the CPU tier is not built yet; experts are served as in exact mode")
+        with self.offload.loading(self.model):
+            self.model.load(use_per_device=split, progressbar=False, max_batch_size=settings.ambs, max_chunk_size=settings.chunk_size)
         self.model.warmup(cache=self.cache, max_chunk_size=settings.chunk_size, progressbar=False)
+        self.offload.attach(self.model)
         exl_tokenizer = Tokenizer.from_config(self._config)
         self.generator = Generator(self.model, self.cache, exl_tokenizer, max_batch_size=settings.max_batch_size, max_chunk_size=settings.chunk_size)
         # a recurrent model decodes at most as many sequences as the cache has state slots (-ambs)
@@ -153,10 +160,12 @@ class Exl3Backend:
             "active_jobs": len(self.generator.active_jobs),
             "pending_jobs": len(self.generator.pending_jobs),
             **_memory_facts(),
+            "offload": self.offload.stats(),
         }
 
     def close(self) -> None:
         self.generator.close()
+        self.offload.close()
         self.model.unload()
 
 

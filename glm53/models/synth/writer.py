@@ -20,6 +20,7 @@ import numpy as np
 
 from glm53 import __version__
 
+from ..checkpoint import ROUTING_PROFILE_FILE
 from . import metadata, router, tokenizer_files
 from .presets import SCALES, ModelShape, Scales, resolve
 from .random_pool import RandomSource, name_key
@@ -97,10 +98,14 @@ def write_checkpoint(
     synth = _synth_record(preset, seed, shape, scales, profile, real_layers)
     report.files += _write_json_files(out_dir, shape, synth)
     report.files += _write_shards(out_dir, plan(shape, scales, biases), shard_bytes, source, report, log)
+    # The routing the biases were fitted to ships with the checkpoint: the expert cache warm-starts from it
+    counts = {router.profile_key(i): router.stats_counts(targets[i], router.profile_total(profile_data, real))
+              for i, real in zip(shape.moe_layer_indices, real_layers)}
+    text = json.dumps(counts) + "\n"
+    (out_dir / ROUTING_PROFILE_FILE).write_text(text)
+    report.files.append(out_dir / ROUTING_PROFILE_FILE)
     if stats_out is not None:
-        counts = {router.profile_key(i): router.stats_counts(targets[i], router.profile_total(profile_data, real))
-                  for i, real in zip(shape.moe_layer_indices, real_layers)}
-        Path(stats_out).write_text(json.dumps(counts) + "\n")
+        Path(stats_out).write_text(text)
         log(f"  routing targets for EXL3_MOE_CPU_SPLIT_STATS: {stats_out}")
     log(f"wrote {len(report.files)} files, {report.tensors} tensors, {report.weight_bytes / 1e9:.2f} GB of weights "
         f"in {report.write_seconds:.1f} s ({report.rate / 1e9:.2f} GB/s; {time.perf_counter() - started:.1f} s in all)")
@@ -132,7 +137,7 @@ def _stale_files(out_dir: Path, force: bool) -> list[Path]:
     if existing and not force:
         raise FileExistsError(f"{out_dir} is not empty; pass --force to overwrite the checkpoint there")
     return [p for p in existing
-            if p.name.endswith((".safetensors", ".safetensors.partial")) or p.name in (INDEX_NAME, *JSON_FILES)]
+            if p.name.endswith((".safetensors", ".safetensors.partial")) or p.name in (INDEX_NAME, ROUTING_PROFILE_FILE, *JSON_FILES)]
 
 
 def _free_bytes(out_dir: Path) -> int:

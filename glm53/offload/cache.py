@@ -1,0 +1,296 @@
+"""The GPU expert cache: VRAM slots holding the hottest routed experts, decided on the device at every decode step.
+
+exllamav3's MoE kernels find each expert's trellises through per-layer int64 pointer tables. An expert in a
+slot has its table entries pointed at the slot; every other expert's entries point at its block in the host
+store (a mapped, page-locked address), so the kernels read it over PCIe. Bytes never change, only where they
+are read from, so results are bit-identical whatever the cache holds.
+
+Policy (per layer, on the device, no host synchronisation): every expert has a decayed pick frequency
+``f <- f * decay + picks`` (frequency and recency in one score: recent picks weigh more). At a decode step an
+expert that was picked but missed is admitted when its score beats the weakest resident that was not picked
+in this step by ``hysteresis`` (so one-off picks do not churn the cache); at most ``max_admit`` per layer and
+step. Slots are partitioned between layers once, at start, by the routing profile: the S globally most-picked
+(layer, expert) pairs, so a layer with skewed routing (deep layers) gets more slots. The scores start from the
+same profile (the checkpoint's own, else one learned while serving, else none), so decode starts warm.
+
+Reported: hits and misses per layer, admissions, evictions, and the oracle hit rate: what the best fixed
+placement of the same number of slots would have hit on the decode picks actually seen.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .ec_native import MAX_ADMIT, EcState, Kernels
+from .host_store import HostStore
+
+CHUNK_SLOTS = 32  # slots per VRAM allocation; the elastic loan frees and reallocates whole chunks
+C_PICKS, C_HITS, C_ADMITS, C_EVICTS, C_STEPS, C_N = 0, 1, 2, 3, 4, 8
+
+
+@dataclass(frozen=True)
+class Policy:
+    decay: float = 0.995  # score half-life ~140 decode steps
+    hysteresis: float = 1.25
+    max_admit: int = 2  # per layer and decode step: each admission reads one expert block over PCIe
+    decode_rows: int = 8  # routing calls of at most this many rows are decode steps (admission on)
+    copy_blocks: int = 32  # thread blocks of the admission copy (16 already saturate a PCIe 5 link)
+
+    def __post_init__(self):
+        if not 0.0 < self.decay <= 1.0 or self.hysteresis < 1.0 or not 0 <= self.max_admit <= MAX_ADMIT:
+            raise ValueError(f"bad cache policy {self}")
+
+
+def placement(profile: np.ndarray, slots: int) -> list[tuple[int, int]]:
+    """The (layer, expert) pairs the slots start with, most valuable first: the ``slots`` pairs with the largest
+    share of their layer's picks (every layer sees the same number of picks per token, so shares compare across
+    layers; a layer with skewed routing gets more slots). Ties go to the lower expert id, then the lower layer,
+    so without a profile the slots spread evenly over the layers."""
+    num_experts = profile.shape[1]
+    order = np.lexsort((np.arange(profile.size) // num_experts, np.arange(profile.size) % num_experts, -shares(profile).reshape(-1)))
+    return [(int(i) // num_experts, int(i) % num_experts) for i in order[: max(0, min(slots, profile.size))]]
+
+
+def shares(profile: np.ndarray) -> np.ndarray:
+    """Each expert's share of its layer's picks (uniform for a layer without picks)."""
+    totals = profile.sum(axis=1, keepdims=True)
+    return np.where(totals > 0, profile / np.maximum(totals, 1e-30), 1.0 / profile.shape[1])
+
+
+class ExpertCache:
+    def __init__(
+        self,
+        kernels: Kernels,
+        store: HostStore,
+        tables: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]],
+        slots: int,
+        device: torch.device,
+        top_k: int,
+        policy: Policy | None = None,
+        profile: np.ndarray | None = None,
+    ):
+        """
+        :param tables: per MoE layer (in store order), exllamav3's gate, up, down (E,) and gate/up (E, 2) tables.
+        :param slots: VRAM slots to allocate (at most every expert).
+        :param top_k: experts picked per token (scales the warm-start scores like real picks would).
+        :param profile: float [layers, experts] picks per expert, for the partition and the warm start.
+        """
+        self.kernels = kernels
+        self.store = store
+        self.policy = policy or Policy()
+        self.device = device
+        self.top_k = top_k
+        L, E = store.num_layers, store.num_experts
+        self.block_bytes = store.layout.block_bytes
+        self.num_slots = int(min(max(slots, 0), L * E))
+        profile = np.zeros((L, E)) if profile is None else np.asarray(profile, dtype=np.float64)
+        if profile.shape != (L, E):
+            raise ValueError(f"routing profile of shape {profile.shape}, expected {(L, E)}")
+        self._tables = tables
+        i64 = {"dtype": torch.int64, "device": device}
+        self.home = store.home_addresses().to(device)  # [L, E]
+        self.tables_addr = torch.tensor([[t.data_ptr() for t in layer] for layer in tables], **i64)
+        self.freq = torch.zeros((L, E), dtype=torch.float32, device=device)
+        self.slot_of = torch.full((L, E), -1, dtype=torch.int32, device=device)
+        self.owner = torch.full((max(self.num_slots, 1),), -1, dtype=torch.int32, device=device)
+        self.picks = torch.zeros((L, E), **i64)
+        self.counters = torch.zeros((L, C_N), **i64)
+        self.jobs = torch.zeros((MAX_ADMIT, 2), dtype=torch.int32, device=device)
+        self.num_jobs = torch.zeros((1,), dtype=torch.int32, device=device)
+        self.chunk_sizes = [min(CHUNK_SLOTS, self.num_slots - first) for first in range(0, self.num_slots, CHUNK_SLOTS)]
+        self.chunks: list[torch.Tensor | None] = [torch.empty((n, self.block_bytes), dtype=torch.uint8, device=device) for n in self.chunk_sizes]
+        self.slot_addr = torch.zeros((max(self.num_slots, 1),), **i64)
+        self._refresh_slot_addr()
+        self.state = EcState(
+            num_layers=L, num_experts=E,
+            freq=self.freq.data_ptr(), slot_of=self.slot_of.data_ptr(), owner=self.owner.data_ptr(),
+            picks=self.picks.data_ptr(), counters=self.counters.data_ptr(), home=self.home.data_ptr(),
+            slot_addr=self.slot_addr.data_ptr(), tables=self.tables_addr.data_ptr(),
+            off_up=store.layout.offsets[1], off_down=store.layout.offsets[2],
+            jobs=self.jobs.data_ptr(), num_jobs=self.num_jobs.data_ptr(),
+        )
+        # Table entries at home first (exllamav3 built them from the same aliases; this makes it explicit)
+        self.assign([(l, e, -1) for l in range(L) for e in range(E)])
+        self._lent: list[int] = []  # chunks freed for a prefill
+        self._lent_experts: list[tuple[int, int, int]] = []  # (layer, expert, slot) they held
+        self.elastic = {"enter": 0, "exit": 0, "lent_bytes": 0, "restored_experts": 0, "realloc_failures": 0}
+        self.slot_layer = np.full(self.num_slots, -1, dtype=np.int64)
+        self.quota = np.zeros(L, dtype=np.int64)
+        self._warm_start(profile)
+
+    # ---- setup
+
+    def _refresh_slot_addr(self) -> None:
+        addrs = []
+        for chunk, n in zip(self.chunks, self.chunk_sizes):
+            base = 0 if chunk is None else chunk.data_ptr()  # a lent chunk: no expert points there
+            addrs += [base + i * self.block_bytes for i in range(n)]
+        if addrs:
+            self.slot_addr[: len(addrs)].copy_(torch.tensor(addrs, dtype=torch.int64))
+
+    def _warm_start(self, profile: np.ndarray) -> None:
+        """Fill the slots by ``placement``, hottest first (slot 0 = globally hottest), which partitions them
+        between layers for good; the elastic loan, which takes the last chunks, so takes the coldest residents."""
+        entries = [(l, e, slot) for slot, (l, e) in enumerate(placement(profile, self.num_slots))]
+        for l, _, slot in entries:
+            self.slot_layer[slot] = l
+            self.quota[l] += 1
+        self.assign(entries)
+        self.copy_in([(l, e, slot) for l, e, slot in entries])
+        # scores at the steady state of the profile: f = share * picks per step / (1 - decay)
+        steady = shares(profile) * self.top_k / max(1.0 - self.policy.decay, 1e-6)
+        self.freq.copy_(torch.from_numpy(steady.astype(np.float32)))
+        torch.cuda.synchronize(self.device)
+
+    def assign(self, entries: list[tuple[int, int, int]]) -> None:
+        """Point experts at slots (slot -1: back to the host store); table and bookkeeping only, no bytes."""
+        if not entries:
+            return
+        t = torch.tensor(entries, dtype=torch.int32).to(self.device, non_blocking=False)
+        self.kernels.assign(self.state, t)
+
+    def copy_in(self, entries: list[tuple[int, int, int]]) -> None:
+        """Copy experts' blocks from the host store into their slots with the copy engine (DMA)."""
+        for l, e, slot in entries:
+            chunk = self.chunks[slot // CHUNK_SLOTS]
+            chunk[slot % CHUNK_SLOTS].copy_(self.store.host_block(l, e), non_blocking=True)
+
+    # ---- the decode path
+
+    def on_routing(self, layer: int, selected: torch.Tensor) -> None:
+        """After a layer's routing, before its experts run: count, decide, rewrite tables, copy admissions."""
+        admit = self.policy.max_admit if self.num_slots else 0
+        self.kernels.step(self.state, layer, selected, self.policy.decay, self.policy.hysteresis, admit, self.block_bytes, self.policy.copy_blocks)
+
+    # ---- the elastic loan (a long prefill borrows cache VRAM for activations and staging)
+
+    def lend(self, nbytes: int) -> int:
+        """Free the last (coldest) chunks covering ``nbytes``: their experts go back to the host store's
+        addresses and are remembered for ``restore``. Returns the bytes freed. Synchronises (prefill start)."""
+        owners = self.owners()
+        freed = 0
+        evicted = []
+        for c in range(len(self.chunks) - 1, -1, -1):
+            if freed >= nbytes:
+                break
+            chunk = self.chunks[c]
+            if chunk is None:
+                continue
+            for slot in range(c * CHUNK_SLOTS, c * CHUNK_SLOTS + chunk.shape[0]):
+                le = int(owners[slot])
+                if le >= 0:
+                    evicted.append((le // self.store.num_experts, le % self.store.num_experts, slot))
+            freed += chunk.numel()
+            self._lent.append(c)
+        if freed == 0:
+            return 0
+        if evicted:
+            self.assign([(l, e, -1) for l, e, _ in evicted])
+        torch.cuda.current_stream(self.device).synchronize()  # no kernel may still read the slots
+        for c in self._lent:
+            self.chunks[c] = None
+        self._refresh_slot_addr()
+        self._lent_experts += evicted
+        self.elastic["enter"] += 1
+        self.elastic["lent_bytes"] = freed
+        return freed
+
+    def restore(self) -> None:
+        """Reallocate the lent chunks and put back the experts they held (copied by DMA), so decode after a
+        long prefill starts with the same residents as before it. A chunk that cannot be reallocated stays
+        off (its slots unused, counted)."""
+        if not self._lent:
+            return
+        back = set()
+        for c in self._lent:
+            try:
+                self.chunks[c] = torch.empty((self.chunk_sizes[c], self.block_bytes), dtype=torch.uint8, device=self.device)
+                back.add(c)
+            except torch.OutOfMemoryError:
+                self.elastic["realloc_failures"] += 1
+        self._refresh_slot_addr()
+        entries = [(l, e, s) for l, e, s in self._lent_experts if s // CHUNK_SLOTS in back]
+        self.assign(entries)
+        self.copy_in(entries)
+        self.elastic["exit"] += 1
+        self.elastic["restored_experts"] += len(entries)
+        self._lent = [c for c in self._lent if c not in back]
+        self._lent_experts = [x for x in self._lent_experts if x[2] // CHUNK_SLOTS not in back]
+
+    @property
+    def lent(self) -> bool:
+        return bool(self._lent)
+
+    # ---- reading back
+
+    def resident(self) -> np.ndarray:
+        """int32 [layers, experts]: slot of each expert, -1 if read from the host store (synchronises)."""
+        return self.slot_of.cpu().numpy()
+
+    def owners(self) -> np.ndarray:
+        return self.owner.cpu().numpy()[: self.num_slots]
+
+    def learned_profile(self) -> np.ndarray:
+        return self.picks.cpu().numpy().astype(np.float64)
+
+    def stats(self) -> dict:
+        counters = self.counters.cpu().numpy()
+        picks = self.picks.cpu().numpy()
+        per_layer = []
+        for l, key in enumerate(self.store.layer_keys):
+            n, h = int(counters[l, C_PICKS]), int(counters[l, C_HITS])
+            top = np.sort(picks[l])[::-1][: int(self.quota[l])].sum() if n else 0
+            per_layer.append({
+                "layer": key, "slots": int(self.quota[l]), "picks": n, "hits": h,
+                "hit_rate": round(h / n, 4) if n else None,
+                "oracle_hit_rate": round(float(top) / n, 4) if n else None,
+                "admissions": int(counters[l, C_ADMITS]), "evictions": int(counters[l, C_EVICTS]),
+            })
+        total_picks = int(counters[:, C_PICKS].sum())
+        total_hits = int(counters[:, C_HITS].sum())
+        flat = np.sort(picks.reshape(-1))[::-1]
+        oracle = float(flat[: self.num_slots].sum()) / total_picks if total_picks else None
+        live = sum(c.shape[0] for c in self.chunks if c is not None)
+        return {
+            "slots": self.num_slots,
+            "slots_allocated": live,
+            "slot_bytes": self.block_bytes,
+            "cache_bytes": live * self.block_bytes,
+            "experts_total": self.store.num_layers * self.store.num_experts,
+            "decode_steps": int(counters[:, C_STEPS].max()) if len(counters) else 0,
+            "picks": total_picks,
+            "hits": total_hits,
+            "misses": total_picks - total_hits,
+            "hit_rate": round(total_hits / total_picks, 4) if total_picks else None,
+            "oracle_hit_rate": round(oracle, 4) if oracle is not None else None,
+            "admissions": int(counters[:, C_ADMITS].sum()),
+            "evictions": int(counters[:, C_EVICTS].sum()),
+            "elastic": dict(self.elastic),
+            "per_layer": per_layer,
+        }
+
+    def verify(self) -> list[str]:
+        """Consistency check (synchronises): tables point at slots exactly for resident experts, and every
+        resident expert's slot holds its bytes. Returns the problems found."""
+        problems = []
+        slot_of = self.resident()
+        home = self.home.cpu().numpy()
+        addrs = self.slot_addr.cpu().numpy()
+        offs = self.store.layout.offsets
+        for l, layer in enumerate(self._tables):
+            g, u, d, gu = (t.cpu().numpy() for t in layer)
+            for e in range(self.store.num_experts):
+                s = slot_of[l, e]
+                base = home[l, e] if s < 0 else addrs[s]
+                want = (base + offs[0], base + offs[1], base + offs[2])
+                got = (g[e], u[e], d[e])
+                if got != want or tuple(gu[e]) != want[:2]:
+                    problems.append(f"layer {l} expert {e}: tables {got} want {want}")
+                if s >= 0:
+                    chunk = self.chunks[s // CHUNK_SLOTS]
+                    if chunk is None or not torch.equal(chunk[s % CHUNK_SLOTS].cpu(), self.store.host_block(l, e)):
+                        problems.append(f"layer {l} expert {e}: slot {s} does not hold its bytes")
+        return problems

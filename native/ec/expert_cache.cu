@@ -1,0 +1,223 @@
+// Device side of the GPU expert cache (glm53/offload/cache.py): per-layer decode steps that decide hits,
+// misses and admissions on the device, rewrite exllamav3's expert pointer tables, and copy admitted experts
+// from the pinned host store into VRAM slots. No host synchronisation: every decision reads device memory.
+//
+// Plain C ABI (loaded with ctypes); every launcher takes the CUDA stream to run on.
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#define EC_MAX_EXPERTS 512   // exllamav3's own limit per MoE layer (BC_BlockSparseMLP MAX_EXPERTS)
+#define EC_THREADS 512
+#define EC_MAX_ADMIT 16
+
+// Counters per layer (int64): decode picks, hits, admissions, evictions, decode steps
+enum { C_PICKS = 0, C_HITS, C_ADMITS, C_EVICTS, C_STEPS, C_N = 8 };
+
+struct EcState {
+    int num_layers;
+    int num_experts;
+    float* freq;           // [L, E] decayed pick frequency (the replacement score)
+    int32_t* slot_of;      // [L, E] slot holding the expert, -1 when it is read from the host store
+    int32_t* owner;        // [S] l * E + e of the expert in the slot, -1 when free
+    int64_t* picks;        // [L, E] decode picks per expert since start (oracle and learned profile)
+    int64_t* counters;     // [L, C_N]
+    const int64_t* home;   // [L, E] device address (UVA) of the expert's [gate | up | down] block in host memory
+    const int64_t* slot_addr;  // [S] device address of each VRAM slot
+    const int64_t* tables; // [L, 4] addresses of exllamav3's tables: gate (E), up (E), down (E), gate/up (E, 2)
+    int64_t off_up;        // byte offset of up and down inside an expert block (the same in host store and slots)
+    int64_t off_down;
+    int32_t* jobs;         // [EC_MAX_ADMIT, 2] (l * E + e, slot) of the copies the next ec_copy runs
+    int32_t* num_jobs;     // [1]
+};
+
+__device__ __forceinline__ void point_tables(const EcState& s, int layer, int e, int64_t base)
+{
+    int64_t* const* tabs = reinterpret_cast<int64_t* const*>(s.tables + layer * 4);
+    int64_t g = base, u = base + s.off_up, d = base + s.off_down;
+    tabs[0][e] = g;
+    tabs[1][e] = u;
+    tabs[2][e] = d;
+    tabs[3][2 * e] = g;
+    tabs[3][2 * e + 1] = u;
+}
+
+// Block-wide arg-extreme over values in shared memory; ties go to the lower index so runs are deterministic.
+// want_max: largest value; otherwise smallest. Elements with ok == false are skipped. Returns -1 when none.
+__device__ int block_arg_extreme(const float* v, const bool* ok, int n, bool want_max, float* red_v, int* red_i)
+{
+    int t = threadIdx.x;
+    float best = want_max ? -INFINITY : INFINITY;
+    int bi = -1;
+    for (int i = t; i < n; i += blockDim.x) {
+        if (!ok[i]) continue;
+        float x = v[i];
+        if (bi < 0 || (want_max ? x > best : x < best)) { best = x; bi = i; }
+    }
+    red_v[t] = best;
+    red_i[t] = bi;
+    __syncthreads();
+    for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
+        if (t < stride) {
+            float a = red_v[t], b = red_v[t + stride];
+            int ia = red_i[t], ib = red_i[t + stride];
+            bool take_b = ib >= 0 && (ia < 0 || (want_max ? b > a : b < a) || (b == a && ib < ia));
+            if (take_b) { red_v[t] = b; red_i[t] = ib; }
+        }
+        __syncthreads();
+    }
+    int r = red_i[0];
+    __syncthreads();
+    return r;
+}
+
+// One decode step of one MoE layer: count the picks, update the scores, then admit up to max_admit missed
+// experts whose score beats the weakest resident (not picked this step) by the hysteresis factor.
+__global__ void __launch_bounds__(EC_THREADS) ec_step_kernel(EcState s, int layer, const int64_t* sel, int n,
+                                                             float decay, float hysteresis, int max_admit)
+{
+    __shared__ float f[EC_MAX_EXPERTS];
+    __shared__ int cnt[EC_MAX_EXPERTS];
+    __shared__ int slot[EC_MAX_EXPERTS];
+    __shared__ bool cand[EC_MAX_EXPERTS];
+    __shared__ bool vict[EC_MAX_EXPERTS];
+    __shared__ float red_v[EC_THREADS];
+    __shared__ int red_i[EC_THREADS];
+    __shared__ int hits;
+
+    const int E = s.num_experts;
+    const int t = threadIdx.x;
+    float* freq = s.freq + (int64_t) layer * E;
+    int32_t* slot_of = s.slot_of + (int64_t) layer * E;
+
+    if (t == 0) hits = 0;
+    for (int e = t; e < E; e += blockDim.x) { f[e] = freq[e] * decay; cnt[e] = 0; slot[e] = slot_of[e]; }
+    __syncthreads();
+    for (int i = t; i < n; i += blockDim.x) {
+        int64_t e = sel[i];
+        if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
+    }
+    __syncthreads();
+    for (int e = t; e < E; e += blockDim.x) {
+        int c = cnt[e];
+        if (c) {
+            f[e] += (float) c;
+            s.picks[(int64_t) layer * E + e] += c;
+            if (slot[e] >= 0) atomicAdd(&hits, c);
+        }
+        cand[e] = c > 0 && slot[e] < 0;
+        vict[e] = c == 0 && slot[e] >= 0;
+    }
+    __syncthreads();
+
+    int admitted = 0;
+    for (int k = 0; k < max_admit; ++k) {
+        int c = block_arg_extreme(f, cand, E, true, red_v, red_i);
+        if (c < 0) break;
+        int v = block_arg_extreme(f, vict, E, false, red_v, red_i);
+        if (v < 0) break;
+        if (!(f[c] > hysteresis * f[v])) break;
+        if (t == 0) {
+            int sl = slot[v];
+            slot[v] = -1;
+            slot[c] = sl;
+            cand[c] = false;
+            vict[v] = false;
+            s.owner[sl] = layer * E + c;
+            point_tables(s, layer, v, s.home[(int64_t) layer * E + v]);
+            point_tables(s, layer, c, s.slot_addr[sl]);
+            s.jobs[2 * k] = layer * E + c;
+            s.jobs[2 * k + 1] = sl;
+        }
+        admitted = k + 1;
+        __syncthreads();
+    }
+
+    for (int e = t; e < E; e += blockDim.x) { freq[e] = f[e]; slot_of[e] = slot[e]; }
+    if (t == 0) {
+        int64_t* ctr = s.counters + (int64_t) layer * C_N;
+        ctr[C_PICKS] += n;
+        ctr[C_HITS] += hits;
+        ctr[C_ADMITS] += admitted;
+        ctr[C_EVICTS] += admitted;
+        ctr[C_STEPS] += 1;
+        *s.num_jobs = admitted;
+    }
+}
+
+// Copy the blocks of the experts that ec_step admitted from the host store into their slots: a grid-stride
+// 16-byte copy issued by the SMs (the number of jobs is only known on the device).
+__global__ void ec_copy_kernel(EcState s, int64_t block_bytes)
+{
+    const int njobs = *s.num_jobs;
+    if (njobs == 0) return;
+    const int64_t vecs = block_bytes / 16;
+    const int64_t total = vecs * njobs;
+    for (int64_t i = (int64_t) blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t) gridDim.x * blockDim.x) {
+        int j = (int) (i / vecs);
+        int64_t off = i - (int64_t) j * vecs;
+        int le = s.jobs[2 * j], sl = s.jobs[2 * j + 1];
+        const int4* src = reinterpret_cast<const int4*>(s.home[le]);
+        int4* dst = reinterpret_cast<int4*>(s.slot_addr[sl]);
+        dst[off] = src[off];
+    }
+}
+
+// Point experts at slots (or back home with slot -1) from a list: warm start, elastic restore and eviction.
+// entries: [n, 3] (layer, expert, slot). Bytes are copied separately (by DMA: the host knows the addresses).
+__global__ void ec_assign_kernel(EcState s, const int32_t* entries, int n)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    int layer = entries[3 * i], e = entries[3 * i + 1], sl = entries[3 * i + 2];
+    int64_t le = (int64_t) layer * s.num_experts + e;
+    int old = s.slot_of[le];
+    if (sl >= 0) {
+        s.slot_of[le] = sl;
+        s.owner[sl] = (int) le;
+        point_tables(s, layer, e, s.slot_addr[sl]);
+    } else {
+        s.slot_of[le] = -1;
+        if (old >= 0) s.owner[old] = -1;
+        point_tables(s, layer, e, s.home[le]);
+    }
+}
+
+extern "C" {
+
+int ec_step(const EcState* s, int layer, const int64_t* sel, int n, float decay, float hysteresis, int max_admit,
+            int64_t block_bytes, int copy_blocks, cudaStream_t stream)
+{
+    if (s->num_experts > EC_MAX_EXPERTS || max_admit > EC_MAX_ADMIT) return (int) cudaErrorInvalidValue;
+    ec_step_kernel<<<1, EC_THREADS, 0, stream>>>(*s, layer, sel, n, decay, hysteresis, max_admit);
+    if (max_admit > 0) ec_copy_kernel<<<copy_blocks, 256, 0, stream>>>(*s, block_bytes);
+    return (int) cudaGetLastError();
+}
+
+int ec_assign(const EcState* s, const int32_t* entries, int n, cudaStream_t stream)
+{
+    if (n <= 0) return 0;
+    ec_assign_kernel<<<(n + 255) / 256, 256, 0, stream>>>(*s, entries, n);
+    return (int) cudaGetLastError();
+}
+
+// SM-issued read of mapped host memory (the zero-copy path's bandwidth): sums 16-byte words into *out.
+__global__ void read_probe_kernel(const int4* src, int64_t vecs, unsigned int* out)
+{
+    unsigned int acc = 0;
+    for (int64_t i = (int64_t) blockIdx.x * blockDim.x + threadIdx.x; i < vecs; i += (int64_t) gridDim.x * blockDim.x) {
+        int4 v = src[i];
+        acc ^= (unsigned int) (v.x ^ v.y ^ v.z ^ v.w);
+    }
+    if (acc == 0x9e3779b9u) atomicAdd(out, 1u);  // keeps the loads alive
+}
+
+int ec_read_probe(const void* src, int64_t bytes, unsigned int* out, int blocks, cudaStream_t stream)
+{
+    read_probe_kernel<<<blocks, 256, 0, stream>>>(reinterpret_cast<const int4*>(src), bytes / 16, out);
+    return (int) cudaGetLastError();
+}
+
+int ec_struct_size(void) { return (int) sizeof(EcState); }
+
+}

@@ -1,0 +1,149 @@
+"""Exact mode against stock exllamav3 with everything in VRAM, on the same checkpoint, in one process.
+
+The offload layer only changes where expert bytes are read from (host store over PCIe, a VRAM slot, a staging
+buffer), never the arithmetic: teacher-forced prefill logits and greedy decode (tokens and log-probabilities)
+must be bit-identical at every cache size, with staging on and off, and across an elastic loan and return.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from glm53 import config
+from glm53.engine.interface import LogprobRequest, SamplingParams, SequenceFailure
+from glm53.engine.sampling import logprobs_for
+
+CACHE_TOKENS = 16384
+CHUNK = 2048
+DECODE = 32
+GEN = torch.Generator().manual_seed(5)
+# chat-shaped prompts; the 700-token one is a prefill large enough to be staged (>= STAGE_MIN_ROWS rows)
+PROMPTS = [[154822, 154824, 154827] + torch.randint(300, 150000, (n,), generator=GEN).tolist() + [154828, 154841] for n in (7, 120, 700, 60)]
+REQUEST = LogprobRequest(top_n=5, token_ids=(154820, 300))
+
+CASES = {
+    # name: extra settings
+    "cache-0": ["--ec-cache-experts", "0"],
+    "cache-11pct": ["--ec-cache-experts", "11%"],
+    "cache-50pct": ["--ec-cache-experts", "50%"],
+    "cache-100pct": ["--ec-cache-experts", "100%"],
+    "cache-11pct-no-staging": ["--ec-cache-experts", "11%", "--ec-stage-gb", "0"],
+    "cache-50pct-elastic": ["--ec-cache-experts", "50%", "--ec-elastic-gb", "0.05"],
+}
+
+
+def _settings(ckpt, extra):
+    return config.load(["--engine", "exl3", "--mode", "exact", "-m", str(ckpt), "-cs", str(CACHE_TOKENS), "--max-batch-size", "4",
+                        "-ambs", "4", "-chunk_size", str(CHUNK), "--ec-elastic-gb", "0", *extra], {})
+
+
+@pytest.fixture(scope="module")
+def stock(tiny_checkpoint):
+    """Stock exllamav3 with the experts in VRAM, and its answers for every prompt."""
+    from exllamav3 import Cache, CacheLayer_fp16, Config, Generator, Model, Tokenizer
+
+    cfg = Config.from_directory(str(tiny_checkpoint))
+    model = Model.from_config(cfg)
+    cache = Cache(model, max_num_tokens=CACHE_TOKENS, layer_type=CacheLayer_fp16, max_batch_size=4)
+    model.load(progressbar=False, max_batch_size=4, max_chunk_size=CHUNK)
+    model.warmup(cache=cache, max_chunk_size=CHUNK, progressbar=False)
+    gen = Generator(model, cache, Tokenizer.from_config(cfg), max_batch_size=4, max_chunk_size=CHUNK)
+    answers = {
+        "prefill": [_prefill_logits(model, p) for p in PROMPTS],
+        "single": [_stock_decode(gen, [p], cfg.vocab_size)[0] for p in PROMPTS],
+        "batch4": _stock_decode(gen, PROMPTS, cfg.vocab_size),
+    }
+    yield answers
+    gen.close()
+    model.unload()
+    torch.cuda.empty_cache()
+
+
+def _prefill_logits(model, prompt):
+    with torch.inference_mode():
+        return model.forward(torch.tensor([prompt]), {"attn_mode": "flash_attn_nc"})[0].float().cpu()
+
+
+def _stock_decode(gen, prompts, vocab):
+    from exllamav3 import ArgmaxSampler, Job
+
+    jobs = [Job(input_ids=torch.tensor([p]), max_new_tokens=DECODE, sampler=ArgmaxSampler(), return_logits=True,
+                decode_special_tokens=True, identifier=i) for i, p in enumerate(prompts)]
+    for job in jobs:
+        gen.enqueue(job)
+    out = {i: ([], []) for i in range(len(prompts))}
+    while gen.num_remaining_jobs():
+        for r in gen.iterate():
+            if r.get("stage") == "streaming" and r.get("token_ids") is not None and r["token_ids"].numel():
+                ids, logits = out[r["identifier"]]
+                ids += r["token_ids"][0].tolist()
+                logits.append(r["logits"][0])
+    results = []
+    for i in range(len(prompts)):
+        ids, logits = out[i]
+        rows = torch.cat(logits).float()[:, :vocab]
+        results.append((ids, [logprobs_for(rows[j], ids[j], REQUEST) for j in range(len(ids))]))
+    return results
+
+
+def _engine_decode(backend, prompts):
+    for i, p in enumerate(prompts):
+        backend.add(i, p, SamplingParams(temperature=0.0), REQUEST)
+    got = {i: [] for i in range(len(prompts))}
+    for _ in range(8 * DECODE + 64):
+        for seq, tokens in backend.step().items():
+            assert not isinstance(tokens, SequenceFailure), f"sequence {seq} failed: {tokens.reason}"
+            got[seq] += tokens
+        if all(len(v) >= DECODE for v in got.values()):
+            break
+    for i in range(len(prompts)):
+        backend.remove(i)
+    return [([t.token_id for t in got[i][:DECODE]], [t.logprobs for t in got[i][:DECODE]]) for i in range(len(prompts))]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_exact_mode_is_bit_identical_to_stock(tiny_checkpoint, stock, case):
+    from glm53.engine.exl3.backend import Exl3Backend
+
+    backend = Exl3Backend(_settings(tiny_checkpoint, CASES[case]))
+    try:
+        offload = backend.offload
+        if "elastic" in case:
+            # a card with no VRAM to spare: staging has only what the cache lends (an H200 always has room)
+            offload._vram_headroom = lambda: offload.cache.elastic["lent_bytes"] if offload.cache.lent else 0
+        for p, want in zip(PROMPTS, stock["prefill"]):
+            got = _prefill_logits(backend.model, p)
+            assert torch.equal(got, want), f"{case}: prefill logits differ for a {len(p)}-token prompt (max |d| {(got - want).abs().max():.3g})"
+        for i, p in enumerate(PROMPTS):
+            got = _engine_decode(backend, [p])[0]
+            assert got[0] == stock["single"][i][0], f"{case}: greedy tokens differ for prompt {i}"
+            assert got[1] == stock["single"][i][1], f"{case}: log-probabilities differ for prompt {i}"
+        got4 = _engine_decode(backend, PROMPTS)
+        for i in range(len(PROMPTS)):
+            assert got4[i][0] == stock["batch4"][i][0], f"{case}: 4-stream greedy tokens differ for prompt {i}"
+            assert got4[i][1] == stock["batch4"][i][1], f"{case}: 4-stream log-probabilities differ for prompt {i}"
+
+        assert offload.cache.verify() == []
+        stats = offload.stats()
+        cache = stats["cache"]
+        assert cache["picks"] == cache["hits"] + cache["misses"] > 0
+        total = cache["experts_total"]
+        want_slots = {"cache-0": 0, "cache-100pct": total, "cache-50pct": round(total / 2)}.get(case.replace("-elastic", ""))
+        if want_slots is not None:
+            assert cache["slots"] == want_slots
+        if case == "cache-0":
+            assert cache["hits"] == 0
+        if case == "cache-100pct":
+            assert cache["hits"] == cache["picks"] and cache["admissions"] == 0
+        if "no-staging" in case:
+            assert stats["staging"]["forwards"] == 0
+        elif cache["slots"] < total:
+            assert stats["staging"]["forwards"] > 0 and stats["staging"]["staged_experts"] > 0
+        if "elastic" in case:
+            el = cache["elastic"]
+            assert el["enter"] > 0 and el["exit"] == el["enter"] and el["restored_experts"] > 0 and el["realloc_failures"] == 0
+        print(f"{case}: hit rate {cache['hit_rate']} oracle {cache['oracle_hit_rate']} admissions {cache['admissions']} staging {stats['staging']}")
+    finally:
+        backend.close()
+        torch.cuda.empty_cache()
