@@ -9,7 +9,7 @@ import logging
 import sys
 from pathlib import Path
 
-from . import __version__, config, preflight
+from . import __version__, config, panel, preflight
 from .models.synth import presets
 
 
@@ -45,6 +45,12 @@ def _parser() -> argparse.ArgumentParser:
     cal.add_argument("--tolerance", type=float, default=0.05, help="largest accepted |top-32 share error| per layer")
     cal.add_argument("--profile", type=Path, help="routing profile JSON (default: reference/glm53-flash-routing-profile.json)")
     cal.add_argument("--report", type=Path, help="write the per-round, per-layer report as JSON here")
+    panel_cmd = sub.add_parser(
+        "panel", help="build a reference panel with stock exllamav3 (for bench/score_ref_panel.py)",
+        description="Greedy completions of thinking-off chat prompts and the top-k log-probabilities at every "
+                    "completion position (one teacher-forced forward), by stock exllamav3 with no project "
+                    "patches; format in reference/README.md. Needs CUDA and exllamav3.")
+    panel.add_arguments(panel_cmd)
     return ap
 
 
@@ -61,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         return _synth(ns)
     if ns.command == "calibrate-router":
         return _calibrate(ns)
+    if ns.command == "panel":
+        return panel.run(ns, argv)
     try:
         settings = config.load(_setting_argv(argv, ns))
     except config.ConfigError as exc:

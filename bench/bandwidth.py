@@ -1,0 +1,161 @@
+"""Memory bandwidths that bound expert offload, measured on the running machine (``bench/compare.py`` runs this
+in a fresh process of its own):
+
+- ``pcie_h2d_gbs``: a pinned host buffer copied to the GPU (``cudaMemcpyAsync``, the copy engine);
+- ``pcie_zero_copy_read_gbs``: a GPU kernel (a sum) reading pinned host memory in place through a device alias
+  (exllamav3's ``pinned_cuda_view``, else the UVA pointer): how the exact mode reads a cache miss;
+- ``dram_read_gbs``: host threads summing disjoint slices of one large buffer (NumPy releases the GIL);
+- ``hbm_copy_gbs``: a device-to-device copy, read plus written bytes.
+
+Each figure is the best of a few repetitions (bandwidth is a capacity; the best run is the least disturbed).
+
+    python3 -m bench.bandwidth [--gib 1] [--out bw.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+GIB = 1 << 30
+
+
+def _timed_cuda(fn, reps: int) -> float:
+    """Best seconds of ``fn`` over ``reps`` runs after one warm-up, timed with CUDA events."""
+    import torch
+
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1000.0)
+    return best
+
+
+def _device_alias(host):
+    """A CUDA tensor aliasing pinned ``host`` memory (no copy)."""
+    import torch
+
+    try:
+        from exllamav3.ext import exllamav3_ext
+
+        return exllamav3_ext.pinned_cuda_view(host, torch.cuda.current_device()), "exllamav3 pinned_cuda_view"
+    except (ImportError, AttributeError):
+        pass
+
+    interface = {"shape": tuple(host.shape), "typestr": "<i4", "data": (host.data_ptr(), False), "version": 2}
+    # UVA: pinned host memory has the same address on the device
+    alias = torch.as_tensor(type("PinnedHost", (), {"__cuda_array_interface__": interface})(), device="cuda")
+    return alias, "__cuda_array_interface__ (UVA)"
+
+
+def pcie(nbytes: int, reps: int = 5) -> dict:
+    import torch
+
+    # int32 ones summed into int64: exact, so the check below proves the kernel read every host byte
+    host = torch.ones(nbytes // 4, dtype=torch.int32, pin_memory=True)  # [n], written so every page is real
+    dev = torch.empty_like(host, device="cuda")
+    h2d = _timed_cuda(lambda: dev.copy_(host, non_blocking=True), reps)
+    alias, how = _device_alias(host)
+    result = {}
+    zero_copy = _timed_cuda(lambda: result.__setitem__("sum", torch.sum(alias, dtype=torch.int64)), reps)
+    if int(result["sum"]) != host.numel():
+        raise RuntimeError(f"zero-copy read summed {int(result['sum'])}, expected {host.numel()}: the alias does not read the host buffer")
+    return {"pcie_h2d_gbs": nbytes / h2d / 1e9, "pcie_zero_copy_read_gbs": nbytes / zero_copy / 1e9,
+            "zero_copy_alias": how, "pcie_bytes": nbytes, **host_store_paths(nbytes, reps)}
+
+
+def host_store_paths(nbytes: int, reps: int = 5) -> dict:
+    """The two ways the offload layer moves expert bytes, on memory allocated and registered the way its host store
+    is (anonymous mmap + cudaHostRegister, not torch's pinned allocator): copy-engine DMA (prefill staging, elastic
+    restore) and a 16-byte-load kernel reading the mapped memory in place (zero-copy misses, admissions), the latter
+    at several grid sizes (its thread blocks are taken from the compute kernels while it runs)."""
+    import mmap
+
+    import torch
+
+    from glm53.offload.ec_native import Kernels
+
+    mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    host = torch.frombuffer(mm, dtype=torch.uint8)
+    host.fill_(1)
+    err = torch.cuda.cudart().cudaHostRegister(host.data_ptr(), nbytes, 3)
+    if int(err) != 0:
+        return {"host_store_error": f"cudaHostRegister failed ({int(err)})"}
+    try:
+        alias, _ = _device_alias(host)
+        dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        out = {"pcie_dma_registered_gbs": nbytes / _timed_cuda(lambda: dev.copy_(host, non_blocking=True), reps) / 1e9}
+        kernels = Kernels()
+        sink = torch.zeros(1, dtype=torch.int32, device="cuda")
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        for blocks in (16, 32, 64, sms, 2 * sms, 4 * sms):
+            out[f"pcie_sm_read_gbs_{blocks}_blocks"] = nbytes / _timed_cuda(lambda b=blocks: kernels.read_probe(alias, sink, b), reps) / 1e9
+        return out
+    finally:
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaHostUnregister(host.data_ptr())
+
+
+def hbm(nbytes: int, reps: int = 5) -> dict:
+    import torch
+
+    src = torch.ones(nbytes // 4, dtype=torch.int32, device="cuda")
+    dst = torch.empty_like(src)
+    seconds = _timed_cuda(lambda: dst.copy_(src), reps)
+    return {"hbm_copy_gbs": 2 * nbytes / seconds / 1e9, "hbm_bytes": nbytes}
+
+
+def dram(nbytes: int, threads: int, reps: int = 3) -> dict:
+    import numpy as np
+
+    buf = np.ones(nbytes // 8, dtype=np.int64)  # [n], written so every page is real
+    slices = np.array_split(buf, threads)
+    best = float("inf")
+    with ThreadPoolExecutor(threads) as pool:
+        for _ in range(reps + 1):  # the first pass warms the pool and the TLB
+            t0 = time.perf_counter()
+            total = sum(pool.map(np.sum, slices))
+            best = min(best, time.perf_counter() - t0)
+    if total != buf.size:
+        raise RuntimeError(f"DRAM read summed {total}, expected {buf.size}")
+    return {"dram_read_gbs": buf.nbytes / best / 1e9, "dram_threads": threads, "dram_bytes": buf.nbytes}
+
+
+def measure(gib: float = 1.0, dram_gib: float = 4.0, threads: int | None = None) -> dict:
+    from bench.core_order import core_order
+
+    threads = threads or core_order()[1]
+    out = {}
+    out.update(pcie(int(gib * GIB)))
+    out.update(hbm(int(gib * GIB)))
+    out.update(dram(int(dram_gib * GIB), threads))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python3 -m bench.bandwidth", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gib", type=float, default=1.0, help="PCIe and HBM buffer size in GiB (default 1)")
+    ap.add_argument("--dram-gib", type=float, default=4.0, help="host buffer for the DRAM read in GiB (default 4)")
+    ap.add_argument("--threads", type=int, help="DRAM read threads (default: one per physical core)")
+    ap.add_argument("--out", help="write the JSON here (default: print it)")
+    args = ap.parse_args(argv)
+    result = measure(args.gib, args.dram_gib, args.threads)
+    text = json.dumps(result, indent=1)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

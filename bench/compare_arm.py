@@ -1,0 +1,241 @@
+"""One arm of ``bench/compare.py``, in a process of its own: load the checkpoint the arm's way, measure, write JSON.
+
+    python3 -m bench.compare_arm --arm stock-mcs --spec spec.json --result arm.json
+
+Arms:
+
+- ``stock-vram``: stock exllamav3, everything in VRAM;
+- ``stock-mcs``: stock exllamav3's CPU offload, ``-mcs N`` (the N coldest experts of every layer on its CPU
+  worker when ``EXL3_MOE_CPU_SPLIT_STATS`` names a routing profile; ``compare.py`` sets it, the core-order shim
+  and ``EXL3_MOE_CPU_PIN=0``);
+- ``stock-mcs-pa``: the same with ``-mcpa`` (the worker's arena in shared page-locked memory);
+- ``exact``, ``fast``: the project's engine (``glm53.engine.exl3.backend.Exl3Backend``) in that mode under
+  ``--vram-limit-gb``. If the engine refuses the mode (``NotImplementedError`` or a configuration error) the arm
+  reports ``not available`` with the reason.
+
+Every arm is measured the same way through its exllamav3 generator (greedy, one sequence): a warm-up job; decode
+jobs (a fresh random prompt of ``decode_context`` tokens, then ``decode_tokens`` tokens; rate = (n - 1) / (time of
+the last token - time of the first)); prefill jobs (a fresh random prompt of each length, one new token; rate =
+length / time to the first token). Prompts are random ids from seeded generators, the same for every arm and
+never a prefix of one another, so no arm gets a prefix-cache hit. The engine's statistics are read before and
+after the decode jobs: the decode hit rate is the change in hits over the change in picks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from bench import procmem
+
+GB = 1e9
+STOCK_ARMS = ("stock-vram", "stock-mcs", "stock-mcs-pa")
+PROJECT_ARMS = ("exact", "fast")
+ID_LOW, ID_HIGH = 1000, 150000  # random prompt ids avoid the byte range and GLM's special ids
+
+
+class NotAvailable(Exception):
+    """The arm cannot run in this build (the reason is reported, the comparison goes on)."""
+
+
+def random_prompt(seed: int, phase: int, rep: int, length: int, vocab: int) -> list[int]:
+    import numpy as np
+
+    rng = np.random.default_rng([seed, phase, rep, length])
+    return rng.integers(ID_LOW, min(vocab, ID_HIGH), size=length).tolist()
+
+
+def run_job(generator, ids: list[int], new_tokens: int) -> tuple[float, list[float]]:
+    """(enqueue time, arrival time of every new token) of one greedy job."""
+    import torch
+    from exllamav3 import ArgmaxSampler, Job
+
+    job = Job(input_ids=torch.tensor([ids], dtype=torch.long), max_new_tokens=new_tokens, sampler=ArgmaxSampler(),
+              decode_special_tokens=True)
+    times: list[float] = []
+    t0 = time.perf_counter()
+    generator.enqueue(job)
+    while generator.num_remaining_jobs():
+        for r in generator.iterate():
+            if r.get("stage") == "error":
+                raise RuntimeError(f"the generator failed the job: {r.get('error')!r}")
+            if r.get("stage") == "streaming" and r.get("token_ids") is not None:
+                now = time.perf_counter()
+                times += [now] * r["token_ids"].numel()
+    return t0, times
+
+
+def decode_rate(times: list[float]) -> float:
+    return (len(times) - 1) / (times[-1] - times[0])
+
+
+def find_stats(stats, keys=("hits", "hit_rate")) -> dict | None:
+    """The shallowest dict in the engine's statistics that holds all of ``keys`` (lists are not searched: they
+    hold per-layer rows)."""
+    level = [stats] if isinstance(stats, dict) else []
+    while level:
+        for d in level:
+            if all(k in d for k in keys):
+                return d
+        level = [v for d in level for v in d.values() if isinstance(v, dict)]
+    return None
+
+
+def phase_hit_rate(before, after) -> float | None:
+    """Hits over picks between two snapshots of the engine's statistics; None without a hit counter."""
+    a, b = find_stats(after, ("hits", "picks")), find_stats(before, ("hits", "picks"))
+    if a is None or b is None:
+        return None
+    picks = a["picks"] - b["picks"]
+    return (a["hits"] - b["hits"]) / picks if picks > 0 else None
+
+
+def pinned_bytes(stats) -> int | None:
+    found = find_stats(stats, ("pinned_bytes",))
+    if found is not None:
+        return found["pinned_bytes"]
+    store = find_stats(stats, ("arena_bytes", "pinned"))
+    return store["arena_bytes"] if store is not None and store["pinned"] else None
+
+
+class Loaded:
+    """What every arm hands to the measurement: a generator, the vocabulary, and a stats function."""
+
+    def __init__(self, generator, vocab: int, stats=None, close=None, facts=None):
+        self.generator, self.vocab = generator, vocab
+        self.stats = stats or (lambda: None)
+        self.close = close or (lambda: None)
+        self.facts = facts or {}
+
+
+def load_stock(arm: str, spec: dict) -> Loaded:
+    from glm53.models.stock import load_stock as load
+
+    split = spec["mcs"] if arm != "stock-vram" else 0
+    stock = load(Path(spec["ckpt"]), cache_tokens=spec["cache_tokens"], chunk_size=spec["chunk_size"],
+                 moe_cpu_split=split, moe_cpu_threads=spec.get("mct"), pinned_arena=arm == "stock-mcs-pa")
+    generator = stock.generator()
+    facts = {"mcs": split or None, "pinned_arena": arm == "stock-mcs-pa"}
+    if split:
+        host = sys.modules.get("exllamav3.model.moe_cpu_host")
+        facts["cpu_threads"] = stock.config.infer_params.moe_cpu_threads or (host.TUNING.threads if host else None)
+
+    def close():
+        generator.close()
+        stock.close()
+
+    return Loaded(generator, stock.vocab_size, close=close, facts=facts)
+
+
+def load_project(arm: str, spec: dict) -> Loaded:
+    from glm53 import config
+    from glm53.engine.exl3.backend import Exl3Backend
+
+    argv = ["--mode", arm, "--engine", "exl3", "-m", spec["ckpt"], "-cs", str(spec["cache_tokens"]),
+            "--max-batch-size", "1", "-ambs", "1", "-chunk_size", str(spec["chunk_size"])]
+    if spec.get("vram_limit_gb"):
+        argv += ["--vram-limit-gb", f"{spec['vram_limit_gb']:.2f}"]
+    if spec.get("cache_experts") is not None:
+        argv += ["--ec-cache-experts", str(spec["cache_experts"])]
+    try:
+        settings = config.load(argv, {})
+        backend = Exl3Backend(settings)
+    except (NotImplementedError, config.ConfigError) as exc:
+        raise NotAvailable(f"{type(exc).__name__}: {exc}") from exc
+    return Loaded(backend.generator, backend.info.vocab_size, stats=backend.stats, close=backend.close,
+                  facts={"engine_argv": argv, "settings": settings.public()})
+
+
+def measure(loaded: Loaded, spec: dict) -> dict:
+    seed, vocab, gen = spec["seed"], loaded.vocab, loaded.generator
+    run_job(gen, random_prompt(seed, 0, 0, 64, vocab), spec["warmup_tokens"])
+    before = loaded.stats()
+    decode_runs = []
+    for rep in range(spec["decode_reps"]):
+        _, times = run_job(gen, random_prompt(seed, 1, rep, spec["decode_context"], vocab), spec["decode_tokens"])
+        decode_runs.append(decode_rate(times))
+    after = loaded.stats()
+    prefill_runs = {}
+    for length in spec["prefill_lengths"]:
+        rates = []
+        for rep in range(spec["prefill_reps"]):
+            t0, times = run_job(gen, random_prompt(seed, 2, rep, length, vocab), 1)
+            rates.append(length / (times[0] - t0))
+        prefill_runs[str(length)] = rates
+    final = loaded.stats()
+    oracle = find_stats(after, ("oracle_hit_rate",))
+    return {
+        "decode_tok_s": statistics.median(decode_runs),
+        "decode_runs": decode_runs,
+        "prefill_tok_s": {k: statistics.median(v) for k, v in prefill_runs.items()},
+        "prefill_runs": prefill_runs,
+        "hit_rate": phase_hit_rate(before, after),
+        "oracle_hit_rate": oracle["oracle_hit_rate"] if oracle else None,
+        "pinned_bytes": pinned_bytes(final),
+        "engine_stats": final,
+    }
+
+
+def run_arm(arm: str, spec: dict) -> dict:
+    import torch
+
+    from glm53.host import meminfo
+
+    available_before = meminfo(Path("/proc/meminfo")).get("MemAvailable")
+    with procmem.PeakSampler(os.getpid()) as sampler:
+        t0 = time.monotonic()
+        loaded = (load_stock if arm in STOCK_ARMS else load_project)(arm, spec)
+        load_seconds = time.monotonic() - t0
+        result = measure(loaded, spec)
+        steady = procmem.tree_memory(os.getpid())
+        available_after = meminfo(Path("/proc/meminfo")).get("MemAvailable")
+        free, total = torch.cuda.mem_get_info()
+        result.update(
+            load_seconds=load_seconds,
+            vram_max_allocated_gb=torch.cuda.max_memory_allocated() / GB,
+            vram_device_used_gb=(total - free) / GB,
+        )
+        loaded.close()
+    from exllamav3.version import __version__ as exl3_version
+
+    result.update(
+        status="ok",
+        exllamav3=exl3_version,
+        host_rss_peak_gb=sampler.peak / GB,
+        host_rss_steady_gb=steady["rss"] / GB,
+        host_pss_steady_gb=steady["pss"] / GB if steady["pss"] is not None else None,
+        host_hwm_sum_gb=steady["hwm"] / GB,
+        host_processes=steady["processes"],
+        mem_available_drop_gb=(available_before - available_after) / GB if available_before and available_after else None,
+        **loaded.facts,
+    )
+    return result
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python3 -m bench.compare_arm", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--arm", required=True, choices=STOCK_ARMS + PROJECT_ARMS)
+    ap.add_argument("--spec", required=True, type=Path, help="the measurement settings (JSON written by compare.py)")
+    ap.add_argument("--result", required=True, type=Path, help="where to write the arm's JSON")
+    args = ap.parse_args(argv)
+    spec = json.loads(args.spec.read_text())
+    try:
+        result = run_arm(args.arm, spec)
+    except NotAvailable as exc:
+        result = {"status": "not available", "reason": str(exc)}
+    except Exception:  # the traceback goes to the log the orchestrator keeps; the result says it failed
+        traceback.print_exc()
+        result = {"status": "error", "error_tail": traceback.format_exc()[-2000:]}
+    args.result.write_text(json.dumps(result, indent=1, default=str) + "\n")  # default: engine statistics of any type
+    print(f"arm {args.arm}: {result['status']}", flush=True)
+    return 0 if result["status"] in ("ok", "not available") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

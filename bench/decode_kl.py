@@ -1,0 +1,312 @@
+"""Paired decode check: how far a path under test (B) is from the exact path (A), on the decode path, in one process.
+
+Both paths run over the same loaded model, each with its own cache, and see the same tokens: A decodes greedily,
+and at every step A's and B's full-vocabulary next-token distributions are taken on the same prefix. B is always
+fed A's token, so a position where B's greedy choice differs is counted and the run continues on A's sequence
+(the original's "restart at the first divergence", without a re-prefill). Per position: KL(A || B) over the whole
+vocabulary in fp64, top-1 agreement, and where they disagree, A's margin between its first and second choice.
+
+    python3 -m bench.decode_kl -m CKPT --a stock --b perturbed:0.001 --tokens 256 --out kl.json
+
+Paths (``PATHS``, by name, ``name:ARG`` passes ARG):
+
+- ``stock``: plain exllamav3 forwards;
+- ``perturbed:REL``: stock, with a relative Gaussian perturbation of size REL (per row, relative to the row's RMS)
+  added to every routed MoE layer's output. ``--a stock --b perturbed:1e-3`` measures the noise floor: the KL two
+  runs of an exact path show when they differ only by an error of the size of exllamav3's own kernel error.
+  ``--a stock --b stock`` is the control (KL exactly 0).
+
+The project's modes are added to ``PATHS`` by the offload layer's owner: a factory ``(model, cache, vocab_size,
+arg) -> DecodePath`` that installs its offload on the loaded model and returns a path whose forwards run in that mode
+(``ModelPath(model, cache, vocab_size, mode=...)`` with a context manager that switches the model into the mode
+for the duration of one forward).
+
+Output JSON: ``{positions, kl_mean, kl_p99, kl_max, top1_agree, first_divergence[], disagreements,
+per_prompt[{i, prompt_len, positions, kl_mean, kl_p99, kl_max, top1_agree, first_divergence, disagreements,
+margins[]}], a, b, checkpoint, tokens, seconds, command}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import shlex
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+PAGE = 256  # exllamav3's cache page
+
+
+class DecodePath(Protocol):
+    """One way of computing the model's next-token logits, with its own sequence state."""
+
+    def reset(self) -> None:
+        """Forget the sequence: the next ``logits`` call starts at position 0."""
+
+    def logits(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """Append ``token_ids`` to the sequence and return the [V] logits after the last of them."""
+
+
+# ---- bookkeeping (no GPU, no exllamav3) ----
+
+def kl_full(logits_a: torch.Tensor, logits_b: torch.Tensor) -> float:
+    """KL(A || B) of the softmax distributions of two [V] logit vectors, in fp64."""
+    la = torch.log_softmax(logits_a.double(), dim=-1)
+    lb = torch.log_softmax(logits_b.double(), dim=-1)
+    return max(float((la.exp() * (la - lb)).sum()), 0.0)  # rounding leaves -1e-17 where they agree
+
+
+def margin(logits: torch.Tensor) -> float:
+    """Log-probability gap (nats) between the first and second choice."""
+    top = torch.log_softmax(logits.double(), dim=-1).topk(2).values
+    return float(top[0] - top[1])
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolation percentile (numpy's default)."""
+    ordered = sorted(values)
+    x = (len(ordered) - 1) * q / 100
+    lo = math.floor(x)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (x - lo)
+
+
+@dataclass
+class PromptRecord:
+    prompt_len: int
+    kls: list[float] = field(default_factory=list)
+    agree: list[bool] = field(default_factory=list)
+    margins: list[float] = field(default_factory=list)  # A's margin at each disagreement
+
+    @property
+    def first_divergence(self) -> int | None:
+        return next((i for i, a in enumerate(self.agree) if not a), None)
+
+    def summary(self, i: int) -> dict:
+        n = len(self.kls)
+        return {
+            "i": i, "prompt_len": self.prompt_len, "positions": n,
+            "kl_mean": sum(self.kls) / n, "kl_p99": percentile(self.kls, 99), "kl_max": max(self.kls),
+            "top1_agree": sum(self.agree) / n, "first_divergence": self.first_divergence,
+            "disagreements": n - sum(self.agree), "margins": [round(m, 4) for m in self.margins],
+        }
+
+
+def paired_decode(a: DecodePath, b: DecodePath, prompt: Sequence[int], tokens: int) -> PromptRecord:
+    """Greedy-decode ``tokens`` tokens with A; at every step compare B on the same prefix (B is fed A's tokens).
+    Both paths are reset before and after (a path's sequence holds a recurrent-state slot of its cache)."""
+    a.reset()
+    b.reset()
+    record = PromptRecord(len(prompt))
+    try:
+        la, lb = a.logits(prompt), b.logits(prompt)
+        for step in range(tokens):
+            ta, tb = int(la.argmax()), int(lb.argmax())
+            record.kls.append(kl_full(la, lb))
+            record.agree.append(ta == tb)
+            if ta != tb:
+                record.margins.append(margin(la))
+            if step + 1 < tokens:
+                la, lb = a.logits([ta]), b.logits([ta])
+    finally:
+        a.reset()
+        b.reset()
+    return record
+
+
+def summarise(records: list[PromptRecord]) -> dict:
+    kls = [k for r in records for k in r.kls]
+    agree = [x for r in records for x in r.agree]
+    return {
+        "positions": len(kls),
+        "kl_mean": sum(kls) / len(kls),
+        "kl_p99": percentile(kls, 99),
+        "kl_max": max(kls),
+        "top1_agree": sum(agree) / len(agree),
+        "first_divergence": [r.first_divergence for r in records],
+        "disagreements": len(agree) - sum(agree),
+        "per_prompt": [r.summary(i) for i, r in enumerate(records)],
+    }
+
+
+# ---- paths over a loaded exllamav3 model ----
+
+class ModelPath:
+    """exllamav3 forwards of one sequence in its own cache (exllamav3's rectangular-batch mode: ``batch_shape``
+    and ``past_len``, as its ``Model.warmup`` drives the model), one token per step after the prompt: the decode
+    path. ``mode``, when given, is a context manager factory entered around every forward."""
+
+    def __init__(self, model, cache, vocab_size: int, mode: Callable[[], contextlib.AbstractContextManager] | None = None):
+        self.model, self.cache, self.vocab_size = model, cache, vocab_size
+        self.mode = mode or contextlib.nullcontext
+        self.capacity = cache.max_num_tokens // PAGE * PAGE
+        self.pos = 0
+        self.states = None
+
+    def reset(self) -> None:
+        for state in self.states or ():
+            self.cache.release_state(state)
+        self.pos, self.states = 0, None
+
+    def logits(self, token_ids: Sequence[int]) -> torch.Tensor:
+        if self.pos + len(token_ids) > self.capacity:
+            raise ValueError(f"sequence of {self.pos + len(token_ids)} tokens exceeds the cache ({self.capacity})")
+        params = {"attn_mode": "flash_attn", "cache": self.cache, "batch_shape": (1, self.capacity),
+                  "past_len": self.pos, "last_tokens_only": 1}
+        if self.states is not None:
+            params["recurrent_states"] = self.states
+        with torch.inference_mode(), self.mode():
+            out = self.model.forward(torch.tensor([list(token_ids)], dtype=torch.long), params)
+        self.states = params.get("recurrent_states")  # created by the first forward of a recurrent model
+        self.pos += len(token_ids)
+        return out[0, -1, : self.vocab_size].float()
+
+
+class Perturbation:
+    """Adds ``rel * rms(row) * N(0, 1)`` to every row of each routed MoE layer's output while enabled
+    (deterministic: the generator is reseeded on ``reset``). Installed by wrapping each layer's ``forward``."""
+
+    def __init__(self, model, rel: float, seed: int = 0):
+        from exllamav3.modules import BlockSparseMLP
+
+        self.rel, self.seed, self.enabled = rel, seed, False
+        self.layers = [m for m in _walk(model.modules) if isinstance(m, BlockSparseMLP) and getattr(m, "routing_gate", None) is not None]
+        if not self.layers:
+            raise ValueError("the model has no routed MoE layers to perturb")
+        self.generator = torch.Generator(device=self.layers[0].device)
+        for m in self.layers:
+            original = m.forward
+
+            def forward(x, params, out_dtype=None, _original=original):
+                y = _original(x, params, out_dtype)
+                return self._perturb(y) if self.enabled else y
+
+            m.forward = forward
+
+    def _perturb(self, y: torch.Tensor) -> torch.Tensor:
+        flat = y.reshape(-1, y.shape[-1]).float()  # [rows, hidden]
+        rms = flat.pow(2).mean(dim=-1, keepdim=True).sqrt()  # [rows, 1]
+        noise = torch.randn(flat.shape, generator=self.generator, device=flat.device, dtype=torch.float32)
+        return (flat + self.rel * rms * noise).to(y.dtype).reshape(y.shape)
+
+    def reset(self) -> None:
+        self.generator.manual_seed(self.seed)
+
+    @contextlib.contextmanager
+    def active(self):
+        self.enabled = True
+        try:
+            yield
+        finally:
+            self.enabled = False
+
+
+def _walk(modules):
+    for m in modules:
+        yield m
+        yield from _walk(getattr(m, "modules", []))
+
+
+class PerturbedPath(ModelPath):
+    def __init__(self, model, cache, vocab_size: int, rel: float):
+        self.perturbation = Perturbation(model, rel)
+        super().__init__(model, cache, vocab_size, mode=self.perturbation.active)
+
+    def reset(self) -> None:
+        super().reset()
+        self.perturbation.reset()
+
+
+def _stock(model, cache, vocab_size: int, arg: str | None) -> DecodePath:
+    return ModelPath(model, cache, vocab_size)
+
+
+def _perturbed(model, cache, vocab_size: int, arg: str | None) -> DecodePath:
+    if arg is None:
+        raise ValueError("perturbed needs a relative size, e.g. perturbed:0.001")
+    return PerturbedPath(model, cache, vocab_size, float(arg))
+
+
+# name -> factory(model, cache, vocab_size, arg) -> DecodePath. The project's "exact"/"fast" modes are registered here
+# by the offload layer (see the module docstring); a name that is not here is refused with the list of names.
+PATHS: dict[str, Callable[..., DecodePath]] = {"stock": _stock, "perturbed": _perturbed}
+
+
+def make_path(spec: str, model, cache, vocab_size: int) -> DecodePath:
+    """:raise ValueError: an unknown path name or a bad argument."""
+    name, _, arg = spec.partition(":")
+    if name not in PATHS:
+        raise ValueError(f"unknown path {name!r}; known: {', '.join(sorted(PATHS))}")
+    return PATHS[name](model, cache, vocab_size, arg or None)
+
+
+# ---- command line ----
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python3 -m bench.decode_kl", description=__doc__.split("\n\n")[0])
+    ap.add_argument("-m", "--model", required=True, type=Path, help="the EXL3 checkpoint")
+    ap.add_argument("--a", default="stock", help="the exact path (default stock)")
+    ap.add_argument("--b", required=True, help="the path under test, e.g. perturbed:0.001")
+    ap.add_argument("--prompts", type=Path, help="prompts (JSON list or one per line; default: glm53 panel's built-in list)")
+    ap.add_argument("--max-prompts", type=int, default=6, help="use the first N prompts (default 6, as the original)")
+    ap.add_argument("--tokens", type=int, default=256, help="decode steps per prompt (default 256)")
+    ap.add_argument("--out", type=Path, help="write the result JSON here (default: print it)")
+    args = ap.parse_args(argv)
+    if args.tokens < 1 or args.max_prompts < 1:
+        ap.error("--tokens and --max-prompts take positive numbers")
+    return args
+
+
+def run(args: argparse.Namespace) -> dict:
+    from glm53.engine.exl3.tokenizer import HFTokenizer
+    from glm53.models.stock import load_stock
+    from glm53.panel import load_prompts, prompt_ids
+    from glm53.server.chat_template import ChatTemplate
+
+    started = time.monotonic()
+    template = ChatTemplate.from_model_dir(args.model)
+    texts = load_prompts(args.prompts)[: args.max_prompts]
+    # rendered with the checkpoint's tokenizer before the load: the cache is sized from the longest prompt
+    from tokenizers import Tokenizer
+
+    hf = Tokenizer.from_file(str(args.model / "tokenizer.json"))
+    tok = HFTokenizer(hf, hf.get_vocab_size(with_added_tokens=True))
+    prompts = [prompt_ids(template, tok.encode, t) for t in texts]
+    cache_tokens = -(-(max(map(len, prompts)) + args.tokens) // PAGE) * PAGE
+    stock = load_stock(args.model, cache_tokens=cache_tokens, caches=2)
+    a = make_path(args.a, stock.model, stock.caches[0], stock.vocab_size)
+    b = make_path(args.b, stock.model, stock.caches[1], stock.vocab_size)
+    records = []
+    for i, ids in enumerate(prompts):
+        records.append(paired_decode(a, b, ids, args.tokens))
+        s = records[-1].summary(i)
+        print(f"prompt {i}: KL mean {s['kl_mean']:.3g}, p99 {s['kl_p99']:.3g}, top-1 {s['top1_agree']:.4f}, "
+              f"first divergence {s['first_divergence']}", file=sys.stderr, flush=True)
+    stock.close()
+    return {**summarise(records), "a": args.a, "b": args.b, "checkpoint": str(args.model), "tokens": args.tokens,
+            "seconds": round(time.monotonic() - started, 1), "command": shlex.join(["python3", "-m", "bench.decode_kl", *sys.argv[1:]])}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    result = run(args)
+    text = json.dumps(result, indent=1)
+    if args.out:
+        args.out.write_text(text + "\n")
+    else:
+        print(text)
+    print(f"{result['positions']} positions: KL mean {result['kl_mean']:.3g}, p99 {result['kl_p99']:.3g}, "
+          f"max {result['kl_max']:.3g}, top-1 {result['top1_agree']:.4f}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""Rewrite the README's "Measured" block from the latest ``bench/compare.py`` results in ``bench/results/``.
+
+    python3 -m bench.readme_measured [--results FILE] [--readme README.md] [--check]
+
+The block between ``<!-- measured:begin -->`` and ``<!-- measured:end -->`` gets the machine, the checkpoint,
+the bandwidths, a table of the arms (decode and prefill tok/s, hit rate and oracle hit rate, host RSS, VRAM, the
+decode ratio to the best stock offload and to the exact-mode bound), the bounds, the spread of the repeated arm,
+the goals, the chart and the command that reproduces the run. Without the markers, a "Measured" section holding
+them is added before "## Development" (or at the end). ``--check`` exits 1 when the README is not up to date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from bench import scoreboard
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS_DIR = REPO / "bench" / "results"
+BEGIN, END = "<!-- measured:begin -->", "<!-- measured:end -->"
+SECTION = "## Measured"
+
+
+def latest_results(directory: Path = RESULTS_DIR) -> Path:
+    """The compare results with the latest ``date``. :raise FileNotFoundError: there are none."""
+    found = []
+    for path in Path(directory).glob("*.json"):
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and doc.get("schema") == scoreboard.SCHEMA:
+            found.append((doc.get("date", ""), path.name, path))
+    if not found:
+        raise FileNotFoundError(f"no {scoreboard.SCHEMA} results in {directory}")
+    return max(found)[2]
+
+
+def _num(value, fmt: str = "{:.1f}", none: str = "—") -> str:
+    return none if value is None else fmt.format(value)
+
+
+def _pct(value) -> str:
+    return _num(value, "{:.1%}")
+
+
+def _arm_rows(results: dict) -> list[str]:
+    lengths = list((results.get("settings") or {}).get("prefill_lengths") or scoreboard.PREFILL_LENGTHS)
+    head = ["arm", "decode tok/s"] + [f"prefill {n} tok/s" for n in lengths] + [
+        "hit rate", "oracle hit rate", "host RSS peak GB", "VRAM GB", "decode / best stock offload", "decode / exact bound"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    repeated = {a["name"] for a in results.get("arms", []) if a.get("run", 1) > 1}
+    for arm in results.get("arms", []):
+        name = arm["name"] + (f" (run {arm['run']})" if arm["name"] in repeated else "")
+        if arm["status"] != "ok":
+            why = (arm.get("reason") or (arm.get("error_tail") or "").strip().splitlines()[-1:] or [""])
+            why = why if isinstance(why, str) else why[0]
+            rows.append(f"| {name} | {arm['status']}: {why[:80]} |" + " |" * (len(head) - 2))
+            continue
+        r = scoreboard.ratios(results, arm)
+        cells = [name, _num(arm["decode_tok_s"])] + [_num((arm.get("prefill_tok_s") or {}).get(str(n)), "{:.0f}") for n in lengths] + [
+            _pct(arm.get("hit_rate")), _pct(arm.get("oracle_hit_rate")), _num(arm.get("host_rss_peak_gb")),
+            _num(arm.get("vram_max_allocated_gb")), _num(r["vs_stock_offload"], "{:.2f}x"), _num(r["vs_bound"], "{:.0%}")]
+        rows.append("| " + " | ".join(cells) + " |")
+    return rows
+
+
+def _bounds_lines(results: dict) -> list[str]:
+    b = results.get("bounds") or {}
+    if not b.get("available"):
+        return [f"Bounds: not computed ({b.get('reason', 'no bounds in the results')})."]
+    e = b["exact"]
+    lines = [(f"Exact-mode decode bound: **{e['tok_s']:.1f} tok/s** = 1 / ({b['t_allvram_ms']:.2f} ms all-VRAM step + "
+              f"{e['miss_bytes_per_token'] / 1e6:.0f} MB of misses per token at a {b['hit_rate']:.1%} hit rate "
+              f"({b['hit_rate_source']}) over {b['link_gbs']:.1f} GB/s ({b['link']})).")]
+    if "exact_oracle" in b:
+        lines.append(f"At the oracle hit rate ({b['exact_oracle']['hit_rate']:.1%}): {b['exact_oracle']['tok_s']:.1f} tok/s.")
+    if "fast" in b:
+        lines.append(f"Fast-mode upper bound ({b['fast']['note']}): {b['fast']['tok_s']:.1f} tok/s.")
+    return lines
+
+
+def _machine_line(results: dict, json_name: str) -> str:
+    m, v = results.get("machine") or {}, results.get("versions") or {}
+    return (f"Run of {results.get('date', '?')[:10]} (`bench/results/{json_name}`): {m.get('gpu')} (driver {m.get('driver')}), "
+            f"{m.get('cpu')} ({m.get('cores_physical')} cores, {m.get('cores_logical')} CPUs), {_num(m.get('ram_gb'), '{:.0f}')} GB RAM; "
+            f"exllamav3 {v.get('exllamav3')}, torch {v.get('torch')}, glm53 {v.get('git') or v.get('glm53')}.")
+
+
+def _checkpoint_line(results: dict) -> str:
+    c, settings = results.get("checkpoint") or {}, results.get("settings") or {}
+    placement = "hot-first from the routing profile" if c.get("stats_file") else "exllamav3's default placement"
+    return (f"Checkpoint: synthetic `{c.get('preset')}` (seed {c.get('seed')}{', router calibrated' if c.get('calibrated') else ''}): "
+            f"{c.get('moe_layers')} MoE layers x {c.get('experts')} experts, top-{c.get('top_k')}, {_num((c.get('bytes') or 0) / 1e9)} GB "
+            f"({_num((c.get('routed_expert_bytes') or 0) / 1e9)} GB of routed experts, "
+            f"{_num((c.get('expert_bytes') or 0) / 1e6, '{:.2f}')} MB each). The offload arms keep {c.get('gpu_experts')} of "
+            f"{c.get('experts')} experts per layer in VRAM (stock: `-mcs {settings.get('mcs')}`, {placement}; project: "
+            f"`--ec-cache-experts` set to the same share, placed by the routing profile, under a VRAM limit with room for "
+            f"the two prefill staging buffers). Decode: {settings.get('decode_tokens')} tokens after a "
+            f"{settings.get('decode_context')}-token prompt, greedy, one stream; prefill: time to the first token of fresh random prompts.")
+
+
+def _bandwidth_line(results: dict) -> str:
+    bw = results.get("bandwidth") or {}
+    return (f"Bandwidths: PCIe {_num(bw.get('pcie_h2d_gbs'))} GB/s pinned copy, {_num(bw.get('pcie_zero_copy_read_gbs'))} GB/s "
+            f"zero-copy read; DRAM {_num(bw.get('dram_read_gbs'))} GB/s read ({bw.get('dram_threads')} threads); "
+            f"HBM {_num(bw.get('hbm_copy_gbs'))} GB/s copy.")
+
+
+def measured_block(results: dict, json_name: str) -> str:
+    """The Markdown between the markers (without them)."""
+    out = [_machine_line(results, json_name), "", _checkpoint_line(results), "", _bandwidth_line(results), "",
+           *_arm_rows(results), "", *_bounds_lines(results)]
+    for name, s in (results.get("spread") or {}).items():
+        parts = [f"{k.replace('_tok_s', '').replace('_', ' ')} {x['relative']:.1%}" for k, x in s.items() if isinstance(x, dict)]
+        out.append(f"Spread of {name} over {s['runs']} runs ((max - min) / mean): {', '.join(parts)}.")
+    goals = [g for g in results.get("goals") or [] if g["ratio"] is not None]
+    if goals:
+        out += ["", "Goals: " + "; ".join(f"{g['goal']} = {g['ratio']:.2f} (target {g['target']}, {'met' if g['met'] else 'not met'})" for g in goals) + "."]
+    if results.get("chart"):
+        out += ["", f"![decode and prefill tok/s per arm](bench/results/{results['chart']})"]
+    out += ["", "Reproduce (on the GPU machine, the device kit in `.gpu/`):", "", "```sh", results.get("command", ""), "```"]
+    return "\n".join(out)
+
+
+def rewrite(readme: str, block: str) -> str:
+    """``readme`` with ``block`` between the markers (a "Measured" section is added where there are none)."""
+    if BEGIN in readme and END in readme:
+        head, _, rest = readme.partition(BEGIN)
+        _, _, tail = rest.partition(END)
+        return f"{head}{BEGIN}\n{block}\n{END}{tail}"
+    section = f"{SECTION}\n\n{BEGIN}\n{block}\n{END}\n"
+    anchor = "\n## Development"
+    if anchor in readme:
+        head, _, tail = readme.partition(anchor)
+        return f"{head.rstrip()}\n\n{section}{anchor}{tail}"
+    return f"{readme.rstrip()}\n\n{section}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python3 -m bench.readme_measured", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--results", type=Path, help="a results JSON (default: the latest in bench/results/)")
+    ap.add_argument("--readme", type=Path, default=REPO / "README.md")
+    ap.add_argument("--check", action="store_true", help="only report whether the README is up to date (exit 1 if not)")
+    args = ap.parse_args(argv)
+    path = args.results or latest_results()
+    results = json.loads(path.read_text())
+    new = rewrite(args.readme.read_text(), measured_block(results, path.name))
+    if args.check:
+        stale = new != args.readme.read_text()
+        print(f"{args.readme}: {'stale' if stale else 'up to date'} against {path.name}")
+        return 1 if stale else 0
+    args.readme.write_text(new)
+    print(f"{args.readme}: Measured block from {path.name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""The results of ``bench/compare.py``: their schema, the physical bounds, and the figures derived from them.
+
+Pure arithmetic on the results JSON (no GPU, no exllamav3): ``compare.py`` calls it to finish a run, and
+``chart.py`` and ``readme_measured.py`` read through it.
+
+Results (``schema: glm53-compare/1``), top level: ``date`` (UTC ISO), ``command`` (to reproduce), ``argv``,
+``machine{gpu, gpu_memory_gb, driver, cpu, cores_logical, cores_physical, ram_gb}``, ``versions{python, torch,
+cuda, exllamav3, glm53, git}``, ``checkpoint{preset, seed, moe_layers, experts, top_k, dir, bytes,
+routed_expert_bytes, expert_bytes, profile_hit_rate, reused, calibrated}``, ``settings{...}`` (what every arm
+ran with), ``shm{...}``, ``bandwidth{pcie_h2d_gbs, pcie_zero_copy_read_gbs, dram_read_gbs, dram_threads,
+hbm_copy_gbs}``, ``arms[]``, ``spread{}``, ``bounds{}``, ``goals[]``, ``chart``.
+
+An arm: ``name``, ``run`` (1, 2, ... for a repeated arm), ``status`` (``ok``, ``error``, ``timeout``,
+``not available``), ``reason``/``error_tail`` when not ok, ``seconds``; when ok ``load_seconds``,
+``decode_tok_s`` (median of ``decode_runs``), ``prefill_tok_s{"512": tok/s, ...}`` (median of
+``prefill_runs``), ``hit_rate``, ``oracle_hit_rate`` (null where the arm has no expert cache),
+``host_rss_peak_gb``, ``host_rss_steady_gb``, ``host_pss_steady_gb``, ``mem_available_drop_gb``,
+``pinned_bytes``, ``vram_max_allocated_gb``, ``vram_device_used_gb``, ``engine_stats``.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping
+
+SCHEMA = "glm53-compare/1"
+ARMS = ("stock-vram", "stock-mcs", "stock-mcs-pa", "exact", "fast")
+STOCK_OFFLOAD = ("stock-mcs", "stock-mcs-pa")
+PROJECT_ARMS = ("exact", "fast")
+STATUSES = ("ok", "error", "timeout", "not available")
+PREFILL_LENGTHS = (512, 4096)
+
+_REQUIRED = {
+    "": ("schema", "date", "command", "machine", "versions", "checkpoint", "settings", "bandwidth", "arms", "bounds"),
+    "machine": ("gpu", "driver", "cpu", "cores_logical", "cores_physical", "ram_gb"),
+    "checkpoint": ("preset", "seed", "moe_layers", "experts", "top_k", "bytes", "routed_expert_bytes", "expert_bytes"),
+    "bandwidth": ("pcie_h2d_gbs", "pcie_zero_copy_read_gbs", "dram_read_gbs", "hbm_copy_gbs"),
+}
+_ARM_OK = ("load_seconds", "decode_tok_s", "decode_runs", "prefill_tok_s", "hit_rate", "oracle_hit_rate",
+           "host_rss_peak_gb", "host_rss_steady_gb", "vram_max_allocated_gb", "vram_device_used_gb")
+
+
+def validate(results: Mapping) -> list[str]:
+    """What is wrong with a results document (an empty list when nothing is)."""
+    problems = []
+    for section, keys in _REQUIRED.items():
+        where = results if not section else results.get(section)
+        if not isinstance(where, Mapping):
+            problems.append(f"{section} is missing or not an object")
+            continue
+        problems += [f"{section + '.' if section else ''}{k} is missing" for k in keys if k not in where]
+    if results.get("schema") not in (None, SCHEMA):
+        problems.append(f"schema is {results.get('schema')!r}, expected {SCHEMA!r}")
+    for i, arm in enumerate(results.get("arms") or []):
+        label = f"arms[{i}] ({arm.get('name')})"
+        if arm.get("name") not in ARMS:
+            problems.append(f"{label}: unknown arm name")
+        if arm.get("status") not in STATUSES:
+            problems.append(f"{label}: status {arm.get('status')!r} is not one of {', '.join(STATUSES)}")
+        elif arm["status"] == "ok":
+            problems += [f"{label}: {k} is missing" for k in _ARM_OK if k not in arm]
+            rate = arm.get("decode_tok_s")
+            if not isinstance(rate, (int, float)) or rate <= 0:
+                problems.append(f"{label}: decode_tok_s must be a positive number")
+        elif not (arm.get("reason") or arm.get("error_tail")):
+            problems.append(f"{label}: status {arm['status']} without a reason or error_tail")
+    return problems
+
+
+def ok_runs(results: Mapping, name: str) -> list[Mapping]:
+    return [a for a in results.get("arms", []) if a.get("name") == name and a.get("status") == "ok"]
+
+
+def arm_value(results: Mapping, name: str, key: str, length: int | None = None) -> float | None:
+    """The median over an arm's successful runs of ``decode_tok_s`` (or ``prefill_tok_s[length]``, or any
+    numeric field); None when no run has it."""
+    values = []
+    for run in ok_runs(results, name):
+        value = run.get(key)
+        if length is not None:
+            value = (value or {}).get(str(length))
+        if isinstance(value, (int, float)):
+            values.append(float(value))
+    return statistics.median(values) if values else None
+
+
+def best_stock_offload(results: Mapping, key: str = "decode_tok_s", length: int | None = None) -> tuple[str, float] | None:
+    """(arm, value) of the better of stock exllamav3's CPU-offload arms."""
+    found = [(name, arm_value(results, name, key, length)) for name in STOCK_OFFLOAD]
+    found = [(n, v) for n, v in found if v is not None]
+    return max(found, key=lambda x: x[1]) if found else None
+
+
+def profile_hit_rate(stats: Mapping[str, Iterable[float]], gpu_experts: int) -> float:
+    """Share of picks a static hot-first placement of ``gpu_experts`` experts per layer serves from VRAM, under
+    an ``EXL3_MOE_CPU_SPLIT_STATS`` routing profile (per-layer pick counts), averaged over layers (each layer
+    routes the same number of picks per token)."""
+    shares = []
+    for counts in stats.values():
+        ordered = sorted((float(c) for c in counts), reverse=True)
+        total = sum(ordered)
+        if total > 0:
+            shares.append(sum(ordered[:gpu_experts]) / total)
+    if not shares:
+        raise ValueError("the routing profile has no picks")
+    return sum(shares) / len(shares)
+
+
+def decode_bound(t_allvram_s: float, hit_rate: float, top_k: int, moe_layers: int, expert_bytes: float,
+                 link_gbs: float) -> dict:
+    """Decode rate when every miss is read once over a link of ``link_gbs`` GB/s on top of the all-VRAM step:
+    ``1 / (t_allvram + (1 - hit_rate) * top_k * moe_layers * expert_bytes / link)``."""
+    miss_bytes = (1.0 - hit_rate) * top_k * moe_layers * expert_bytes
+    seconds = t_allvram_s + miss_bytes / (link_gbs * 1e9)
+    return {"miss_bytes_per_token": miss_bytes, "seconds_per_token": seconds, "tok_s": 1.0 / seconds}
+
+
+def _decode_hit_rate(results: Mapping, name: str, key: str) -> float | None:
+    values = [r[key] for r in ok_runs(results, name) if isinstance(r.get(key), (int, float))]
+    return statistics.median(values) if values else None
+
+
+def bounds(results: Mapping) -> dict:
+    """The physical bounds the results imply (``{"available": false, "reason": ...}`` where an input is missing).
+
+    - exact: misses read over PCIe (the zero-copy read rate, else the pinned copy rate) at the measured exact-mode
+      hit rate, else at the routing profile's static hot-first hit rate;
+    - exact_oracle: the same at the exact arm's oracle hit rate (an ideal cache of the same size);
+    - fast: an upper bound where the CPU tier takes part of the misses at the host's DRAM read rate, in parallel
+      with the PCIe reads.
+    """
+    allvram = arm_value(results, "stock-vram", "decode_tok_s")
+    ckpt, bw = results.get("checkpoint", {}), results.get("bandwidth", {})
+    link = bw.get("pcie_zero_copy_read_gbs") or bw.get("pcie_h2d_gbs")
+    link_name = "pcie_zero_copy_read_gbs" if bw.get("pcie_zero_copy_read_gbs") else "pcie_h2d_gbs"
+    if allvram is None:
+        return {"available": False, "reason": "no successful stock-vram run (the all-VRAM step time)"}
+    if not link:
+        return {"available": False, "reason": "no PCIe bandwidth measurement"}
+    hit, source = _decode_hit_rate(results, "exact", "hit_rate"), "exact arm, decode phase"
+    if hit is None:
+        hit, source = ckpt.get("profile_hit_rate"), "routing profile, static hot-first placement"
+    if hit is None:
+        return {"available": False, "reason": "no hit rate (no exact arm and no routing profile)"}
+    shape = (ckpt["top_k"], ckpt["moe_layers"], ckpt["expert_bytes"])
+    out = {
+        "available": True,
+        "t_allvram_ms": 1000.0 / allvram,
+        "hit_rate": hit,
+        "hit_rate_source": source,
+        "link": link_name,
+        "link_gbs": link,
+        "exact": decode_bound(1.0 / allvram, hit, *shape, link),
+    }
+    oracle = _decode_hit_rate(results, "exact", "oracle_hit_rate")
+    if oracle is not None:
+        out["exact_oracle"] = {**decode_bound(1.0 / allvram, oracle, *shape, link), "hit_rate": oracle}
+    if bw.get("dram_read_gbs"):
+        out["fast"] = {**decode_bound(1.0 / allvram, hit, *shape, link + bw["dram_read_gbs"]),
+                       "note": "upper bound: misses split between PCIe reads and the CPU tier at DRAM read speed"}
+    return out
+
+
+def spread(results: Mapping) -> dict:
+    """For every arm run more than once: (max - min) / mean of decode and each prefill length."""
+    out = {}
+    for name in ARMS:
+        runs = ok_runs(results, name)
+        if len(runs) < 2:
+            continue
+        entry = {"runs": len(runs)}
+        series = {"decode_tok_s": [r["decode_tok_s"] for r in runs]}
+        for n in PREFILL_LENGTHS:
+            values = [(r.get("prefill_tok_s") or {}).get(str(n)) for r in runs]
+            if all(isinstance(v, (int, float)) for v in values):
+                series[f"prefill_{n}_tok_s"] = values
+        for key, values in series.items():
+            entry[key] = {"values": values, "relative": (max(values) - min(values)) / statistics.mean(values)}
+        out[name] = entry
+    return out
+
+
+def ratios(results: Mapping, arm: Mapping) -> dict:
+    """One arm run's decode rate against the best stock offload (the median of its runs) and against the
+    exact-mode bound."""
+    decode = arm.get("decode_tok_s") if arm.get("status") == "ok" else None
+    best = best_stock_offload(results)
+    b = results.get("bounds") or {}
+    return {
+        "vs_stock_offload": decode / best[1] if decode is not None and best else None,
+        "vs_bound": decode / b["exact"]["tok_s"] if decode is not None and b.get("available") else None,
+    }
+
+
+def goals(results: Mapping) -> list[dict]:
+    """The exact-mode goals of issue 5, each with its value, its target and whether it is met (None: not
+    measurable in this run)."""
+    decode = arm_value(results, "exact", "decode_tok_s")
+    best = best_stock_offload(results)
+    best_512 = best_stock_offload(results, "prefill_tok_s", 512)
+    b = results.get("bounds") or {}
+    rows = [
+        ("exact decode / best stock offload decode", decode, best[1] if best else None, 1.2),
+        ("exact decode / exact bound", decode, b["exact"]["tok_s"] if b.get("available") else None, 0.85),
+        ("exact prefill 4096 / stock all-VRAM prefill 4096", arm_value(results, "exact", "prefill_tok_s", 4096),
+         arm_value(results, "stock-vram", "prefill_tok_s", 4096), 0.7),
+        ("exact prefill 512 / best stock offload prefill 512", arm_value(results, "exact", "prefill_tok_s", 512),
+         best_512[1] if best_512 else None, 5.0),
+    ]
+    out = []
+    for label, value, reference, target in rows:
+        ratio = value / reference if value is not None and reference else None
+        out.append({"goal": label, "ratio": ratio, "target": target, "met": None if ratio is None else ratio >= target})
+    return out
+
+
+def finish(results: dict) -> dict:
+    """Fill in the derived sections (``bounds``, ``spread``, ``goals``) of a results document in place."""
+    results["bounds"] = bounds(results)
+    results["spread"] = spread(results)
+    results["goals"] = goals(results)
+    return results

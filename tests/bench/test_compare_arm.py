@@ -1,0 +1,89 @@
+"""bench/compare_arm.py's measurement against a stand-in generator and engine statistics (exllamav3's Job and
+sampler replaced by stand-ins): job timing, the decode-phase hit rate from counter deltas, pinned bytes, and the
+prompts every arm gets."""
+
+from __future__ import annotations
+
+import copy
+import sys
+import types
+
+import pytest
+import torch
+
+from bench import compare_arm
+
+
+class FakeJob:
+    def __init__(self, input_ids, max_new_tokens, sampler, decode_special_tokens):
+        self.ids, self.left = input_ids, max_new_tokens
+
+
+class FakeGenerator:
+    """Emits one token per iterate(); counts decode picks into engine statistics like glm53's cache."""
+
+    def __init__(self):
+        self.jobs, self.prompts = [], []
+        self.stats = {"steps": 0, "offload": {"host_store": {"arena_bytes": 1234, "pinned": True},
+                                              "cache": {"picks": 0, "hits": 0, "hit_rate": None, "oracle_hit_rate": 0.75,
+                                                        "per_layer": [{"hits": 99, "picks": 99}]}}}
+
+    def enqueue(self, job):
+        self.jobs.append(job)
+        self.prompts.append(job.ids[0].tolist())
+
+    def num_remaining_jobs(self):
+        return len(self.jobs)
+
+    def iterate(self):
+        job = self.jobs[0]
+        job.left -= 1
+        if job.left == 0:
+            self.jobs.pop(0)
+        cache = self.stats["offload"]["cache"]
+        cache["picks"] += 8
+        cache["hits"] += 6
+        return [{"stage": "streaming", "token_ids": torch.tensor([[7]])}]
+
+
+@pytest.fixture
+def fake_exllamav3(monkeypatch):
+    monkeypatch.setitem(sys.modules, "exllamav3", types.SimpleNamespace(Job=FakeJob, ArgmaxSampler=lambda: None))
+
+
+SPEC = {"seed": 1, "warmup_tokens": 4, "decode_reps": 2, "decode_context": 16, "decode_tokens": 10,
+        "prefill_lengths": [32, 64], "prefill_reps": 2}
+
+
+def test_measure(fake_exllamav3):
+    gen = FakeGenerator()
+    loaded = compare_arm.Loaded(gen, vocab=154880, stats=lambda: copy.deepcopy(gen.stats))
+    result = compare_arm.measure(loaded, SPEC)
+    assert len(result["decode_runs"]) == 2 and result["decode_tok_s"] > 0
+    assert set(result["prefill_runs"]) == {"32", "64"} and all(len(v) == 2 for v in result["prefill_runs"].values())
+    assert result["hit_rate"] == pytest.approx(0.75)  # 6 of 8 picks per step during the decode jobs
+    assert result["oracle_hit_rate"] == 0.75 and result["pinned_bytes"] == 1234
+    lengths = [len(p) for p in gen.prompts]
+    assert lengths == [64, 16, 16, 32, 32, 64, 64]  # warm-up, decode jobs, prefill jobs
+    assert len({tuple(p) for p in gen.prompts}) == len(gen.prompts)  # fresh prompts: no prefix-cache hits
+    assert all(1000 <= t < 150000 for p in gen.prompts for t in p)
+
+
+def test_the_same_prompts_for_every_arm():
+    assert compare_arm.random_prompt(1, 2, 0, 512, 154880) == compare_arm.random_prompt(1, 2, 0, 512, 154880)
+    assert compare_arm.random_prompt(1, 2, 0, 512, 154880) != compare_arm.random_prompt(1, 2, 1, 512, 154880)
+    assert max(compare_arm.random_prompt(1, 2, 0, 4096, 2000)) < 2000
+
+
+def test_stock_arms_have_no_cache_statistics(fake_exllamav3):
+    result = compare_arm.measure(compare_arm.Loaded(FakeGenerator(), vocab=154880), SPEC)
+    assert (result["hit_rate"], result["oracle_hit_rate"], result["pinned_bytes"], result["engine_stats"]) == (None, None, None, None)
+
+
+def test_hit_rate_from_counter_deltas():
+    before = {"offload": {"cache": {"hits": 10, "picks": 20}}}
+    after = {"offload": {"cache": {"hits": 40, "picks": 60}}}
+    assert compare_arm.phase_hit_rate(before, after) == 0.75
+    assert compare_arm.phase_hit_rate(before, before) is None
+    assert compare_arm.phase_hit_rate(None, after) is None
+    assert compare_arm.decode_rate([0.0, 0.5, 1.0]) == 2.0

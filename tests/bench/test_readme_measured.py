@@ -1,0 +1,78 @@
+"""bench/readme_measured.py: the README's Measured block from a fixture run, and its rewrite between markers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import readme_measured, scoreboard
+
+FIXTURE = Path(__file__).parent / "fixtures" / "compare-results.json"
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def results() -> dict:
+    return scoreboard.finish(json.loads(FIXTURE.read_text()))
+
+
+def test_block_content(results):
+    block = readme_measured.measured_block(results, "2026-11-30-h200.json")
+    assert "NVIDIA H200 (driver 580.159.04)" in block and "Intel(R) Xeon(R) Platinum 8480+ (16 cores, 16 CPUs), 134 GB RAM" in block
+    assert "`bench/results/2026-11-30-h200.json`" in block
+    assert "synthetic `scaled` (seed 1): 12 MoE layers x 288 experts, top-8, 36.1 GB" in block
+    assert "keep 32 of 288 experts per layer in VRAM (stock: `-mcs 256`" in block
+    assert "PCIe 55.0 GB/s pinned copy, 51.0 GB/s zero-copy read; DRAM 93.0 GB/s read (16 threads)" in block
+    lines = block.splitlines()
+    header = next(line for line in lines if line.startswith("| arm |"))
+    assert header.split(" | ")[1:4] == ["decode tok/s", "prefill 512 tok/s", "prefill 4096 tok/s"]
+    assert "| stock-mcs | 45.7 | 162 | 1143 | — | — | 31.0 | 7.6 | 1.00x | 69% |" in lines
+    exact = next(line for line in lines if line.startswith("| exact |"))
+    assert exact.split(" | ")[1:7] == ["55.0", "900", "4700", "42.0%", "47.0%", "33.0"]
+    assert exact.endswith("| 1.20x | 83% |")
+    assert any(line.startswith("| stock-vram (run 1) | 207.0 |") for line in lines)
+    assert any(line.startswith("| stock-vram (run 2) | 203.0 |") for line in lines)
+    assert any(line.startswith("| fast | not available: NotImplementedError: the CPU tier is not built yet |") for line in lines)
+    assert "Exact-mode decode bound: **65.9 tok/s**" in block and "42.0% hit rate (exact arm, decode phase)" in block
+    assert "Spread of stock-vram over 2 runs ((max - min) / mean): decode 2.0%" in block
+    assert "exact decode / exact bound = 0.83 (target 0.85, not met)" in block
+    assert "![decode and prefill tok/s per arm](bench/results/2026-11-30-h200.png)" in block
+    assert "source .gpu/prep.sh && python3 -m bench.compare --out-dir $OUT" in block
+
+
+def test_rewrite_between_markers_is_idempotent(results):
+    readme = f"# x\n\n## Measured\n\n{readme_measured.BEGIN}\nold\n{readme_measured.END}\n\n## Development\n\nmore\n"
+    block = readme_measured.measured_block(results, "r.json")
+    new = readme_measured.rewrite(readme, block)
+    assert "old" not in new and new.count(block) == 1 and new.endswith("## Development\n\nmore\n")
+    assert readme_measured.rewrite(new, block) == new
+
+
+def test_rewrite_adds_the_section_before_development():
+    new = readme_measured.rewrite("# x\n\ntext\n\n## Development\n\nmore\n", "BLOCK")
+    assert new == f"# x\n\ntext\n\n## Measured\n\n{readme_measured.BEGIN}\nBLOCK\n{readme_measured.END}\n\n## Development\n\nmore\n"
+    assert readme_measured.rewrite("# x\n", "B").endswith(f"## Measured\n\n{readme_measured.BEGIN}\nB\n{readme_measured.END}\n")
+
+
+def test_latest_results_and_the_command(results, tmp_path):
+    older = dict(results, date="2026-11-01T00:00:00+00:00")
+    (tmp_path / "a.json").write_text(json.dumps(results))
+    (tmp_path / "b.json").write_text(json.dumps(older))
+    (tmp_path / "c.json").write_text(json.dumps({"something": "else"}))
+    (tmp_path / "d.json").write_text("[1, 2]")
+    assert readme_measured.latest_results(tmp_path).name == "a.json"
+    readme = tmp_path / "README.md"
+    readme.write_text("# x\n\n## Development\n")
+    assert readme_measured.main(["--results", str(tmp_path / "a.json"), "--readme", str(readme), "--check"]) == 1
+    assert readme_measured.main(["--results", str(tmp_path / "a.json"), "--readme", str(readme)]) == 0
+    assert readme_measured.main(["--results", str(tmp_path / "a.json"), "--readme", str(readme), "--check"]) == 0
+    assert "| exact | 55.0 |" in readme.read_text()
+    with pytest.raises(FileNotFoundError):
+        readme_measured.latest_results(tmp_path / "nothing")
+
+
+def test_the_readme_has_the_markers():
+    text = (REPO / "README.md").read_text()
+    assert text.index(readme_measured.BEGIN) < text.index(readme_measured.END)

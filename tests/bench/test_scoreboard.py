@@ -1,0 +1,111 @@
+"""bench/scoreboard.py: the results schema, the bound arithmetic, spread, ratios and goals, on a fixture run."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import scoreboard
+
+FIXTURE = Path(__file__).parent / "fixtures" / "compare-results.json"
+EXPERT = 9_437_184
+
+
+@pytest.fixture
+def results() -> dict:
+    return scoreboard.finish(json.loads(FIXTURE.read_text()))
+
+
+def test_the_fixture_is_valid(results):
+    assert scoreboard.validate(results) == []
+
+
+@pytest.mark.parametrize("edit, problem", [
+    (lambda r: r.pop("machine"), "machine is missing or not an object"),
+    (lambda r: r["checkpoint"].pop("expert_bytes"), "checkpoint.expert_bytes is missing"),
+    (lambda r: r.update(schema="other/2"), "schema is 'other/2'"),
+    (lambda r: r["arms"][0].update(name="turbo"), "arms[0] (turbo): unknown arm name"),
+    (lambda r: r["arms"][0].update(status="fine"), "status 'fine' is not one of"),
+    (lambda r: r["arms"][1].pop("prefill_tok_s"), "arms[1] (stock-mcs): prefill_tok_s is missing"),
+    (lambda r: r["arms"][1].update(decode_tok_s=0), "decode_tok_s must be a positive number"),
+    (lambda r: r["arms"][4].pop("reason"), "arms[4] (fast): status not available without a reason"),
+])
+def test_validation_names_the_problem(results, edit, problem):
+    broken = copy.deepcopy(results)
+    edit(broken)
+    assert any(problem in p for p in scoreboard.validate(broken)), scoreboard.validate(broken)
+
+
+def test_decode_bound_by_hand():
+    b = scoreboard.decode_bound(1 / 200, 0.3, 8, 12, EXPERT, 50.0)
+    miss = 0.7 * 8 * 12 * EXPERT
+    assert b["miss_bytes_per_token"] == pytest.approx(miss)
+    assert b["seconds_per_token"] == pytest.approx(0.005 + miss / 50e9)
+    assert b["tok_s"] == pytest.approx(1 / (0.005 + miss / 50e9))
+    assert scoreboard.decode_bound(1 / 200, 1.0, 8, 12, EXPERT, 50.0)["tok_s"] == pytest.approx(200)
+
+
+def test_bounds_use_the_exact_arm_hit_rate_and_the_zero_copy_link(results):
+    b = results["bounds"]
+    allvram = (207.0 + 203.0) / 2
+    assert b["available"] and b["hit_rate"] == 0.42 and b["hit_rate_source"].startswith("exact arm")
+    assert b["link"] == "pcie_zero_copy_read_gbs" and b["link_gbs"] == 51.0
+    assert b["t_allvram_ms"] == pytest.approx(1000 / allvram)
+    assert b["exact"]["tok_s"] == pytest.approx(1 / (1 / allvram + 0.58 * 8 * 12 * EXPERT / 51e9))
+    assert b["exact_oracle"]["tok_s"] == pytest.approx(1 / (1 / allvram + 0.53 * 8 * 12 * EXPERT / 51e9))
+    assert b["fast"]["tok_s"] == pytest.approx(1 / (1 / allvram + 0.58 * 8 * 12 * EXPERT / (51e9 + 93e9)))
+    assert b["exact"]["tok_s"] < b["exact_oracle"]["tok_s"] < b["fast"]["tok_s"]
+
+
+def test_bounds_fall_back_to_the_profile_then_say_why_not(results):
+    r = copy.deepcopy(results)
+    r["arms"] = [a for a in r["arms"] if a["name"] != "exact"]
+    r["bandwidth"]["pcie_zero_copy_read_gbs"] = None
+    b = scoreboard.bounds(r)
+    assert b["hit_rate"] == 0.37 and b["hit_rate_source"].startswith("routing profile")
+    assert b["link"] == "pcie_h2d_gbs" and "exact_oracle" not in b
+    r["checkpoint"]["profile_hit_rate"] = None
+    assert scoreboard.bounds(r) == {"available": False, "reason": "no hit rate (no exact arm and no routing profile)"}
+    r["arms"] = [a for a in r["arms"] if a["name"] != "stock-vram"]
+    assert "stock-vram" in scoreboard.bounds(r)["reason"]
+
+
+def test_spread_of_the_repeated_arm(results):
+    s = results["spread"]
+    assert list(s) == ["stock-vram"]
+    assert s["stock-vram"]["runs"] == 2
+    assert s["stock-vram"]["decode_tok_s"]["relative"] == pytest.approx(4 / 205)
+    assert s["stock-vram"]["prefill_4096_tok_s"]["values"] == [6440.0, 6500.0]
+
+
+def test_ratios_and_best_stock_offload(results):
+    assert scoreboard.best_stock_offload(results) == ("stock-mcs", 45.7)
+    assert scoreboard.best_stock_offload(results, "prefill_tok_s", 4096) == ("stock-mcs-pa", 1502.0)
+    exact = next(a for a in results["arms"] if a["name"] == "exact")
+    r = scoreboard.ratios(results, exact)
+    assert r["vs_stock_offload"] == pytest.approx(55.0 / 45.7)
+    assert r["vs_bound"] == pytest.approx(55.0 / results["bounds"]["exact"]["tok_s"])
+    fast = next(a for a in results["arms"] if a["name"] == "fast")
+    assert scoreboard.ratios(results, fast) == {"vs_stock_offload": None, "vs_bound": None}
+
+
+def test_goals(results):
+    g = {x["goal"]: x for x in results["goals"]}
+    assert g["exact decode / best stock offload decode"]["ratio"] == pytest.approx(55.0 / 45.7)
+    assert g["exact decode / best stock offload decode"]["met"] is True
+    assert g["exact decode / exact bound"]["met"] is False
+    assert g["exact prefill 4096 / stock all-VRAM prefill 4096"]["ratio"] == pytest.approx(4700 / 6470)
+    assert g["exact prefill 512 / best stock offload prefill 512"]["ratio"] == pytest.approx(900 / 162)
+    r = copy.deepcopy(results)
+    r["arms"] = [a for a in r["arms"] if a["name"] != "exact"]
+    assert all(x["ratio"] is None and x["met"] is None for x in scoreboard.goals(r))
+
+
+def test_profile_hit_rate():
+    stats = {"a": [5, 3, 1, 1], "b": [0, 0, 0, 0], "c": [1, 1, 1, 1]}
+    assert scoreboard.profile_hit_rate(stats, 2) == pytest.approx((0.8 + 0.5) / 2)  # a layer without picks is left out
+    with pytest.raises(ValueError):
+        scoreboard.profile_hit_rate({"b": [0, 0]}, 1)
