@@ -11,6 +11,7 @@ from pathlib import Path
 
 from . import __version__, config, panel, preflight
 from .models.synth import presets
+from .offload import triton_pin_record
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -51,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
                     "completion position (one teacher-forced forward), by stock exllamav3 with no project "
                     "patches; format in reference/README.md. Needs CUDA and exllamav3.")
     panel.add_arguments(panel_cmd)
+    triton_pin_record.add_parser(sub)
     return ap
 
 
@@ -63,6 +65,8 @@ def _setting_argv(argv: list[str], ns: argparse.Namespace) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     ns = _parser().parse_args(argv)
+    if ns.command == "triton-pin":
+        return triton_pin_record.main(ns)
     if ns.command == "synth":
         return _synth(ns)
     if ns.command == "calibrate-router":
