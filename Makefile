@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed-serve-dev-hub
 
-.PHONY: demo test test-nix readme clean
+.PHONY: demo test test-nix native readme clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,8 +19,12 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/glm53 serve
 
-test: $(STAMP) test-nix
+test: $(STAMP) test-nix native
 	$(BIN)/python -m pytest -q -m 'not gpu'
+
+# The CPU tier's kernel library, native/build/libglm53_cpu_expert.so (g++; tests/native checks it).
+native:
+	$(MAKE) -C native
 
 # The offline Nix checks (flake.lock, golden tests of nix/lib, PyPI pins). They use a Nix >= 2.18 on PATH, else
 # (as root on Debian) a cached trixie chroot with Nix 2.26; elsewhere they say they did not run, and with CI=true
@@ -32,4 +36,4 @@ readme: $(STAMP)
 	$(BIN)/python -c "import pathlib, glm53.config as c; p = pathlib.Path('README.md'); p.write_text(c.readme_with_table(p.read_text()))"
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
+	rm -rf $(VENV) .pytest_cache .hypothesis build native/build *.egg-info

@@ -1,0 +1,427 @@
+// The C API: argument checks, ISA choice, and an expert call as five parallel phases over independent units:
+//
+//   rotate   (expert, gate|up)                       x rows * suh, Hadamard: the projections' rotated inputs
+//   bands    (expert, gate|up, 128-block of I)       the gate and up products with W_hat
+//   act      (expert, 128-block of I)                output rotations, clamped SwiGLU, down's input rotation
+//   down     (expert, 128-block of the hidden)       the down product and its output rotation
+//   sum      (128-block of the hidden)               out += w * y, experts in list order
+//
+// A unit's result depends on nothing but its inputs, and every output block belongs to one unit, so neither the
+// thread count nor the order in which threads take units changes a single bit. Units are small (one band of
+// 128 columns) so that a call with a single expert still spreads over a dozen or more threads.
+#include "cpu_expert.h"
+
+#include <cpuid.h>
+#include <math.h>
+#include <sched.h>
+#include <string.h>
+
+#include <string>
+#include <vector>
+
+#include "isa.h"
+#include "pool.h"
+
+struct glm53_ce_pool {
+    glm53ce::Pool* pool;
+};
+
+namespace glm53ce {
+namespace {
+
+thread_local std::string last_error;
+thread_local std::vector<float> local_scratch;
+
+int fail(int code, const std::string& message)
+{
+    last_error = message;
+    return code;
+}
+
+bool has_f16c()
+{
+    unsigned eax, ebx, ecx, edx;
+    return __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C);
+}
+
+bool detect(int isa)
+{
+    __builtin_cpu_init();
+    const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
+    const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                        __builtin_cpu_supports("avx512vl");
+    switch (isa) {
+    case GLM53_CE_ISA_SCALAR:
+        return true;
+    case GLM53_CE_ISA_AVX2:
+        return avx2;
+    case GLM53_CE_ISA_AVX512:
+        return avx512;
+    case GLM53_CE_ISA_AVX512VBMI:
+        return avx512 && __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi") &&
+               __builtin_cpu_supports("avx512vbmi2");
+    default:
+        return false;
+    }
+}
+
+// Detected once: cpuid traps to the hypervisor in a virtual machine, microseconds per call.
+bool isa_supported(int isa)
+{
+    static const unsigned supported = [] {
+        unsigned mask = 0;
+        for (int i = 0; i < GLM53_CE_ISA_COUNT; ++i)
+            mask |= detect(i) ? 1u << i : 0u;
+        return mask;
+    }();
+    return isa >= 0 && isa < GLM53_CE_ISA_COUNT && ((supported >> isa) & 1);
+}
+
+const char* const ISA_NAMES[GLM53_CE_ISA_COUNT] = {"scalar", "avx2", "avx512", "avx512vbmi"};
+const IsaOps* const ISA_OPS[GLM53_CE_ISA_COUNT] = {&OPS_SCALAR, &OPS_AVX2, &OPS_AVX512, &OPS_AVX512VBMI};
+
+int best_isa()
+{
+    for (int isa = GLM53_CE_ISA_COUNT - 1; isa > 0; --isa)
+        if (isa_supported(isa))
+            return isa;
+    return GLM53_CE_ISA_SCALAR;
+}
+
+int resolve_isa(int isa, const IsaOps** ops)
+{
+    if (isa == GLM53_CE_ISA_BEST)
+        isa = best_isa();
+    if (isa < 0 || isa >= GLM53_CE_ISA_COUNT)
+        return fail(GLM53_CE_EISA, "unknown ISA id " + std::to_string(isa));
+    if (!isa_supported(isa))
+        return fail(GLM53_CE_EISA, std::string("this CPU lacks the instructions of ISA ") + ISA_NAMES[isa]);
+    *ops = ISA_OPS[isa];
+    return GLM53_CE_OK;
+}
+
+std::string check_linear(const glm53_ce_linear& l, const std::string& name)
+{
+    if (!l.trellis || !l.suh || !l.svh)
+        return name + ": null trellis, suh or svh";
+    if (l.bits < 1 || l.bits > 8)
+        return name + ": bits must be 1..8, got " + std::to_string(l.bits);
+    if (l.in_features <= 0 || l.in_features % 128 || l.out_features <= 0 || l.out_features % 128)
+        return name + ": in and out features must be positive multiples of 128, got " +
+               std::to_string(l.in_features) + " x " + std::to_string(l.out_features);
+    return "";
+}
+
+// The band of output columns 128 * band .. of l, written to acc (rows of acc_stride) at those columns.
+BandArgs band_args(const glm53_ce_linear& l, int band, const float* x, int rows, float* acc, int acc_stride)
+{
+    return BandArgs{reinterpret_cast<const uint8_t*>(l.trellis), l.bits, l.in_features / 16, l.out_features / 16,
+                    band, x, l.in_features, rows, acc + band * 128, acc_stride};
+}
+
+// One expert's share of a call: the tokens routed to it and its scratch rows.
+struct Slot {
+    const glm53_ce_expert* expert;
+    int rows;
+    int token[GLM53_CE_MAX_ROWS];
+    float weight[GLM53_CE_MAX_ROWS];
+    float* rotated[2];  // gate and up inputs [rows][hidden]
+    float* gate_up[2];  // gate and up band sums [rows][intermediate]
+    float* act;         // down input [rows][intermediate]
+    float* y;           // down output [rows][hidden]
+};
+
+constexpr int SCRATCH_ROWS_HIDDEN = 3;  // rotated[2], y
+constexpr int SCRATCH_ROWS_INTER = 3;   // gate_up[2], act
+
+struct Call {
+    const IsaOps* ops;
+    std::vector<Slot> slots;
+    const uint8_t* x;
+    int x_fp16;
+    size_t x_row_bytes;
+    int hidden;
+    int inter;
+    float limit;
+    float* out;
+};
+
+void rotate_unit(void* ctx, int unit)
+{
+    const Call& call = *static_cast<const Call*>(ctx);
+    const Slot& s = call.slots[unit / 2];
+    const glm53_ce_linear& lin = unit % 2 ? s.expert->up : s.expert->gate;
+    for (int i = 0; i < s.rows; ++i)
+        call.ops->rotate(call.x + s.token[i] * call.x_row_bytes, call.x_fp16, call.hidden, lin.suh,
+                         s.rotated[unit % 2] + static_cast<size_t>(i) * call.hidden);
+}
+
+void band_unit(void* ctx, int unit)
+{
+    const Call& call = *static_cast<const Call*>(ctx);
+    const int blocks = call.inter / 128;
+    const Slot& s = call.slots[unit / (2 * blocks)];
+    const int p = unit / blocks % 2;
+    const glm53_ce_linear& lin = p ? s.expert->up : s.expert->gate;
+    call.ops->band(band_args(lin, unit % blocks, s.rotated[p], s.rows, s.gate_up[p], call.inter));
+}
+
+void act_unit(void* ctx, int unit)
+{
+    const Call& call = *static_cast<const Call*>(ctx);
+    const int blocks = call.inter / 128;
+    const Slot& s = call.slots[unit / blocks];
+    const glm53_ce_expert& e = *s.expert;
+    const int col = unit % blocks * 128;
+    for (int i = 0; i < s.rows; ++i) {
+        const size_t row = static_cast<size_t>(i) * call.inter + col;
+        call.ops->gate_up_block(s.gate_up[0] + row, s.gate_up[1] + row, e.gate.svh + col, e.up.svh + col,
+                                e.down.suh + col, call.limit, s.act + row);
+    }
+}
+
+void down_unit(void* ctx, int unit)
+{
+    const Call& call = *static_cast<const Call*>(ctx);
+    const int blocks = call.hidden / 128;
+    const Slot& s = call.slots[unit / blocks];
+    const int block = unit % blocks;
+    call.ops->band(band_args(s.expert->down, block, s.act, s.rows, s.y, call.hidden));
+    for (int i = 0; i < s.rows; ++i)
+        call.ops->out_block(s.y + static_cast<size_t>(i) * call.hidden + block * 128, s.expert->down.svh + block * 128);
+}
+
+void sum_unit(void* ctx, int block)
+{
+    const Call& call = *static_cast<const Call*>(ctx);
+    for (const Slot& s : call.slots)
+        for (int i = 0; i < s.rows; ++i) {
+            float* out = call.out + static_cast<size_t>(s.token[i]) * call.hidden + block * 128;
+            const float* y = s.y + static_cast<size_t>(i) * call.hidden + block * 128;
+            for (int c = 0; c < 128; ++c)
+                out[c] = out[c] + s.weight[i] * y[c];
+        }
+}
+
+void run_units(Pool* pool, int units, Pool::UnitFn fn, void* ctx)
+{
+    if (pool) {
+        pool->run(units, fn, ctx);
+        return;
+    }
+    for (int u = 0; u < units; ++u)
+        fn(ctx, u);
+}
+
+// Scratch of at least n floats; new memory is NaN so that a read before a write cannot pass unnoticed.
+float* scratch(std::vector<float>& v, size_t n)
+{
+    if (v.size() < n)
+        v.assign(n, NAN);
+    return v.data();
+}
+
+std::string check_experts(const glm53_ce_expert* experts, int n_experts)
+{
+    const int hidden = experts[0].gate.in_features, inter = experts[0].gate.out_features;
+    for (int i = 0; i < n_experts; ++i) {
+        const glm53_ce_expert& e = experts[i];
+        const std::string name = "expert " + std::to_string(i);
+        const glm53_ce_linear* parts[3] = {&e.gate, &e.up, &e.down};
+        const char* part_names[3] = {".gate", ".up", ".down"};
+        for (int p = 0; p < 3; ++p) {
+            const std::string problem = check_linear(*parts[p], name + part_names[p]);
+            if (!problem.empty())
+                return problem;
+        }
+        if (e.gate.in_features != hidden || e.up.in_features != hidden || e.down.out_features != hidden ||
+            e.gate.out_features != inter || e.up.out_features != inter || e.down.in_features != inter)
+            return name + ": gate and up must be " + std::to_string(hidden) + " -> " + std::to_string(inter) +
+                   " and down the reverse (as expert 0)";
+    }
+    return "";
+}
+
+struct ReadJob {
+    const uint8_t* buf;
+    uint64_t bytes;
+    int units;
+    std::vector<uint64_t> sums;
+};
+
+void read_unit(void* ctx, int unit)
+{
+    ReadJob& job = *static_cast<ReadJob*>(ctx);
+    const uint64_t words = job.bytes / 8;
+    const uint64_t begin = words * unit / job.units, end = words * (unit + 1) / job.units;
+    const uint64_t* p = reinterpret_cast<const uint64_t*>(job.buf);
+    uint64_t a = 0, b = 0, c = 0, d = 0;
+    uint64_t i = begin;
+    for (; i + 4 <= end; i += 4) {
+        a += p[i];
+        b += p[i + 1];
+        c += p[i + 2];
+        d += p[i + 3];
+    }
+    for (; i < end; ++i)
+        a += p[i];
+    job.sums[unit] = a + b + c + d;
+}
+
+}  // namespace
+}  // namespace glm53ce
+
+using namespace glm53ce;
+
+extern "C" {
+
+const char* glm53_ce_error(void) { return last_error.c_str(); }
+
+const char* glm53_ce_isa_name(int32_t isa)
+{
+    return isa >= 0 && isa < GLM53_CE_ISA_COUNT ? ISA_NAMES[isa] : "";
+}
+
+int32_t glm53_ce_isa_supported(int32_t isa) { return isa_supported(isa) ? 1 : 0; }
+
+int32_t glm53_ce_isa_best(void) { return best_isa(); }
+
+glm53_ce_pool* glm53_ce_pool_start(const int32_t* cpus, int32_t n_cpus, int32_t threads, int32_t spin_us)
+{
+    if (threads < 1 || n_cpus < 0 || (n_cpus > 0 && !cpus) || spin_us < 0) {
+        fail(GLM53_CE_EINVAL, "pool: threads must be >= 1, n_cpus and spin_us >= 0");
+        return nullptr;
+    }
+    std::vector<int> cpu_list(cpus, cpus + n_cpus);
+    for (int cpu : cpu_list)
+        if (cpu < 0 || cpu >= CPU_SETSIZE) {
+            fail(GLM53_CE_EINVAL, "pool: no CPU " + std::to_string(cpu));
+            return nullptr;
+        }
+    std::string error;
+    Pool* pool = Pool::start(cpu_list, threads, spin_us, error);
+    if (!pool) {
+        fail(GLM53_CE_ECPU, error);
+        return nullptr;
+    }
+    return new glm53_ce_pool{pool};
+}
+
+void glm53_ce_pool_stop(glm53_ce_pool* pool)
+{
+    if (!pool)
+        return;
+    delete pool->pool;
+    delete pool;
+}
+
+int32_t glm53_ce_pool_threads(const glm53_ce_pool* pool) { return pool ? pool->pool->threads() : 0; }
+
+int32_t glm53_ce_experts(glm53_ce_pool* pool, const glm53_ce_expert* experts, int32_t n_experts, const void* x,
+                         int32_t x_fp16, int32_t rows, const float* weights, float act_limit, float* out, int32_t isa)
+{
+    if (n_experts < 1 || !experts || !x || !weights || !out)
+        return fail(GLM53_CE_EINVAL, "experts: need at least one expert and non-null x, weights and out");
+    if (rows < 1 || rows > GLM53_CE_MAX_ROWS)
+        return fail(GLM53_CE_EINVAL, "experts: rows must be 1.." + std::to_string(GLM53_CE_MAX_ROWS) + ", got " +
+                                         std::to_string(rows));
+    if (!(act_limit >= 0.0f))
+        return fail(GLM53_CE_EINVAL, "experts: act_limit must be >= 0 (0: no clamp)");
+    const std::string problem = check_experts(experts, n_experts);
+    if (!problem.empty())
+        return fail(GLM53_CE_EINVAL, problem);
+    Call call;
+    const int rc = resolve_isa(isa, &call.ops);
+    if (rc != GLM53_CE_OK)
+        return rc;
+    call.hidden = experts[0].gate.in_features;
+    call.inter = experts[0].gate.out_features;
+    call.x = static_cast<const uint8_t*>(x);
+    call.x_fp16 = x_fp16 ? 1 : 0;
+    call.x_row_bytes = static_cast<size_t>(call.hidden) * (x_fp16 ? 2 : 4);
+    call.limit = act_limit > 0.0f ? act_limit : INFINITY;
+    call.out = out;
+
+    size_t floats = 0;
+    for (int i = 0; i < n_experts; ++i) {
+        Slot s{};
+        s.expert = &experts[i];
+        for (int t = 0; t < rows; ++t)
+            if (weights[i * rows + t] != 0.0f) {
+                s.token[s.rows] = t;
+                s.weight[s.rows++] = weights[i * rows + t];
+            }
+        if (s.rows) {
+            call.slots.push_back(s);
+            floats += static_cast<size_t>(s.rows) * (SCRATCH_ROWS_HIDDEN * call.hidden + SCRATCH_ROWS_INTER * call.inter);
+        }
+    }
+    if (call.slots.empty())
+        return GLM53_CE_OK;
+
+    Pool* workers = pool ? pool->pool : nullptr;
+    std::unique_lock<std::mutex> lock;
+    if (workers)
+        lock = std::unique_lock<std::mutex>(workers->call_mutex());
+    float* next = scratch(workers ? workers->scratch() : local_scratch, floats);
+    for (Slot& s : call.slots) {
+        const size_t hidden_rows = static_cast<size_t>(s.rows) * call.hidden;
+        const size_t inter_rows = static_cast<size_t>(s.rows) * call.inter;
+        s.rotated[0] = next, s.rotated[1] = next + hidden_rows, s.y = next + 2 * hidden_rows;
+        next += SCRATCH_ROWS_HIDDEN * hidden_rows;
+        s.gate_up[0] = next, s.gate_up[1] = next + inter_rows, s.act = next + 2 * inter_rows;
+        next += SCRATCH_ROWS_INTER * inter_rows;
+    }
+    const int n = static_cast<int>(call.slots.size());
+    const int inter_blocks = call.inter / 128, hidden_blocks = call.hidden / 128;
+    run_units(workers, 2 * n, rotate_unit, &call);
+    run_units(workers, 2 * n * inter_blocks, band_unit, &call);
+    run_units(workers, n * inter_blocks, act_unit, &call);
+    run_units(workers, n * hidden_blocks, down_unit, &call);
+    run_units(workers, hidden_blocks, sum_unit, &call);
+    return GLM53_CE_OK;
+}
+
+int32_t glm53_ce_linear_forward(const glm53_ce_linear* linear, const float* x, int32_t rows, float* y, int32_t isa)
+{
+    if (!linear || !x || !y || rows < 1)
+        return fail(GLM53_CE_EINVAL, "linear: need non-null linear, x and y and rows >= 1");
+    const std::string problem = check_linear(*linear, "linear");
+    if (!problem.empty())
+        return fail(GLM53_CE_EINVAL, problem);
+    const IsaOps* ops = nullptr;
+    const int rc = resolve_isa(isa, &ops);
+    if (rc != GLM53_CE_OK)
+        return rc;
+    const int n_in = linear->in_features, n_out = linear->out_features;
+    float* rotated = scratch(local_scratch, static_cast<size_t>(GLM53_CE_MAX_ROWS) * n_in);
+    for (int r0 = 0; r0 < rows; r0 += GLM53_CE_MAX_ROWS) {
+        const int n = rows - r0 < GLM53_CE_MAX_ROWS ? rows - r0 : GLM53_CE_MAX_ROWS;
+        float* yr = y + static_cast<size_t>(r0) * n_out;
+        for (int i = 0; i < n; ++i)
+            ops->rotate(x + static_cast<size_t>(r0 + i) * n_in, 0, n_in, linear->suh, rotated + static_cast<size_t>(i) * n_in);
+        for (int block = 0; block < n_out / 128; ++block) {
+            ops->band(band_args(*linear, block, rotated, n, yr, n_out));
+            for (int i = 0; i < n; ++i)
+                ops->out_block(yr + static_cast<size_t>(i) * n_out + block * 128, linear->svh + block * 128);
+        }
+    }
+    return GLM53_CE_OK;
+}
+
+uint64_t glm53_ce_read_bytes(glm53_ce_pool* pool, const void* buf, uint64_t bytes)
+{
+    Pool* workers = pool ? pool->pool : nullptr;
+    ReadJob job{static_cast<const uint8_t*>(buf), bytes, workers ? 8 * workers->threads() : 1, {}};
+    job.sums.assign(job.units, 0);
+    std::unique_lock<std::mutex> lock;
+    if (workers)
+        lock = std::unique_lock<std::mutex>(workers->call_mutex());
+    run_units(workers, job.units, read_unit, &job);
+    uint64_t sum = 0;
+    for (uint64_t s : job.sums)
+        sum += s;
+    return sum;
+}
+
+}  // extern "C"

@@ -1,0 +1,44 @@
+// What each instruction-set variant provides to the expert driver (expert.cpp). Every variant computes the same
+// operations in the same order with fp32 roundings only, so that their results are identical bit for bit; they
+// differ in speed only.
+#pragma once
+
+#include <stdint.h>
+
+namespace glm53ce {
+
+// One band of a projection: the 8 tiles of output columns 128 * band .. 128 * band + 127, over all input tiles,
+// for 1..8 rows. acc gets, per row and column, the sum over the input of x * (byte sum - 510): the product with
+// W_hat before its K_INV scale. Each 16-row tile is summed from zero with one fused multiply-add per weight, in
+// row order, and added to the running total, tiles in input order.
+struct BandArgs {
+    const uint8_t* trellis;  // tile (0, 0)
+    int bits;
+    int tiles_k;             // in_features / 16
+    int tiles_n;             // out_features / 16
+    int band;
+    const float* x;          // rotated input rows [rows][x_stride]
+    int x_stride;
+    int rows;
+    float* acc;              // row 0, column 0 of the band in a [rows][acc_stride] buffer; 128 columns a row written
+    int acc_stride;
+};
+
+struct IsaOps {
+    void (*band)(const BandArgs& args);
+    // dst = H(x * suh) / sqrt(128) per 128-block, n elements; x fp16 when x_fp16, else fp32.
+    void (*rotate)(const void* x, int x_fp16, int n, const uint16_t* suh, float* dst);
+    // One 128-block of the intermediate: gate and up band sums (overwritten) to the down projection's rotated
+    // input, H(min(silu(g), limit) * clamp(u, -limit, limit) * down_suh) / sqrt(128).
+    void (*gate_up_block)(float* g, float* u, const uint16_t* g_svh, const uint16_t* u_svh, const uint16_t* d_suh,
+                          float limit, float* dst);
+    // One 128-block of a projection's output, in place: y = svh * H(band sum) * K_INV / sqrt(128).
+    void (*out_block)(float* y, const uint16_t* svh);
+};
+
+extern const IsaOps OPS_SCALAR;
+extern const IsaOps OPS_AVX2;
+extern const IsaOps OPS_AVX512;
+extern const IsaOps OPS_AVX512VBMI;
+
+}  // namespace glm53ce

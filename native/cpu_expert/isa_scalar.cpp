@@ -1,0 +1,81 @@
+// The reference variant: one weight at a time, straight from the format description. It defines the order of
+// operations the vector variants reproduce: per output column and input tile, rows 0..15 summed from zero with
+// one fused multiply-add per weight, then that tile's sum added to the running total, input tiles in order.
+// (Summing per tile first divides the rounding error of a 4096-long sum by about three, for one add per tile.)
+#include <string.h>
+
+#include "format.h"
+#include "isa.h"
+
+namespace glm53ce {
+namespace {
+
+float half_to_float(uint16_t h)
+{
+    const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+    const uint32_t exponent = (h >> 10) & 0x1Fu;
+    const uint32_t mantissa = h & 0x3FFu;
+    uint32_t bits;
+    if (exponent == 0x1Fu) {
+        bits = sign | 0x7F800000u | (mantissa << 13);
+    } else if (exponent != 0) {
+        bits = sign | ((exponent + 112u) << 23) | (mantissa << 13);
+    } else {
+        const float magnitude = static_cast<float>(mantissa) * 5.9604644775390625e-8f;  // 2^-24, exact
+        memcpy(&bits, &magnitude, sizeof bits);
+        bits |= sign;
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+void halves_to_floats(const uint16_t* src, float* dst, int n)
+{
+    for (int i = 0; i < n; ++i)
+        dst[i] = half_to_float(src[i]);
+}
+
+}  // namespace
+}  // namespace glm53ce
+
+#include "transforms.h"
+
+namespace glm53ce {
+namespace {
+
+void band(const BandArgs& b)
+{
+    const int bytes = tile_bytes(b.bits);
+    const size_t row_stride = static_cast<size_t>(b.tiles_n) * bytes;
+    const uint8_t* first = b.trellis + static_cast<size_t>(b.band) * BAND_TILES * bytes;
+    for (int t = 0; t < b.rows; ++t)
+        for (int c = 0; c < BAND_COLS; ++c)
+            b.acc[t * b.acc_stride + c] = 0.0f;
+    for (int kt = 0; kt < b.tiles_k; ++kt)
+        for (int j = 0; j < BAND_TILES; ++j) {
+            uint32_t ring[8 * 8];
+            memcpy(ring, first + kt * row_stride + j * bytes, bytes);
+            float w[256];
+            for (int r = 0; r < 16; ++r)
+                for (int c = 0; c < 16; ++c)
+                    w[r * 16 + c] = static_cast<float>(mul1_centered(state_at(ring, b.bits, state_of(r, c))));
+            for (int t = 0; t < b.rows; ++t) {
+                float tile[16] = {};
+                for (int r = 0; r < 16; ++r) {
+                    const float x = b.x[t * b.x_stride + kt * 16 + r];
+                    for (int c = 0; c < 16; ++c)
+                        tile[c] = __builtin_fmaf(w[r * 16 + c], x, tile[c]);
+                }
+                float* acc = b.acc + t * b.acc_stride + j * 16;
+                for (int c = 0; c < 16; ++c)
+                    acc[c] = acc[c] + tile[c];
+            }
+        }
+}
+
+}  // namespace
+
+extern const IsaOps OPS_SCALAR = {band, rotate, gate_up_block, out_block};
+
+}  // namespace glm53ce
