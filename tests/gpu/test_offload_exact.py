@@ -41,22 +41,18 @@ def _settings(ckpt, extra):
 @pytest.fixture(scope="module")
 def stock(tiny_checkpoint):
     """Stock exllamav3 with the experts in VRAM, and its answers for every prompt."""
-    from exllamav3 import Cache, CacheLayer_fp16, Config, Generator, Model, Tokenizer
+    from glm53.models.stock import load_stock
 
-    cfg = Config.from_directory(str(tiny_checkpoint))
-    model = Model.from_config(cfg)
-    cache = Cache(model, max_num_tokens=CACHE_TOKENS, layer_type=CacheLayer_fp16, max_batch_size=4)
-    model.load(progressbar=False, max_batch_size=4, max_chunk_size=CHUNK)
-    model.warmup(cache=cache, max_chunk_size=CHUNK, progressbar=False)
-    gen = Generator(model, cache, Tokenizer.from_config(cfg), max_batch_size=4, max_chunk_size=CHUNK)
+    s = load_stock(tiny_checkpoint, cache_tokens=CACHE_TOKENS, max_batch_size=4, chunk_size=CHUNK)
+    gen = s.generator(max_batch_size=4)
     answers = {
-        "prefill": [_prefill_logits(model, p) for p in PROMPTS],
-        "single": [_stock_decode(gen, [p], cfg.vocab_size)[0] for p in PROMPTS],
-        "batch4": _stock_decode(gen, PROMPTS, cfg.vocab_size),
+        "prefill": [_prefill_logits(s.model, p) for p in PROMPTS],
+        "single": [_stock_decode(gen, [p], s.vocab_size)[0] for p in PROMPTS],
+        "batch4": _stock_decode(gen, PROMPTS, s.vocab_size),
     }
     yield answers
     gen.close()
-    model.unload()
+    s.close()
     torch.cuda.empty_cache()
 
 
