@@ -46,9 +46,9 @@ class ScriptedBackend:
     """
 
     def __init__(self, script=None, max_batch_size: int = 4, context_length: int = 4096, fail_on_step: int | None = None,
-                 step_seconds: float = 0.0, refuse_leading_zero: bool = True, cached=None):
+                 step_seconds: float = 0.0, refuse_leading_zero: bool = True, cached=None, max_score_tokens: int | None = None):
         self.tokenizer = ByteTokens()
-        self.info = ModelInfo("scripted", "test", context_length, 257, frozenset({EOS}))
+        self.info = ModelInfo("scripted", "test", context_length, 257, frozenset({EOS}), max_score_tokens=max_score_tokens)
         self.max_batch_size = max_batch_size
         self._script = script or (lambda prompt: list(b"hello world"))
         self._cached = cached or (lambda prompt: 0)

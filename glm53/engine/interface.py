@@ -89,6 +89,7 @@ class ModelInfo:
     checkpoint_dir: Path | None = None  # its chat template is used when it has one; else the built-in GLM-5 one
     facts: Mapping[str, object] = field(default_factory=dict)  # load time, memory use, shapes: shown in /server_info
     gpu: Mapping[str, object] | None = None  # the GPU the model runs on (engine/gpu.py); None for a CPU backend
+    max_score_tokens: int | None = None  # most tokens one teacher-forced scoring forward takes; None: the context
 
 
 class Tokenizer(Protocol):

@@ -28,7 +28,8 @@ bp = Blueprint("sglang", __name__)
 
 @bp.post("/generate")
 def generate():
-    """:raise 400: invalid body, token ids outside the vocabulary, prompt over the context, bad logprob_start_len.
+    """:raise 400: invalid body, token ids outside the vocabulary, prompt over the context, bad logprob_start_len,
+    input logprobs for more tokens than one scoring forward takes.
     :raise 429: queue full. :raise 503: model not ready."""
     req = parse_body(GenerateRequest)
     tokenizer = runtime().backend.tokenizer
@@ -53,6 +54,10 @@ def generate():
     if req.return_logprob and req.logprob_start_len >= 0:
         if req.logprob_start_len >= len(ids):
             raise APIError(400, f"logprob_start_len ({req.logprob_start_len}) must be below the input length ({len(ids)})", param="logprob_start_len")
+        limit = runtime().backend.info.max_score_tokens
+        if limit is not None and len(ids) > limit:
+            raise APIError(400, f"input logprobs are computed for at most {limit} tokens at once (the prefill chunk); "
+                                f"this input has {len(ids)}: score it in pieces", param="input_ids" if req.input_ids is not None else "text")
         jobs.append(ScoreRequest(tuple(ids), req.logprob_start_len, lp))
     if not jobs:
         raise APIError(400, "nothing to do: max_new_tokens is 0 and no input logprobs were asked for", param="sampling_params.max_new_tokens")

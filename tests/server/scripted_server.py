@@ -71,13 +71,16 @@ def cached(prompt_ids: list[int]) -> int:
     return int(found[-1]) if found else 0
 
 
+SCORE_LIMIT = 64  # tokens one scoring forward takes (the GPU engine's is its prefill chunk)
+
+
 def main() -> None:
     settings = config.load(sys.argv[1:])
     step_s = float(os.environ.get("SCRIPTED_STEP_S", "0"))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     serve(settings, backend_factory=lambda: FailingBackend(
         script=script, max_batch_size=settings.max_batch_size, context_length=settings.cache_size, step_seconds=step_s,
-        refuse_leading_zero=False, cached=cached))
+        refuse_leading_zero=False, cached=cached, max_score_tokens=SCORE_LIMIT))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import json
 import openai
 import pytest
 
+from .scripted_server import SCORE_LIMIT
 from .servers import Server
 
 WEATHER_TOOLS = [
@@ -415,6 +416,17 @@ def test_generate_teacher_forced_logprobs(server):
     assert meta["output_token_logprobs"] == [[-0.5, 72, None]]
     assert meta["output_top_logprobs"] == [[[-0.5, 72, None]]]
     assert len(meta["input_top_logprobs"]) == len(ids)
+
+
+def test_scoring_more_tokens_than_one_forward_takes_is_a_400_naming_the_limit(server):
+    body = {"input_ids": [65] * (SCORE_LIMIT + 1), "return_logprob": True, "logprob_start_len": 0,
+            "sampling_params": {"max_new_tokens": 0}}
+    code, r = server.post("/generate", body)
+    assert code == 400 and r["error"]["param"] == "input_ids"
+    assert f"at most {SCORE_LIMIT} tokens" in r["error"]["message"] and f"has {SCORE_LIMIT + 1}" in r["error"]["message"]
+    body["input_ids"] = [65] * SCORE_LIMIT
+    code, r = server.post("/generate", body)
+    assert code == 200 and len(r["meta_info"]["input_token_logprobs"]) == SCORE_LIMIT
 
 
 def test_tokenize_and_detokenize(server):

@@ -73,6 +73,7 @@ class Exl3Backend:
             checkpoint_dir=settings.model_dir,
             facts={"load_seconds": round(time.monotonic() - t0, 2), "decode_slots": self.max_batch_size, **_memory_facts()},
             gpu=device_facts(torch.cuda.current_device()),
+            max_score_tokens=settings.chunk_size,  # score() is one cache-less forward of at most a prefill chunk
         )
         self._jobs: dict[int, LogprobRequest | None] = {}
         self._page_size = PAGE_SIZE
