@@ -213,8 +213,11 @@ class Offload:
         picks = self.cache.learned_profile()
         if picks.sum() == 0:
             return None
+        previous = json.loads(path.read_text()) if path.is_file() else None
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({k: picks[i].tolist() for i, k in enumerate(self.store.layer_keys)}) + "\n")
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(merge_profile(previous, self.store.layer_keys, picks)) + "\n")
+        tmp.replace(path)
         return path
 
     def close(self) -> None:
@@ -230,3 +233,16 @@ class Offload:
         self.cache = None
         torch.cuda.synchronize(self.device)
         self.store.unpin(self._unregister)
+
+
+def merge_profile(previous: dict | None, layer_keys: list[str], picks: np.ndarray) -> dict[str, list[float]]:
+    """A learned routing profile: this run's decode picks added to what earlier runs learned (a previous
+    profile of other layers or sizes, from another checkpoint version, is replaced, not mixed in)."""
+    out = {}
+    for row, key in enumerate(layer_keys):
+        counts = picks[row].astype(np.float64)
+        old = (previous or {}).get(key)
+        if isinstance(old, list) and len(old) == len(counts):
+            counts = counts + np.asarray(old, dtype=np.float64)
+        out[key] = counts.tolist()
+    return out

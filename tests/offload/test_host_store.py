@@ -11,6 +11,7 @@ import pytest
 
 from glm53.offload.cache import placement
 from glm53.offload.host_store import ALIGN, HostStore
+from glm53.offload.runtime import merge_profile
 
 PREFIX = "model.language_model.layers"
 SHAPES = {"gate": (4, 2, 48), "up": (4, 2, 48), "down": (2, 4, 48)}  # int16 trellises: [in/16, out/16, 16K], K=3
@@ -119,3 +120,11 @@ def test_the_placement_gives_slots_to_the_most_picked_experts_across_layers_hott
     assert _per_layer(placement(profile, 100)) == [[0, 1, 2, 3], [0, 1, 2, 3]]
     # no profile: every expert counts the same; slots spread over the layers, lowest ids first
     assert placement(np.zeros((2, 4)), 3) == [(0, 0), (1, 0), (0, 1)]
+
+
+def test_a_learned_profile_adds_this_runs_picks_to_what_earlier_runs_learned():
+    keys = ["a.mlp", "b.mlp"]
+    picks = np.array([[1, 0, 2], [0, 5, 0]])
+    assert merge_profile(None, keys, picks) == {"a.mlp": [1.0, 0.0, 2.0], "b.mlp": [0.0, 5.0, 0.0]}
+    previous = {"a.mlp": [10, 10, 10], "b.mlp": [1, 2], "c.mlp": [7, 7, 7]}  # b: another expert count, c: gone
+    assert merge_profile(previous, keys, picks) == {"a.mlp": [11.0, 10.0, 12.0], "b.mlp": [0.0, 5.0, 0.0]}
