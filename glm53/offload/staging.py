@@ -12,11 +12,15 @@ Table entries of staged experts point into the buffer only while their layer run
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 
 from .cache import ExpertCache
 from .host_store import HostStore
+
+log = logging.getLogger("glm53.offload.staging")
 
 
 class PrefillStager:
@@ -38,7 +42,7 @@ class PrefillStager:
         self._plan: list[dict] | None = None
         self._forward_start: torch.cuda.Event | None = None
         self._timing: list[tuple[str, torch.cuda.Event, torch.cuda.Event, int]] = []  # (what, start, end, bytes)
-        self.counters = {"dma_seconds": 0.0, "dma_bytes": 0, "compute_wait_seconds": 0.0, "forward_seconds": 0.0, "no_room": 0, "forwards": 0, "layers": 0, "staged_experts": 0, "staged_bytes": 0, "overflow_experts": 0}
+        self.counters = {"dma_seconds": 0.0, "dma_bytes": 0, "compute_wait_seconds": 0.0, "forward_seconds": 0.0, "no_room": 0, "alloc_failures": 0, "forwards": 0, "layers": 0, "staged_experts": 0, "staged_bytes": 0, "overflow_experts": 0}
 
     @property
     def enabled(self) -> bool:
@@ -60,7 +64,16 @@ class PrefillStager:
             if self.capacity == 0:
                 self.counters["no_room"] += 1
                 return
-            self.buffers = [torch.empty((self.capacity, self.block), dtype=torch.uint8, device=self.device) for _ in range(2)]
+            try:
+                self.buffers = self._allocate()
+            except torch.OutOfMemoryError:
+                # the budget said there was room but the allocator found none (fragmentation, another process):
+                # this forward reads its misses zero-copy instead, slower but the same numbers
+                self.buffers = []
+                self.counters["alloc_failures"] += 1
+                log.warning("prefill staging: could not allocate 2 x %.2f GB; this forward reads its experts zero-copy",
+                            self.capacity * self.block / 1e9)
+                return
         resident = self.cache.resident()  # the one synchronisation of this forward
         offs = np.array(self.store.layout.offsets, dtype=np.int64)
         home = self.cache.home.cpu().numpy()
@@ -155,6 +168,9 @@ class PrefillStager:
             self._timing.clear()
             self._forward_start = None
             self.buffers = []
+
+    def _allocate(self) -> list[torch.Tensor]:
+        return [torch.empty((self.capacity, self.block), dtype=torch.uint8, device=self.device) for _ in range(2)]
 
     @staticmethod
     def _event(stream) -> torch.cuda.Event:

@@ -143,3 +143,27 @@ def test_exact_mode_is_bit_identical_to_stock(tiny_checkpoint, stock, case):
     finally:
         backend.close()
         torch.cuda.empty_cache()
+
+
+def test_a_staging_buffer_that_cannot_be_allocated_is_counted_and_the_prefill_reads_zero_copy(tiny_checkpoint, stock, monkeypatch):
+    """Fault injection: the allocator refuses the staging buffers; the forward still gives stock's logits."""
+    from glm53.engine.exl3.backend import Exl3Backend
+
+    backend = Exl3Backend(_settings(tiny_checkpoint, ["--ec-cache-experts", "11%"]))
+    try:
+        stager = backend.offload.stager
+
+        def refuse():
+            raise torch.OutOfMemoryError("injected")
+
+        monkeypatch.setattr(stager, "_allocate", refuse)
+        got = _prefill_logits(backend.model, PROMPTS[2])  # 705 tokens: a staged forward
+        monkeypatch.undo()
+        assert torch.equal(got, stock["prefill"][2])
+        st = backend.offload.stats()["staging"]
+        assert st["alloc_failures"] == 1 and st["forwards"] == 0
+        got = _prefill_logits(backend.model, PROMPTS[2])  # the allocator works again: staged, still identical
+        assert torch.equal(got, stock["prefill"][2]) and backend.offload.stats()["staging"]["forwards"] == 1
+    finally:
+        backend.close()
+        torch.cuda.empty_cache()
