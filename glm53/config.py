@@ -22,8 +22,9 @@ from typing import Any
 
 MODES = ("fast", "exact")
 ENV_PREFIX = "GLM53_"
-# Variables with the prefix that are not settings: the GPU kit's prep.sh exports GLM53_SITE (its wheel dir).
-FOREIGN_ENV = frozenset({"GLM53_SITE"})
+# Variables with the prefix that are not settings: the GPU kit's prep.sh exports GLM53_SITE (its wheel dir);
+# GLM53_NATIVE_BUILD is where the native libraries are looked for first (glm53/offload/native_lib.py).
+FOREIGN_ENV = frozenset({"GLM53_SITE", "GLM53_NATIVE_BUILD"})
 
 
 class ConfigError(ValueError):

@@ -75,6 +75,10 @@ def test_the_gpu_kits_variable_is_not_refused():
     assert load(GLM53_SITE="/tmp/site").port == 30000
 
 
+def test_the_native_library_directory_is_not_refused():
+    assert load(GLM53_NATIVE_BUILD="/opt/glm53-native").port == 30000
+
+
 def test_readme_table_is_generated_from_the_definitions():
     text = README.read_text()
     assert config.readme_with_table(text) == text, "README config table is stale: run `make readme`"

@@ -11,16 +11,14 @@ exllamav3's own CPU kernel; exllamav3's GPU kernels (and its quantiser) use an f
 per weight (tests/gpu/test_cpu_expert_vs_exl3.py measures the difference).
 
 Arrays are NumPy arrays or CPU torch tensors, C-contiguous. Outputs are passed in (destination passing). The
-shared library is built from ``native/`` with ``make`` when it is missing or older than its sources.
+shared library comes from ``$GLM53_NATIVE_BUILD``, the installed package or the source tree's ``native/build/``
+(built there with ``make`` when it is missing or older than its sources); ``native_lib`` says how.
 """
 
 from __future__ import annotations
 
 import ctypes
-import fcntl
 import os
-import shutil
-import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -29,16 +27,15 @@ from typing import Self
 
 import numpy as np
 
-NATIVE = Path(__file__).resolve().parents[2] / "native"
-LIBRARY = NATIVE / "build" / "libglm53_cpu_expert.so"
+from . import native_lib
+
+NativeBuildError = native_lib.NativeBuildError  # what library() raises when it finds and builds no library
+NATIVE = native_lib.SOURCE
+LIBRARY = NATIVE / "build" / native_lib.CPU_LIBRARY  # where `make -C native` puts it
 ISAS = ("scalar", "avx2", "avx512", "avx512vbmi")  # ids 0.. of cpu_expert.h
 MAX_ROWS = 8
 SYS_CPU = Path("/sys/devices/system/cpu")
 F16, F32, I16, U16 = (np.dtype(t) for t in (np.float16, np.float32, np.int16, np.uint16))
-
-
-class NativeBuildError(RuntimeError):
-    """The kernel library is missing and could not be built (the message says why and what to install)."""
 
 
 class KernelError(ValueError):
@@ -72,35 +69,31 @@ class _CExpert(ctypes.Structure):
 
 
 def _sources() -> list[Path]:
-    return [NATIVE / "Makefile", *sorted((NATIVE / "cpu_expert").iterdir())]
+    files = NATIVE / "cpu_expert"
+    return [NATIVE / "Makefile", *(sorted(files.iterdir()) if files.is_dir() else [])]
 
 
 def build() -> Path:
-    """Builds the library if it is missing or older than a source file; returns its path.
+    """Builds the library in the source tree with ``make -C native``; returns its path.
 
     :raise NativeBuildError: no sources, no ``make``, or the build failed (e.g. no C++ compiler).
     """
-    sources = [p for p in _sources() if p.exists()]
-    if LIBRARY.exists() and all(p.stat().st_mtime <= LIBRARY.stat().st_mtime for p in sources):
-        return LIBRARY
-    if not (NATIVE / "Makefile").exists():
-        raise NativeBuildError(f"{LIBRARY} is missing and {NATIVE} has no Makefile to build it")
-    if shutil.which("make") is None:
-        raise NativeBuildError(f"{LIBRARY} is missing or out of date and `make` is not installed (Debian: apt-get install make g++)")
-    LIBRARY.parent.mkdir(parents=True, exist_ok=True)
-    with open(LIBRARY.parent / ".build.lock", "w") as lock:  # concurrent test processes build once
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        done = subprocess.run(["make", "-C", str(NATIVE), "-j", str(min(4, os.cpu_count() or 1))],
-                              check=False, capture_output=True, text=True)
-    if done.returncode != 0:
-        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
-        raise NativeBuildError(f"building {LIBRARY} failed (a C++ compiler is needed; Debian: apt-get install g++ make):\n{tail}")
-    return LIBRARY
+    return native_lib.build_cpu(NATIVE, LIBRARY)
+
+
+def locate() -> Path:
+    """The library to load (see ``native_lib`` for where it is looked for), built in the source tree if need be.
+
+    :raise NativeBuildError: found nowhere and not built; the message says where it looked and what to do.
+    """
+    fix = (f"To fix: reinstall glm53 with g++ and make present (the package build compiles it), or put a "
+           f"{native_lib.CPU_LIBRARY} built with `make -C native` in ${native_lib.OVERRIDE_ENV}.")
+    return native_lib.find_or_build(native_lib.CPU_LIBRARY, native_lib.named(native_lib.CPU_LIBRARY), _sources(), build, fix)
 
 
 @cache
 def library() -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(build()))
+    lib = ctypes.CDLL(str(locate()))
     i32, ptr = ctypes.c_int32, ctypes.c_void_p
     signatures = {
         "glm53_ce_error": (ctypes.c_char_p, []),

@@ -1,21 +1,22 @@
-"""ctypes binding of the expert cache's CUDA kernels (``native/ec/expert_cache.cu``), built with nvcc on first use.
+"""ctypes binding of the expert cache's CUDA kernels (``native/ec/expert_cache.cu``).
 
-The library has a plain C ABI and links the CUDA runtime dynamically, so it shares the runtime torch has
-already loaded; every call takes the torch stream it runs on.
+The library comes from ``$GLM53_NATIVE_BUILD``, the installed package (built for the GPUs the package was built
+for) or the source tree's ``native/build/`` (compiled there with nvcc for this GPU on first use); ``native_lib``
+says how. It has a plain C ABI and links the CUDA runtime dynamically, so it shares the runtime torch has already
+loaded; every call takes the torch stream it runs on.
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).resolve().parents[2] / "native" / "ec" / "expert_cache.cu"
-BUILD_DIR = Path(os.environ.get("GLM53_NATIVE_BUILD", SOURCE.parents[1] / "build"))
+from . import native_lib
+from .native_lib import NativeBuildError
+
+SOURCE = native_lib.SOURCE / "ec" / "expert_cache.cu"
 MAX_ADMIT = 16  # EC_MAX_ADMIT in the kernel source
 MAX_EXPERTS = 512
 
@@ -41,42 +42,38 @@ class EcState(ctypes.Structure):
     ]
 
 
-class NativeBuildError(RuntimeError):
-    pass
-
-
-def _arch() -> str:
-    major, minor = torch.cuda.get_device_capability()
-    return f"sm_{major}{minor}"
-
-
-def build(arch: str | None = None) -> Path:
-    """Compile the library for this GPU's architecture (once; the file name carries the architecture).
+def build(target: str) -> Path:
+    """Compiles the library for one nvcc target (``sm_90``) into the source tree's ``native/build/``.
 
     :raise NativeBuildError: no nvcc, or the compile failed (its output is in the message).
     """
-    arch = arch or _arch()
-    out = BUILD_DIR / f"libglm53_ec_{arch}.so"
-    if out.is_file() and out.stat().st_mtime >= SOURCE.stat().st_mtime:
-        return out
-    nvcc = shutil.which("nvcc") or next((str(p) for p in (Path("/usr/local/cuda/bin/nvcc"),) if p.is_file()), None)
+    nvcc = native_lib.find_nvcc()
     if nvcc is None:
-        raise NativeBuildError(f"the expert cache's CUDA kernels need nvcc to build {out.name} from {SOURCE}; install the CUDA toolkit or put a prebuilt library at {out}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(f".{os.getpid()}.tmp")
-    cmd = [nvcc, "-O3", f"-arch={arch}", "-shared", "-Xcompiler", "-fPIC", "-cudart", "shared", "-o", str(tmp), str(SOURCE)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise NativeBuildError(f"{' '.join(cmd)} failed:\n{proc.stdout}{proc.stderr}")
-    tmp.replace(out)
-    return out
+        raise NativeBuildError(f"nvcc, which builds {native_lib.ec_library_name([target])} from {SOURCE}, is not on PATH, "
+                               "in $CUDA_HOME/bin or in /usr/local/cuda/bin")
+    return native_lib.build_ec(nvcc, SOURCE, native_lib.SOURCE / "build", [target])
+
+
+def locate(capability: tuple[int, int] | None = None) -> Path:
+    """The library for a GPU of ``capability`` (default: the current device's), built in the source tree if need be.
+
+    :raise NativeBuildError: none fits and none could be built; the message says where it looked and what to do.
+    """
+    major, minor = capability or torch.cuda.get_device_capability()
+    target = f"sm_{major}{minor}"
+    fix = (f"To fix: install the CUDA toolkit (nvcc) and, for an installed package, rebuild it with {major}.{minor} in "
+           f"TORCH_CUDA_ARCH_LIST (Nix: nixpkgs' config.cudaCapabilities); or put a library built for this GPU in "
+           f"${native_lib.OVERRIDE_ENV}, e.g. `nvcc -O3 -arch={target} -shared -Xcompiler -fPIC -cudart shared "
+           f"-o {native_lib.ec_library_name([target])} native/ec/expert_cache.cu`.")
+    return native_lib.find_or_build(f"expert-cache CUDA library ({native_lib.EC_PREFIX}*.so) for compute capability {major}.{minor}",
+                                    lambda files: native_lib.pick_ec(files, (major, minor)), [SOURCE], lambda: build(target), fix)
 
 
 class Kernels:
     """The loaded library."""
 
     def __init__(self, path: Path | None = None):
-        self.path = path or build()
+        self.path = path or locate()
         lib = ctypes.CDLL(str(self.path))
         lib.ec_struct_size.restype = ctypes.c_int
         if lib.ec_struct_size() != ctypes.sizeof(EcState):

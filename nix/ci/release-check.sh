@@ -9,8 +9,9 @@
 # Steps, each of which stops the run when it fails:
 #   1 nix flake check: fetches nixpkgs (confirming the narHash of flake.lock), evaluates every output, builds the
 #     checks: both servers, the golden tests, the no-libcuda closure check, the NixOS VM test of the service
-#   2 the servers' closure: torch reports CUDA 13.2, triton and exllamav3_ext import, and exllamav3_ext holds machine
-#     code for exactly the configured capabilities
+#   2 the servers' closure: torch reports CUDA 13.2, triton and exllamav3_ext import, exllamav3_ext and glm53's
+#     expert-cache library hold machine code for exactly the configured capabilities, and glm53 loads its CPU
+#     kernels from the package
 #   3 serve-fast with the CPU demo engine answers /health and /v1/models
 #   4 the OCI image loads into Docker and serves the demo engine
 #   5 the appliance: its system toplevel and its raw-efi disk image build
@@ -48,14 +49,21 @@ EOF
 expected=$(nix eval --raw ".#exllamav3.ext.torchCudaArchList")
 mapfile -t cuobjdump_outputs < <(nix_build ".#exllamav3.ext.cudaPackages.cuda_cuobjdump^*")
 cuobjdump=$(find "${cuobjdump_outputs[@]}" -name cuobjdump -type f | head -n1)
-ext=$(find "$env/" -name 'exllamav3_ext*.so' | head -n1)
-found=$("$cuobjdump" --list-elf "$ext" | grep -Eo 'sm_[0-9]+a?' | sort -uV | tr '\n' ' ')
+# the machine code (SASS) in a library, as a sorted list of sm_ names
+machine_code() { "$cuobjdump" --list-elf "$1" | grep -Eo 'sm_[0-9]+[af]?' | sort -uV | tr '\n' ' '; }
 want=$(tr ';' '\n' <<<"$expected" | sed 's/\.//; s/^/sm_/' | sort -uV | tr '\n' ' ')
-[ "$found" = "$want" ] || {
-	echo "exllamav3_ext holds machine code for $found; the configured capabilities are $want" >&2
-	exit 1
-}
-echo "exllamav3_ext: $found"
+for lib in "$(find "$env/" -name 'exllamav3_ext*.so' | head -n1)" "$(find "$env/" -path '*/glm53/_native/libglm53_ec_*.so' | head -n1)"; do
+	found=$(machine_code "$lib")
+	[ "$found" = "$want" ] || {
+		echo "$lib holds machine code for $found; the configured capabilities are $want" >&2
+		exit 1
+	}
+	echo "$(basename "$lib"): $found"
+done
+"$env/bin/python" - <<'EOF'
+from glm53.offload import cpu_expert
+print("glm53 CPU tier:", cpu_expert.locate(), "ISAs", ", ".join(cpu_expert.available_isas()))
+EOF
 
 step "3 serve-fast with the CPU demo engine"
 serve=$(nix_build ".#serve-fast")

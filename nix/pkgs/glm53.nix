@@ -1,10 +1,11 @@
 # The glm53 Python package, built from this repository, with the dependencies pyproject.toml names for the served
-# program (dependencies + the serve, gpu and hub extras) taken from the pinned wheels.
+# program (dependencies + the serve, gpu and hub extras) taken from the pinned wheels, and the project's kernels
+# compiled by setup.py into glm53/_native/ (g++ for the CPU tier, nvcc for the configured GPUs).
 {
   lib,
   python,
   cudaPackages,
-  ninja,
+  autoAddDriverRunpath,
   torch,
   # python-set.nix's packages for the runtime roots of nix/pins/pypi.json
   dependencies,
@@ -13,36 +14,32 @@ let
   root = ../..;
   manifest = lib.importTOML (root + "/pyproject.toml");
   cuda = import ../lib/cuda.nix;
+  inherit (cudaPackages.flags) cudaCapabilities;
 
   # Only what the package is built from, so edits to Nix files, tests or docs other than README.md do not rebuild it.
   src = lib.fileset.toSource {
     inherit root;
     fileset = lib.fileset.unions [
       (root + "/pyproject.toml")
+      # builds the native libraries into the package (glm53/_native/)
+      (root + "/setup.py")
       # pyproject.toml's `readme`: setuptools reads it into the package metadata
       (root + "/README.md")
       (root + "/glm53")
-      (lib.fileset.maybeMissing (root + "/native"))
+      # the kernels' sources and Makefile, without a checkout's own build outputs
+      (lib.fileset.difference (root + "/native") (lib.fileset.maybeMissing (root + "/native/build")))
     ];
   };
 
-  # C++/CUDA sources of the project's kernels, once native/ holds them.
-  nativeSources =
-    lib.optionals (builtins.pathExists (root + "/native")) (
-      lib.fileset.toList (
-        lib.fileset.fileFilter (
-          f:
-          lib.any f.hasExt [
-            "c"
-            "cc"
-            "cpp"
-            "cu"
-          ]
-        ) (root + "/native")
-      )
-    );
-  hasNative = nativeSources != [ ];
+  # What setup.py puts in glm53/_native/: the CPU tier's kernels and the expert cache's CUDA kernels, one library with
+  # machine code for every configured GPU.
+  nativeLibraries = [
+    "libglm53_cpu_expert.so"
+    (cuda.ecLibrary cudaCapabilities)
+  ];
 in
+# nvcc accepts only some host compilers; backendStdenv is the one nixpkgs pairs with this CUDA release. Its C++
+# compiler also builds the CPU kernels (native/Makefile).
 (python.pkgs.buildPythonPackage.override { stdenv = cudaPackages.backendStdenv; }) {
   pname = "glm53";
   inherit (manifest.project) version;
@@ -52,36 +49,35 @@ in
   build-system = [ python.pkgs.setuptools ];
   inherit dependencies;
 
-  nativeBuildInputs = lib.optionals hasNative [
+  nativeBuildInputs = [
     cudaPackages.cuda_nvcc
-    ninja
+    # so that a libcuda dlopen finds the host's driver (/run/opengl-driver/lib)
+    autoAddDriverRunpath
   ];
-  buildInputs = lib.optionals hasNative [
+  buildInputs = [
     cudaPackages.cuda_cccl
     cudaPackages.cuda_cudart
   ];
-  env = lib.optionalAttrs hasNative {
+  env = {
     CUDA_HOME = "${lib.getDev cudaPackages.cuda_nvcc}";
-    TORCH_CUDA_ARCH_LIST = cuda.torchArchList cudaPackages.flags.cudaCapabilities;
+    # setup.py builds the expert cache's library for exactly these GPUs, and fails when it finds no nvcc.
+    TORCH_CUDA_ARCH_LIST = cuda.torchArchList cudaCapabilities;
     # The compiler wrapper removes -march=native: it would tie the binary to the build machine's CPU. The CPU
     # kernels name their instruction set themselves (-mavx2 -mfma -mf16c) and dispatch to wider units at run time.
     NIX_ENFORCE_NO_NATIVE = "1";
   };
-  # ninja is here for torch's BuildExtension to run; its setup hook must not take over the build and install phases.
-  dontUseNinjaBuild = true;
-  dontUseNinjaInstall = true;
-  dontUseNinjaCheck = true;
-  preBuild = lib.optionalString hasNative ''
+  preBuild = ''
     export MAX_JOBS="$NIX_BUILD_CORES"
   '';
 
-  # A package that ships without its kernels would fail only on the GPU machine: refuse to build one.
-  postInstall = lib.optionalString hasNative ''
-    if [ -z "$(find "$out/${python.sitePackages}" -name '*.so' -print -quit)" ]; then
-      echo "native/ holds C++/CUDA sources, but the package build installed no extension module;" >&2
-      echo "pyproject.toml (or setup.py) must build them (see nix/pkgs/glm53.nix)" >&2
-      exit 1
-    fi
+  # A package without its kernels would fail only on the GPU machine: refuse to build one.
+  postInstall = ''
+    for library in ${lib.escapeShellArgs nativeLibraries}; do
+      if [ ! -f "$out/${python.sitePackages}/glm53/_native/$library" ]; then
+        echo "glm53/_native/$library is missing from the package; setup.py builds it (see nix/pkgs/glm53.nix)" >&2
+        exit 1
+      fi
+    done
   '';
 
   # Neither imports torch or touches a GPU: they check that the server's own imports (flask, gunicorn, gevent,
@@ -90,8 +86,14 @@ in
     "glm53.cli"
     "glm53.server.gunicorn_app"
   ];
+  # The CPU kernels load from the installed package and report the instruction sets of the build machine (the CUDA
+  # library needs a GPU driver to load).
+  postInstallCheck = ''
+    PYTHONPATH="$out/${python.sitePackages}:$PYTHONPATH" ${python.interpreter} -c \
+      'from glm53.offload import cpu_expert; print(cpu_expert.locate(), cpu_expert.available_isas())'
+  '';
 
-  passthru = { inherit torch hasNative; };
+  passthru = { inherit torch nativeLibraries; };
 
   meta = {
     inherit (manifest.project) description;

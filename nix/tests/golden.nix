@@ -130,6 +130,21 @@ let
       rejects-empty = rejects (cuda.torchArchList [ ]);
       rejects-native = rejects (cuda.torchArchList [ "native" ]);
     };
+    # The expert-cache library the package build must install (nix/pkgs/glm53.nix checks for it), next to the
+    # TORCH_CUDA_ARCH_LIST it is built from; tests/offload/test_native_lib.py checks that glm53's own build names
+    # each one the same.
+    cuda-ec-library =
+      map
+        (capabilities: {
+          archList = cuda.torchArchList capabilities;
+          library = cuda.ecLibrary capabilities;
+        })
+        [
+          cuda.defaultCapabilities
+          [ "9.0a" ]
+          [ "10.0f" "12.0" ]
+          [ "9.0" "8.9" "9.0" ]
+        ];
   };
 
   # Differences between two JSON values, as lines naming the path where they differ.
