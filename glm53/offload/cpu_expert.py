@@ -6,9 +6,10 @@ each projection an EXL3 linear with the mul1 codebook read from its on-disk tens
 1.6.5's reading of GLM's ``swiglu_limit`` (the activated gate clamped from above, the up projection both ways).
 Results are identical bit for bit on every ISA and for any number of threads.
 
-Codebook values are exact, ``(byte sum - 510) * fp16(0x1eee)``, as in ``models/synth/exl3_reference`` and
-exllamav3's own CPU kernel; exllamav3's GPU kernels (and its quantiser) use an fp16 form that sits 1.8e-3 lower
-per weight (tests/gpu/test_cpu_expert_vs_exl3.py measures the difference).
+Codebook values are the fp16 weights exllamav3's GPU kernels (and its quantiser) decode, bit for bit:
+``fp16(fma(1024 + byte sum, fp16 0x1eee, fp16 0xc931))``, which sit 476 / 2^18 (1.8e-3) below the exact
+``(byte sum - 510) * fp16(0x1eee)`` of ``models/synth/exl3_reference.mul1_values`` and exllamav3's own CPU kernel,
+plus their fp16 rounding (``native/cpu_expert/format.h`` has the derivation; :func:`mul1_values` exposes them).
 
 Arrays are NumPy arrays or CPU torch tensors, C-contiguous. Outputs are passed in (destination passing). The
 shared library comes from ``$GLM53_NATIVE_BUILD``, the installed package or the source tree's ``native/build/``
@@ -214,6 +215,16 @@ def linear_forward(x, linear: Linear, out, *, isa: str | None = None) -> None:
         raise ValueError(f"x must be [rows, {lin.in_features}], got {xa.shape}")
     o = _checked(out, "out", (F32,), (xa.shape[0], lin.out_features), writable=True)
     _call(library().glm53_ce_linear_forward(ctypes.byref(lin), xa.ctypes.data, xa.shape[0], o.ctypes.data, _isa_id(isa)))
+
+
+def mul1_values(states, *, isa: str | None = None) -> np.ndarray:
+    """The codebook value (fp32) the kernel's projections give each 16-bit state (uint16 array), for tests."""
+    s = np.ascontiguousarray(_array(states), dtype=U16)
+    out = np.empty(s.shape, F32)
+    fn = library().glm53_ce_mul1_values
+    fn.restype, fn.argtypes = ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32]
+    _call(fn(s.ctypes.data, s.size, out.ctypes.data, _isa_id(isa)))
+    return out
 
 
 def read_bytes(buf: np.ndarray, pool: Pool | None = None) -> int:

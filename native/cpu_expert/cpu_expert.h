@@ -77,6 +77,10 @@ GLM53_CE_API int32_t glm53_ce_experts(glm53_ce_pool* pool, const glm53_ce_expert
 GLM53_CE_API int32_t glm53_ce_linear_forward(const glm53_ce_linear* linear, const float* x, int32_t rows, float* y,
                                              int32_t isa);
 
+/* The mul1 codebook value of n 16-bit states as the projections decode them with this ISA: the fp16 weight of
+ * exllamav3's GPU kernels, as fp32 (see format.h). For tests. */
+GLM53_CE_API int32_t glm53_ce_mul1_values(const uint16_t* states, int32_t n, float* out, int32_t isa);
+
 /* Reads bytes of buf once, split over the pool's threads (or the calling thread): a DRAM bandwidth probe.
  * Returns a checksum so that the reads cannot be optimised away. */
 GLM53_CE_API uint64_t glm53_ce_read_bytes(glm53_ce_pool* pool, const void* buf, uint64_t bytes);

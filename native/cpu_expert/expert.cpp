@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "format.h"
 #include "isa.h"
 #include "pool.h"
 
@@ -405,6 +406,28 @@ int32_t glm53_ce_linear_forward(const glm53_ce_linear* linear, const float* x, i
             for (int i = 0; i < n; ++i)
                 ops->out_block(yr + static_cast<size_t>(i) * n_out + block * 128, linear->svh + block * 128);
         }
+    }
+    return GLM53_CE_OK;
+}
+
+int32_t glm53_ce_mul1_values(const uint16_t* states, int32_t n, float* out, int32_t isa)
+{
+    if (!states || !out || n < 0)
+        return fail(GLM53_CE_EINVAL, "mul1_values: need non-null states and out and n >= 0");
+    const IsaOps* ops = nullptr;
+    const int rc = resolve_isa(isa, &ops);
+    if (rc != GLM53_CE_OK)
+        return rc;
+    constexpr int CHUNK = 256;  // a multiple of every variant's vector width
+    uint16_t in[CHUNK];
+    float values[CHUNK];
+    for (int32_t i = 0; i < n; i += CHUNK) {
+        const int m = n - i < CHUNK ? n - i : CHUNK;
+        memset(in, 0, sizeof in);
+        memcpy(in, states + i, sizeof(uint16_t) * m);
+        ops->mul1_values(in, CHUNK, values);
+        for (int j = 0; j < m; ++j)
+            out[i + j] = values[j] * MUL1_W_SCALE;  // exact
     }
     return GLM53_CE_OK;
 }

@@ -8,9 +8,9 @@
 namespace glm53ce {
 
 // One band of a projection: the 8 tiles of output columns 128 * band .. 128 * band + 127, over all input tiles,
-// for 1..8 rows. acc gets, per row and column, the sum over the input of x * (byte sum - 510): the product with
-// W_hat before its K_INV scale. Each 16-row tile is summed from zero with one fused multiply-add per weight, in
-// row order, and added to the running total, tiles in input order.
+// for 1..8 rows. acc gets, per row and column, the sum over the input of x * W, W = 2^18 w with w the GPU's fp16
+// codebook value (format.h): the product with W_hat before its 2^-18 scale. Each 16-row tile is summed from zero
+// with one fused multiply-add per weight, in row order, and added to the running total, tiles in input order.
 struct BandArgs {
     const uint8_t* trellis;  // tile (0, 0)
     int bits;
@@ -32,8 +32,10 @@ struct IsaOps {
     // input, H(min(silu(g), limit) * clamp(u, -limit, limit) * down_suh) / sqrt(128).
     void (*gate_up_block)(float* g, float* u, const uint16_t* g_svh, const uint16_t* u_svh, const uint16_t* d_suh,
                           float limit, float* dst);
-    // One 128-block of a projection's output, in place: y = svh * H(band sum) * K_INV / sqrt(128).
+    // One 128-block of a projection's output, in place: y = svh * H(band sum) * 2^-18 / sqrt(128).
     void (*out_block)(float* y, const uint16_t* svh);
+    // W = 2^18 w of n states (n a multiple of 16) as band computes it, for tests.
+    void (*mul1_values)(const uint16_t* states, int n, float* dst);
 };
 
 extern const IsaOps OPS_SCALAR;

@@ -58,13 +58,16 @@ inline __m256i row_states(const __m256i* planes)
     }
 }
 
-// (byte sum of state * MUL1_MULT) - 510, as fp32
+// W = 2^18 w, the GPU's codebook value (format.h): N = 1774 s - 905216 from the byte sum's last step, converted
+// (exact), rounded to 11 significant bits by Veltkamp's split.
 inline __m256 codebook(__m256i states)
 {
     const __m256i x = _mm256_mullo_epi32(states, _mm256_set1_epi32(static_cast<int>(MUL1_MULT)));
     const __m256i pairs = _mm256_maddubs_epi16(x, _mm256_set1_epi8(1));
-    const __m256i sums = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
-    return _mm256_cvtepi32_ps(_mm256_sub_epi32(sums, _mm256_set1_epi32(MUL1_CENTER)));
+    const __m256i n1774 = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1774));
+    const __m256 exact = _mm256_cvtepi32_ps(_mm256_add_epi32(n1774, _mm256_set1_epi32(MUL1_N_OFFSET)));
+    const __m256 split = _mm256_mul_ps(exact, _mm256_set1_ps(MUL1_SPLIT));
+    return _mm256_sub_ps(split, _mm256_sub_ps(split, exact));
 }
 
 // Rows R..15 of one tile, for column halves H0 .. H0 + HI - 1 (interleaved: independent chains of multiply-adds).
@@ -161,8 +164,16 @@ BandFn pick(int bits, int rows)
 
 void band(const BandArgs& b) { pick(b.bits, b.rows)(b); }
 
+void mul1_values(const uint16_t* states, int n, float* dst)
+{
+    for (int i = 0; i < n; i += 8) {
+        const __m128i s = _mm_loadu_si128(reinterpret_cast<const __m128i*>(states + i));
+        _mm256_storeu_ps(dst + i, codebook(_mm256_cvtepu16_epi32(s)));
+    }
+}
+
 }  // namespace
 
-extern const IsaOps OPS_AVX2 = {band, rotate, gate_up_block, out_block};
+extern const IsaOps OPS_AVX2 = {band, rotate, gate_up_block, out_block, mul1_values};
 
 }  // namespace glm53ce

@@ -3,7 +3,7 @@
 // - avx512 (F, BW, VL): the row's window words are picked from the tile's ring (two registers for K <= 4) with
 //   one two-source dword permute each, for the first and last word of every window, then shifted together.
 // - avx512vbmi (GLM53_VBMI; adds VBMI, VBMI2, VNNI): one byte permute gathers the three ring bytes under each
-//   window, one multishift cuts the 16-bit window out of them, and one vpdpbusd forms the byte sum minus 510.
+//   window, one multishift cuts the 16-bit window out of them, and one vpdpbusd forms the byte sum (as 2^23 + s).
 //
 // The permute indices, shifts and byte controls are per (bits, row) tables built at compile time.
 #include <immintrin.h>
@@ -90,10 +90,12 @@ inline __m512i row_states(const __m512i* ring, int R)
     return _mm512_multishift_epi64_epi8(_mm512_load_si512(tab.control[R]), bytes);
 }
 
-inline __m512 codebook(__m512i states)
+// N = 1774 s - 905216 (format.h): the byte sum s as the float 2^23 + s, then one exact fused multiply-add
+inline __m512 exact_n(__m512i states)
 {
     const __m512i x = _mm512_mullo_epi32(states, _mm512_set1_epi32(static_cast<int>(MUL1_MULT)));
-    return _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_set1_epi32(-MUL1_CENTER), x, _mm512_set1_epi8(1)));
+    const __m512i biased = _mm512_dpbusd_epi32(_mm512_set1_epi32(MUL1_SUM_BITS), x, _mm512_set1_epi8(1));
+    return _mm512_fmadd_ps(_mm512_castsi512_ps(biased), _mm512_set1_ps(1774.0f), _mm512_set1_ps(MUL1_SUM_OFFSET));
 }
 
 #else
@@ -151,15 +153,24 @@ inline __m512i row_states(const __m512i* ring, int R)
     return _mm512_ternarylogic_epi32(right, left, _mm512_set1_epi32(0xFFFF), 0xA8);  // (right | left) & 0xFFFF
 }
 
-inline __m512 codebook(__m512i states)
+// N = 1774 s - 905216 (format.h): the byte sum's last step multiplies by 1774, then add and convert (exact)
+inline __m512 exact_n(__m512i states)
 {
     const __m512i x = _mm512_mullo_epi32(states, _mm512_set1_epi32(static_cast<int>(MUL1_MULT)));
     const __m512i pairs = _mm512_maddubs_epi16(x, _mm512_set1_epi8(1));
-    const __m512i sums = _mm512_madd_epi16(pairs, _mm512_set1_epi16(1));
-    return _mm512_cvtepi32_ps(_mm512_sub_epi32(sums, _mm512_set1_epi32(MUL1_CENTER)));
+    const __m512i n1774 = _mm512_madd_epi16(pairs, _mm512_set1_epi16(1774));
+    return _mm512_cvtepi32_ps(_mm512_add_epi32(n1774, _mm512_set1_epi32(MUL1_N_OFFSET)));
 }
 
 #endif
+
+// W = 2^18 w, the GPU's codebook value (format.h): N rounded to 11 significant bits by Veltkamp's split.
+inline __m512 codebook(__m512i states)
+{
+    const __m512 exact = exact_n(states);
+    const __m512 split = _mm512_mul_ps(exact, _mm512_set1_ps(MUL1_SPLIT));
+    return _mm512_sub_ps(split, _mm512_sub_ps(split, exact));
+}
 
 // The tile's bytes in one register per 64, the rest zero: both registers of a two-source permute are read.
 template <int K>
@@ -241,12 +252,20 @@ BandFn pick(int bits, int rows)
 
 void band(const BandArgs& b) { pick(b.bits, b.rows)(b); }
 
+void mul1_values(const uint16_t* states, int n, float* dst)
+{
+    for (int i = 0; i < n; i += 16) {
+        const __m256i s = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(states + i));
+        _mm512_storeu_ps(dst + i, codebook(_mm512_cvtepu16_epi32(s)));
+    }
+}
+
 }  // namespace
 
 #if GLM53_VBMI
-extern const IsaOps OPS_AVX512VBMI = {band, rotate, gate_up_block, out_block};
+extern const IsaOps OPS_AVX512VBMI = {band, rotate, gate_up_block, out_block, mul1_values};
 #else
-extern const IsaOps OPS_AVX512 = {band, rotate, gate_up_block, out_block};
+extern const IsaOps OPS_AVX512 = {band, rotate, gate_up_block, out_block, mul1_values};
 #endif
 
 }  // namespace glm53ce

@@ -44,6 +44,10 @@ void halves_to_floats(const uint16_t* src, float* dst, int n)
 namespace glm53ce {
 namespace {
 
+constexpr Mul1Table MUL1_TABLE = make_mul1_table();
+
+inline float codebook(uint32_t state) { return MUL1_TABLE.weight[mul1_sum(state)]; }
+
 void band(const BandArgs& b)
 {
     const int bytes = tile_bytes(b.bits);
@@ -59,7 +63,7 @@ void band(const BandArgs& b)
             float w[256];
             for (int r = 0; r < 16; ++r)
                 for (int c = 0; c < 16; ++c)
-                    w[r * 16 + c] = static_cast<float>(mul1_centered(state_at(ring, b.bits, state_of(r, c))));
+                    w[r * 16 + c] = codebook(state_at(ring, b.bits, state_of(r, c)));
             for (int t = 0; t < b.rows; ++t) {
                 float tile[16] = {};
                 for (int r = 0; r < 16; ++r) {
@@ -74,8 +78,14 @@ void band(const BandArgs& b)
         }
 }
 
+void mul1_values(const uint16_t* states, int n, float* dst)
+{
+    for (int i = 0; i < n; ++i)
+        dst[i] = codebook(states[i]);
+}
+
 }  // namespace
 
-extern const IsaOps OPS_SCALAR = {band, rotate, gate_up_block, out_block};
+extern const IsaOps OPS_SCALAR = {band, rotate, gate_up_block, out_block, mul1_values};
 
 }  // namespace glm53ce

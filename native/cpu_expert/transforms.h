@@ -13,7 +13,7 @@ namespace glm53ce {
 namespace {
 
 constexpr int BLOCK = 128;
-constexpr float OUT_SCALE = K_INV * HAD_SCALE;
+constexpr float OUT_SCALE = HAD_SCALE * MUL1_W_SCALE;  // 1/sqrt(128) / 2^18, exactly HAD_SCALE's bits scaled
 
 template <int H>
 inline void fwht_stage(float* v)
@@ -72,7 +72,7 @@ inline float clamped_swiglu(float g, float u, float limit)
     return min_f(silu, limit) * max_f(min_f(u, limit), -limit);
 }
 
-// v (a band sum) = svh * H(v) * K_INV / sqrt(128)
+// v (a band sum, of W = 2^18 w) = svh * H(v) / 2^18 / sqrt(128)
 inline void output_transform(float* v, const uint16_t* svh)
 {
     float s[BLOCK];

@@ -23,19 +23,19 @@ def random_expert(rng, hidden: int, inter: int, bits: int) -> tuple[ce.Linear, c
             random_linear(rng, inter, hidden, bits, 1.0 / 8))
 
 
-def w_hat64(trellis: np.ndarray) -> np.ndarray:
-    """The codebook weights [in, out] in float64: (byte sum of state * 0x83DCD12D - 510) * K_INV."""
-    x = ref.decode_states(trellis).astype(np.uint32) * np.uint32(ref.MUL1_MULT)
-    byte_sum = (x & 255) + ((x >> 8) & 255) + ((x >> 16) & 255) + (x >> 24)
-    values = (byte_sum.astype(np.float64) - 510.0) * ref.K_INV
-    tiles = np.empty_like(values)
-    tiles[..., ref.tc_perm()] = values
+def w_hat64(trellis: np.ndarray, values=ref.mul1_values_gpu) -> np.ndarray:
+    """The codebook weights [in, out] in float64. values maps states to codebook values: by default the fp16 value
+    exllamav3's GPU kernels decode (exl3_reference.mul1_values_gpu, an fp16 emulation of their fused multiply-add,
+    which the kernel must reproduce bit for bit); exl3_reference.mul1_values for the exact codebook."""
+    vals = values(ref.decode_states(trellis)).astype(np.float64)
+    tiles = np.empty_like(vals)
+    tiles[..., ref.tc_perm()] = vals
     k, n = trellis.shape[:2]
     return tiles.reshape(k, n, 16, 16).transpose(0, 2, 1, 3).reshape(k * 16, n * 16)
 
 
 class Reference:
-    """float64 projections, the decoded weights kept per linear."""
+    """float64 projections with the GPU's codebook values, the decoded weights kept per linear."""
 
     def __init__(self) -> None:
         self._w: dict[int, np.ndarray] = {}

@@ -2,7 +2,9 @@
 
 Every run draws fresh trellis bits, sign/scale vectors, activations and router weights from a seed it prints;
 CPU_EXPERT_TEST_SEED=<seed> repeats a run. The reference (exl3_float64) decodes the trellis with
-exl3_reference's state extraction and tile permutation, then does all arithmetic in float64.
+exl3_reference's state extraction and tile permutation and the codebook values exllamav3's GPU kernels use
+(exl3_reference.mul1_values_gpu, an fp16 emulation of their fused multiply-add), then does all arithmetic in
+float64.
 """
 
 from __future__ import annotations
@@ -17,13 +19,15 @@ import pytest
 from glm53.models.synth import exl3_reference as ref
 from glm53.offload import cpu_expert as ce
 
-from .exl3_float64 import Reference, random_expert, random_linear, rel_rms
+from .exl3_float64 import Reference, random_expert, random_linear, rel_rms, w_hat64
 
 SEED = int(os.environ.get("CPU_EXPERT_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
 # Relative RMS error per token of one expert's output (fp32 accumulation) against float64, measured at
-# GLM-5.3-Flash's shape (4096 -> 2048 -> 4096, K = 3) over 54 tokens of 6 seeds: 5.2e-7 to 6.3e-7 (median 5.8e-7);
-# a single 4096 -> 2048 projection 3.1e-7 to 3.4e-7.
+# GLM-5.3-Flash's shape (4096 -> 2048 -> 4096, K = 3) over 48 tokens of 6 seeds: 5.0e-7 to 5.9e-7 (median 5.5e-7);
+# a single 4096 -> 2048 projection 3.1e-7 to 3.4e-7. (Against the exact codebook instead, a projection is 2e-4 to
+# 5e-3 off: the GPU's values sit 1.8e-3 lower, see test_codebook_sits_below_the_exact_one.)
 TOLERANCE = 2e-6
+GPU_SHIFT = -476 / 2**18  # fp16 0xc931 + 1534 * fp16 0x1eee: how far below the exact codebook the GPU's values sit
 LIMIT = 10.0  # GLM-5.3-Flash's swiglu_limit
 GLM = (4096, 2048)  # hidden, moe_intermediate (glm53.models.synth.presets, "full")
 
@@ -41,6 +45,52 @@ def rng(request) -> np.random.Generator:
 def skip_unless(isa: str) -> None:
     if isa not in ce.available_isas():
         pytest.skip(f"this CPU cannot run the {isa} kernel (available: {', '.join(ce.available_isas())})")
+
+
+# ---- the codebook
+
+ALL_STATES = np.arange(1 << 16, dtype=np.uint16)
+
+
+def test_codebook_emulation_matches_hand_computed_states():
+    """exl3_reference.mul1_values_gpu against states worked out by hand from codebook.cuh's constants: the byte
+    sum s of state * 0x83DCD12D, N = (1024 + s) * 1774 - 2721792 (fp16 0x1eee = 1774 / 2^18, 0xc931 = -2721792 /
+    2^18), the value fp16(N / 2^18): N rounded to 11 significant bits, ties to even."""
+    cases = {
+        0: 0xC2E8,      # x = 0, s = 0: N = -905216 = -1768 * 2^9, exact: -3.453125
+        1: 0x3921,      # x = 0x83DCD12D, s = 0x83 + 0xDC + 0xD1 + 0x2D = 605: N = 168054 = 1312.92 * 2^7 -> 1313 * 2^7,
+                        # 0.64111328125
+        7129: 0xC12C,   # x = 0x103D0E25, s = 128: N = -678144 = -1324.5 * 2^9, a tie -> -1324 * 2^9 (even), -2.5859375
+        448: 0x9770,    # x = 0xC26E0EC0, s = 510: N = -476, exact: -0.0018157958984375 (the exact codebook says 0)
+        31579: 0x42B2,  # x = 0xF7FEF9FF, s = 1005 (the largest over 16-bit states): N = 877654 = 1714.17 * 2^9 ->
+                        # 1714 * 2^9, 3.34765625
+    }
+    states = np.array(list(cases), np.uint16)
+    got = ref.mul1_values_gpu(states)
+    assert got.dtype == np.float16
+    assert [hex(v) for v in got.view(np.uint16)] == [hex(v) for v in cases.values()]
+
+
+@pytest.mark.parametrize("isa", ce.ISAS)
+def test_codebook_is_the_gpu_fp16_value_for_every_state(isa):
+    skip_unless(isa)
+    got = ce.mul1_values(ALL_STATES, isa=isa)
+    want = ref.mul1_values_gpu(ALL_STATES).astype(np.float32)
+    bad = np.flatnonzero(got != want)
+    assert not len(bad), f"{isa}: {len(bad)} states differ, e.g. state {bad[0]}: {got[bad[0]]!r} != {want[bad[0]]!r}"
+
+
+def test_codebook_sits_below_the_exact_one():
+    """The kernel's values are the exact codebook (byte sum - 510) * fp16 0x1eee shifted by -476 / 2^18 and rounded
+    to fp16: a regression to the exact codebook (or a rounding that is not fp16's) fails here."""
+    got = ce.mul1_values(ALL_STATES).astype(np.float64)
+    exact = ref.mul1_values(ALL_STATES).astype(np.float64)  # exact in float32: an 11-bit times a 10-bit integer
+    shifted = exact + GPU_SHIFT
+    half_ulp = np.spacing(np.abs(got).astype(np.float16)).astype(np.float64) / 2
+    assert (np.abs(got - shifted) <= half_ulp).all()  # the shift, then one rounding to fp16
+    assert (got < exact).all()  # the shift (1.8e-3) exceeds any rounding (at most 2^-10)
+    assert abs(np.mean(got - exact) - GPU_SHIFT) < 1e-5
+    assert np.sqrt(np.mean((got - shifted) ** 2)) > 1e-5  # and the rounding is there
 
 
 # ---- one projection
@@ -65,11 +115,12 @@ def test_linear_matches_float64_on_every_isa(rng, n_in, n_out, bits, rows):
 
 
 def test_decoder_matches_exl3_reference_dense_weight(rng):
-    """The float64 reference and exl3_reference.dense_weight describe the same linear."""
+    """The float64 reference and exl3_reference.dense_weight (exact codebook) describe the same linear."""
     lin = random_linear(rng, 256, 384, 3, 1.0)
     x = rng.normal(size=(2, 256))
     dense = ref.dense_weight(lin.trellis, lin.suh, lin.svh).astype(np.float64)
-    assert rel_rms(Reference().linear(x, lin), x @ dense).max() < 1e-6
+    exact = Reference().rotated(x, w_hat64(lin.trellis, ref.mul1_values), lin.suh, lin.svh)
+    assert rel_rms(exact, x @ dense).max() < 1e-6
 
 
 # ---- whole experts

@@ -8,7 +8,10 @@ Transcribed from the scalar path of exllamav3 1.6.5's CPU expert kernel (``exlla
   words forming a tail-biting bit ring, most significant bit first.
 - State ``t`` (0..255) of a tile is the 16-bit window ending at ring bit ``(t + 1) * K``; it is the weight at
   tile position ``tc_perm()[t]`` (= row * 16 + column, row along the input).
-- mul1 codebook: ``x = state * 0x83DCD12D`` (32-bit), value ``(sum of x's four bytes - 510) / 147.7``.
+- mul1 codebook: ``x = state * 0x83DCD12D`` (32-bit), value ``(sum of x's four bytes - 510) / 147.7``. That is the
+  exact codebook (``mul1_values``, used by the synthetic checkpoints' writer); exllamav3's GPU kernels and its
+  quantiser decode ``fp16(fma(1024 + byte sum, fp16 0x1eee, fp16 0xc931))`` instead (``mul1_values_gpu``), which
+  sits 476 / 2^18 ~ 1.8e-3 lower plus its fp16 rounding (``native/cpu_expert/format.h`` has the derivation).
 - The layer computes ``y = svh * H(H(suh * x) . W_hat) / 128`` with ``H`` the 128-point Hadamard transform on
   each 128-block, so its dense weight is ``diag(suh) Hb W_hat Hb diag(svh) / 128``.
 """
@@ -19,6 +22,7 @@ import numpy as np
 
 MUL1_MULT = 0x83DCD12D
 K_INV = float(np.array(0x1EEE, dtype=np.uint16).view(np.float16))  # fp16 0x1eee ~ 1/147.7
+K_BIAS_GPU = float(np.array(0xC931, dtype=np.uint16).view(np.float16))  # fp16 0xc931 = -10.3828125 (not -1534 K_INV)
 
 
 def tc_perm() -> np.ndarray:
@@ -51,6 +55,17 @@ def mul1_values(states: np.ndarray) -> np.ndarray:
     x = states.astype(np.uint32) * np.uint32(MUL1_MULT)  # wraps mod 2^32 like the kernel's uint32 product
     byte_sum = (x & 0xFF) + ((x >> 8) & 0xFF) + ((x >> 16) & 0xFF) + (x >> 24)
     return ((byte_sum.astype(np.float32) - 510.0) * np.float32(K_INV)).astype(np.float32)
+
+
+def mul1_values_gpu(states: np.ndarray) -> np.ndarray:
+    """The mul1 value of each state as exllamav3's GPU kernels decode it (``decode_3inst<2>`` in
+    ``quant/codebook.cuh``), float16: ``h = 1024 + byte sum`` as an fp16 (exact), then one fp16 fused
+    multiply-add ``h * 0x1eee + 0xc931`` rounded once to nearest even. The product and sum are exact in float64
+    (11-bit operands), so NumPy's float64 -> float16 conversion is that single rounding."""
+    x = states.astype(np.uint32) * np.uint32(MUL1_MULT)
+    byte_sum = (x & 0xFF) + ((x >> 8) & 0xFF) + ((x >> 16) & 0xFF) + (x >> 24)
+    h = (1024 + byte_sum).astype(np.float16)
+    return (h.astype(np.float64) * K_INV + K_BIAS_GPU).astype(np.float16)
 
 
 def decode_tiles(trellis: np.ndarray) -> np.ndarray:
