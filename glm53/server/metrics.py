@@ -88,6 +88,10 @@ class Metrics:
         _counter(out, "glm53_jobs_rejected_total", "Requests refused with 429 (queue full).", scheduler["jobs_rejected"])
         for name, value in _flatten(engine):
             _gauge(out, f"glm53_engine_{name}", "Backend figure (see /stats).", value)
+        for name, series in _per_layer(engine):
+            metric = f"glm53_engine_{name}"
+            out += [f"# HELP {metric} Backend figure per MoE layer (see /stats).", f"# TYPE {metric} gauge"]
+            out += [f'{metric}{{layer="{layer}"}} {value}' for layer, value in series]
         return "\n".join(out) + "\n"
 
 
@@ -116,3 +120,19 @@ def _flatten(stats: dict, prefix: str = ""):
             yield name, value
         elif isinstance(value, dict):
             yield from _flatten(value, name + "_")
+
+
+def _per_layer(stats: dict, prefix: str = ""):
+    """Lists of per-layer dicts (``[{"layer": key, "hits": 3, ...}]``, such as the expert cache's) as
+    (metric_name, [(layer, value)]) per numeric field: one labelled series per layer."""
+    for key, value in stats.items():
+        name = f"{prefix}{key}".replace(".", "_").replace("-", "_")
+        if isinstance(value, dict):
+            yield from _per_layer(value, name + "_")
+        elif isinstance(value, list) and value and all(isinstance(v, dict) and isinstance(v.get("layer"), str) for v in value):
+            fields = [f for f in value[0] if f != "layer"]
+            for field in fields:
+                series = [(v["layer"], v[field]) for v in value
+                          if isinstance(v.get(field), (int, float)) and not isinstance(v.get(field), bool)]
+                if series:
+                    yield f"{name}_{field}", series
