@@ -3,9 +3,15 @@
 The offload layer only changes where expert bytes are read from (host store over PCIe, a VRAM slot, a staging
 buffer), never the arithmetic: teacher-forced prefill logits and greedy decode (tokens and log-probabilities)
 must be bit-identical at every cache size, with staging on and off, and across an elastic loan and return.
+
+Checkpoints: the tiny synthetic one always; the layer-scaled real-shape one (12 MoE layers x 288 experts, 36 GB)
+too when ``SCALED_CHECKPOINT`` names it (``glm53 synth --preset scaled --seed 1 --out DIR``; about 3 minutes more).
 """
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -38,12 +44,20 @@ def _settings(ckpt, extra):
                         "-ambs", "4", "-chunk_size", str(CHUNK), "--ec-elastic-gb", "0", *extra], {})
 
 
+CHECKPOINTS = ["tiny"] + (["scaled"] if os.environ.get("SCALED_CHECKPOINT") else [])
+
+
+@pytest.fixture(scope="module", params=CHECKPOINTS)
+def checkpoint(request, tiny_checkpoint) -> Path:
+    return tiny_checkpoint if request.param == "tiny" else Path(os.environ["SCALED_CHECKPOINT"])
+
+
 @pytest.fixture(scope="module")
-def stock(tiny_checkpoint):
+def stock(checkpoint):
     """Stock exllamav3 with the experts in VRAM, and its answers for every prompt."""
     from glm53.models.stock import load_stock
 
-    s = load_stock(tiny_checkpoint, cache_tokens=CACHE_TOKENS, max_batch_size=4, chunk_size=CHUNK)
+    s = load_stock(checkpoint, cache_tokens=CACHE_TOKENS, max_batch_size=4, chunk_size=CHUNK)
     gen = s.generator(max_batch_size=4)
     answers = {
         "prefill": [_prefill_logits(s.model, p) for p in PROMPTS],
@@ -99,10 +113,10 @@ def _engine_decode(backend, prompts):
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_exact_mode_is_bit_identical_to_stock(tiny_checkpoint, stock, case):
+def test_exact_mode_is_bit_identical_to_stock(checkpoint, stock, case):
     from glm53.engine.exl3.backend import Exl3Backend
 
-    backend = Exl3Backend(_settings(tiny_checkpoint, CASES[case]))
+    backend = Exl3Backend(_settings(checkpoint, CASES[case]))
     try:
         offload = backend.offload
         if "elastic" in case:
@@ -145,11 +159,11 @@ def test_exact_mode_is_bit_identical_to_stock(tiny_checkpoint, stock, case):
         torch.cuda.empty_cache()
 
 
-def test_a_staging_buffer_that_cannot_be_allocated_is_counted_and_the_prefill_reads_zero_copy(tiny_checkpoint, stock, monkeypatch):
+def test_a_staging_buffer_that_cannot_be_allocated_is_counted_and_the_prefill_reads_zero_copy(checkpoint, stock, monkeypatch):
     """Fault injection: the allocator refuses the staging buffers; the forward still gives stock's logits."""
     from glm53.engine.exl3.backend import Exl3Backend
 
-    backend = Exl3Backend(_settings(tiny_checkpoint, ["--ec-cache-experts", "11%"]))
+    backend = Exl3Backend(_settings(checkpoint, ["--ec-cache-experts", "11%"]))
     try:
         stager = backend.offload.stager
 
