@@ -1,0 +1,217 @@
+"""Replacement policies of the GPU expert cache, replayed on a routing trace on the CPU, against the ideal.
+
+The device kernel (``native/ec/expert_cache.cu``, ``glm53/offload/cache.py``) uses a decayed pick frequency with
+admission past a hysteresis; this replays the same rules next to the obvious alternatives on the same trace, all
+with the same per-layer slot counts (the profile placement of ``cache.placement``):
+
+- ``static``: the warm start alone, never changed (the best fixed placement if the profile is the truth);
+- ``lru`` and ``clock``: admit every miss, evict the least recently used / the CLOCK hand's pick;
+- ``decayed``: the kernel's policy (score ``f <- f * decay + picks``, admit a missed expert when its score beats
+  the weakest resident not picked in this step by ``hysteresis``, at most ``max_admit`` per layer and step);
+- ``belady``: the offline optimum with bypass (on a miss, keep whichever of the missed expert and the residents is
+  used again last out), the ceiling any online policy can reach.
+
+Traces: ``iid`` draws each step's top-k per layer from the profile's shares (no temporal structure); ``drift``
+multiplies the shares by a slowly varying random factor per expert (topics change over a conversation), which is
+where adaptive policies can beat the static placement. A recorded trace can be replayed with ``--trace``
+(``.npy`` int [steps, layers, top_k]).
+
+    python3 -m bench.cache_policy_sim [--share 0.11] [--steps 2000] [--mode iid|drift] [--out sim.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from glm53.offload.cache import Policy, placement, shares
+
+PROFILE = REPO / "reference" / "glm53-flash-routing-profile.json"
+
+
+def load_profile(path: Path) -> np.ndarray:
+    data = json.loads(Path(path).read_text())
+    keys = sorted(data, key=lambda k: int(k.split("layers.")[1].split(".")[0]))
+    return np.array([data[k] for k in keys], dtype=np.float64)
+
+
+def make_trace(profile: np.ndarray, steps: int, top_k: int, mode: str, seed: int) -> np.ndarray:
+    """int [steps, layers, top_k]: distinct experts per layer and step, drawn by the shares (Gumbel top-k)."""
+    rng = np.random.default_rng(seed)
+    layers, experts = profile.shape
+    logp = np.log(np.maximum(shares(profile), 1e-12))
+    walk = np.zeros((layers, experts))
+    trace = np.empty((steps, layers, top_k), dtype=np.int64)
+    for t in range(steps):
+        if mode == "drift":
+            walk = 0.995 * walk + rng.normal(0.0, 0.1, size=walk.shape)  # ~200-step memory, log-factor sd ~1
+        gumbel = rng.gumbel(size=(layers, experts))
+        trace[t] = np.argpartition(-(logp + walk + gumbel), top_k, axis=1)[:, :top_k]
+    return trace
+
+
+def starting_residents(profile: np.ndarray, slots: int) -> list[list[int]]:
+    """Per layer, the experts the cache starts with (its quota is their number)."""
+    start = [[] for _ in range(profile.shape[0])]
+    for layer, expert in placement(profile, slots):
+        start[layer].append(expert)
+    return start
+
+
+def run_static(trace, start):
+    hits = 0
+    for layer, resident in enumerate(start):
+        members = set(resident)
+        hits += sum(int(e) in members for e in trace[:, layer].reshape(-1))
+    return hits
+
+
+def run_lru(trace, start):
+    hits = 0
+    for layer, resident in enumerate(start):
+        if not resident:
+            continue
+        order = OrderedDict((e, None) for e in resident)  # least recently used first
+        for t in range(trace.shape[0]):
+            for e in trace[t, layer]:
+                e = int(e)
+                if e in order:
+                    hits += 1
+                    order.move_to_end(e)
+                else:
+                    order.popitem(last=False)
+                    order[e] = None
+    return hits
+
+
+def run_clock(trace, start):
+    hits = 0
+    for layer, resident in enumerate(start):
+        slots = list(resident)
+        ref = [False] * len(slots)
+        where = {e: i for i, e in enumerate(slots)}
+        hand = 0
+        for t in range(trace.shape[0]):
+            for e in trace[t, layer]:
+                e = int(e)
+                if e in where:
+                    hits += 1
+                    ref[where[e]] = True
+                elif slots:
+                    while ref[hand]:
+                        ref[hand] = False
+                        hand = (hand + 1) % len(slots)
+                    del where[slots[hand]]
+                    slots[hand], ref[hand] = e, True
+                    where[e] = hand
+                    hand = (hand + 1) % len(slots)
+    return hits
+
+
+def run_decayed(trace, start, profile: np.ndarray, policy: Policy):
+    """The kernel's rules, step by step (``ec_step_kernel``)."""
+    hits = 0
+    top_k = trace.shape[2]
+    warm = shares(profile) * top_k / max(1.0 - policy.decay, 1e-6)
+    for layer, resident in enumerate(start):
+        f = warm[layer].astype(np.float32).copy()
+        res = np.zeros(profile.shape[1], dtype=bool)
+        res[resident] = True
+        for t in range(trace.shape[0]):
+            picked = np.zeros_like(res)
+            picked[trace[t, layer]] = True
+            f *= np.float32(policy.decay)
+            f[picked] += 1.0
+            hits += int((picked & res).sum())
+            cand, vict = picked & ~res, ~picked & res
+            for _ in range(policy.max_admit):
+                if not cand.any() or not vict.any():
+                    break
+                c = int(np.flatnonzero(cand)[np.argmax(f[cand])])
+                v = int(np.flatnonzero(vict)[np.argmin(f[vict])])
+                if not f[c] > policy.hysteresis * f[v]:
+                    break
+                res[c], res[v], cand[c], vict[v] = True, False, False, False
+    return hits
+
+
+def run_belady(trace, start):
+    """Offline optimum with bypass, per layer with its quota."""
+    hits = 0
+    steps = trace.shape[0]
+    for layer, resident in enumerate(start):
+        q = len(resident)
+        seq = trace[:, layer]
+        # next use after step t of every expert, scanning backwards
+        nxt = {}
+        next_use = np.empty(seq.shape, dtype=np.int64)
+        for t in range(steps - 1, -1, -1):
+            for j, e in enumerate(seq[t]):
+                next_use[t, j] = nxt.get(int(e), steps + 1)
+            for e in seq[t]:
+                nxt[int(e)] = t
+        first = dict(nxt)  # first use of each expert
+        res = {e: first.get(e, steps + 1) for e in resident}  # expert -> its next use
+        for t in range(steps):
+            for j, e in enumerate(seq[t]):
+                e = int(e)
+                if e in res:
+                    hits += 1
+                    res[e] = int(next_use[t, j])
+                elif q:
+                    far = max(res, key=res.get)
+                    if res[far] > next_use[t, j]:
+                        del res[far]
+                        res[e] = int(next_use[t, j])
+    return hits
+
+
+POLICIES = ("static", "lru", "clock", "decayed", "belady")
+
+
+def simulate(profile: np.ndarray, trace: np.ndarray, slots: int, policy: Policy | None = None) -> dict:
+    policy = policy or Policy()
+    start = starting_residents(profile, slots)
+    picks = trace.shape[0] * trace.shape[2] * trace.shape[1]
+    runs = {
+        "static": lambda: run_static(trace, start),
+        "lru": lambda: run_lru(trace, start),
+        "clock": lambda: run_clock(trace, start),
+        "decayed": lambda: run_decayed(trace, start, profile, policy),
+        "belady": lambda: run_belady(trace, start),
+    }
+    return {"picks": picks, "slots": slots, "hit_rate": {name: round(runs[name]() / picks, 4) for name in POLICIES}}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python3 -m bench.cache_policy_sim", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--profile", type=Path, default=PROFILE)
+    ap.add_argument("--share", type=float, default=1376 / 12096, help="cached share of all experts (default: a 24 GB card's, 1376 of 12096)")
+    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--top-k", type=int, default=8)
+    ap.add_argument("--mode", choices=("iid", "drift"), default="iid")
+    ap.add_argument("--trace", type=Path, help="replay this recorded trace (.npy int [steps, layers, top_k]) instead")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    profile = load_profile(args.profile)
+    trace = np.load(args.trace) if args.trace else make_trace(profile, args.steps, args.top_k, args.mode, args.seed)
+    slots = round(args.share * profile.size)
+    result = {"profile": str(args.profile), "mode": "trace" if args.trace else args.mode, "steps": int(trace.shape[0]),
+              "seed": args.seed, **simulate(profile, trace, slots)}
+    print(json.dumps(result, indent=1))
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
