@@ -7,6 +7,7 @@
 # REPORT_DIR: where the report (and the figures some tests write) goes; default $OUT (the device runner's output
 #   folder) or /tmp/glm53-gpu-report
 # TEST_CHECKPOINT: where the tiny synthetic checkpoint is written; default /tmp/glm53-ckpt/tiny
+# SCALED_CHECKPOINT: unset by default; set, the exactness tests also run on the scaled checkpoint written there
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 KIT=${GPU_KIT:-.gpu}
@@ -25,6 +26,10 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if [ -e "$KIT/triton-cache-tiny.tgz" ]; then tar xzf "$KIT/triton-cache-tiny.tgz" -C "$TRITON_CACHE_DIR"; fi
 t1=$(now)
 python3 -m glm53 synth --preset tiny --out "$TEST_CHECKPOINT" --seed 1 --force || exit 2
+# SCALED_CHECKPOINT: also test on the layer-scaled real-shape checkpoint (36 GB; written here once, ~30 s)
+if [ -n "${SCALED_CHECKPOINT:-}" ] && [ ! -e "$SCALED_CHECKPOINT/config.json" ]; then
+  python3 -m glm53 synth --preset scaled --out "$SCALED_CHECKPOINT" --seed 1 --force || exit 2
+fi
 t2=$(now)
 python3 -m pytest tests/gpu -v -rA -p no:cacheprovider --junitxml "$REPORT_DIR/gpu-junit.xml" "$@" 2>&1 | tee "$REPORT_DIR/gpu-pytest.log"
 rc=${PIPESTATUS[0]}
