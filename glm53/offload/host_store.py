@@ -34,9 +34,6 @@ ALIGN = 256  # byte alignment of each projection inside an expert block (exllama
 EXPERT_TRELLIS = re.compile(r"^(?P<layer>.*\.layers\.(?P<index>\d+)\.mlp)\.experts\.(?P<expert>\d+)\.(?P<proj>gate|up|down)_proj\.trellis$")
 READ_THREADS = 8
 READ_CHUNK = 64 * 1024**2  # one preadv call; bounded so a short read is retried at a known place
-# Fixed host memory beyond the arenas: the Python process, torch's CPU runtime and CUDA's host-side state.
-# Stated so the host-RAM bound (1.02 x routed bytes + this) can be checked; measured in bench/compare.py.
-FIXED_OVERHEAD_BYTES = 6 * 1024**3
 
 
 @dataclass(frozen=True)
