@@ -70,8 +70,8 @@ class _CExpert(ctypes.Structure):
 
 
 def _sources() -> list[Path]:
-    files = NATIVE / "cpu_expert"
-    return [NATIVE / "Makefile", *(sorted(files.iterdir()) if files.is_dir() else [])]
+    dirs = (NATIVE / "cpu_expert", NATIVE / "cpu_tier")  # cpu_tier (the handoff) is built into the same library
+    return [NATIVE / "Makefile", *(f for d in dirs if d.is_dir() for f in sorted(d.iterdir()))]
 
 
 def build() -> Path:

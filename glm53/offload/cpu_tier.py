@@ -1,0 +1,270 @@
+"""The CPU tier's handoff, host side (``native/cpu_tier``): a job ring, the expert table and the host worker.
+
+Per MoE layer and decode step a producer (in production a GPU kernel; here :class:`HostProducer`, the test/CPU
+stand-in) publishes a job into the ring: the cold missed experts of the layer for 1..8 tokens as picks (token,
+expert, router weight) plus the fp16 input rows. The :class:`Worker` (one host thread, the expert kernel on a
+``cpu_expert.Pool``) computes ``out[t] = sum w * expert(x[t])`` in fp32 and publishes it. A producer whose
+deadline passes takes the job back and computes it itself; exactly one side contributes every job.
+``native/cpu_tier/cpu_tier.h`` documents the byte layout and the state machine.
+
+The worker finds experts through a table registered once: the trellises are read where the host store holds them
+(the single host copy); ``suh``/``svh`` are the CPU tier's own fp16 copies (exllamav3 keeps its in VRAM).
+
+Here the ring is plain page-aligned host memory; registering it with CUDA as mapped memory is the device side's
+business (not imported here).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Self
+
+import numpy as np
+
+from . import cpu_expert as ce
+
+STATES = ("empty", "published", "claimed", "done", "failed", "taken_back")  # ids 0.. of cpu_tier.h
+EBUSY, ESTATE = -5, -6
+PROJECTIONS = ("gate", "up", "down")
+COUNTERS = ("jobs", "done", "failed", "experts", "picks", "tokens", "busy_ns", "taken_back_before_claim",
+            "taken_back_after_claim", "max_queue_depth")
+
+
+class _CLayout(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint32) for n in ("magic", "version", "slots", "hidden", "max_tokens", "max_picks")] + \
+               [(n, ctypes.c_uint64) for n in ("slot_bytes", "slots_offset", "picks_offset", "x_offset", "out_offset", "total_bytes")]
+
+
+class _CPick(ctypes.Structure):
+    _fields_ = [("token", ctypes.c_int32), ("expert", ctypes.c_int32), ("weight", ctypes.c_float)]
+
+
+class _CCounters(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint64) for n in COUNTERS]
+
+
+@cache
+def library() -> ctypes.CDLL:
+    """The CPU library (``cpu_expert.library()``) with the ``glm53_ct_`` signatures set."""
+    lib = ce.library()
+    i32, i64, u64, ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_uint64, ctypes.c_void_p
+    signatures = {
+        "glm53_ct_error": (ctypes.c_char_p, []),
+        "glm53_ct_ring_layout": (i32, [i32, i32, i32, i32, ptr]),
+        "glm53_ct_ring_init": (i32, [ptr, u64, i32, i32, i32, i32]),
+        "glm53_ct_slot_word": (u64, [ptr, i32]),
+        "glm53_ct_worker_start": (ptr, [ptr, ptr, i32, i32, ctypes.c_float, ptr, i32, i32, i32, i32]),
+        "glm53_ct_worker_stop": (None, [ptr]),
+        "glm53_ct_worker_counters": (None, [ptr, ptr]),
+        "glm53_ct_worker_debug_hold": (None, [ptr, i32]),
+        "glm53_ct_producer_publish": (i32, [ptr, u64, i32, i32, ptr, i32, ptr]),
+        "glm53_ct_producer_wait": (i32, [ptr, u64, i64, ptr]),
+        "glm53_ct_producer_take_back": (i32, [ptr, u64, ptr]),
+        "glm53_ct_producer_release": (i32, [ptr, u64]),
+    }
+    for name, (restype, argtypes) in signatures.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return lib
+
+
+def _check(rc: int) -> None:
+    if rc < 0:
+        raise ce.KernelError(library().glm53_ct_error().decode())
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Byte offsets of a ring (see cpu_tier.h): slot i at ``slots_offset + i * slot_bytes``; inside a slot the
+    header line at 0, picks, x (fp16 [max_tokens, hidden]) and out (fp32 [max_tokens, hidden])."""
+
+    slots: int
+    hidden: int
+    max_tokens: int
+    max_picks: int
+    slot_bytes: int
+    slots_offset: int
+    picks_offset: int
+    x_offset: int
+    out_offset: int
+    total_bytes: int
+
+
+def ring_layout(slots: int, hidden: int, max_tokens: int = 8, max_picks: int = 8) -> Layout:
+    c = _CLayout()
+    _check(library().glm53_ct_ring_layout(slots, hidden, max_tokens, max_picks, ctypes.byref(c)))
+    return Layout(*(getattr(c, n) for n in ("slots", "hidden", "max_tokens", "max_picks", "slot_bytes", "slots_offset",
+                                             "picks_offset", "x_offset", "out_offset", "total_bytes")))
+
+
+class Ring:
+    """A job ring in page-aligned anonymous host memory (not registered with CUDA)."""
+
+    def __init__(self, slots: int, hidden: int, max_tokens: int = 8, max_picks: int = 8) -> None:
+        self.layout = ring_layout(slots, hidden, max_tokens, max_picks)
+        self._map = mmap.mmap(-1, self.layout.total_bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self.bytes = np.frombuffer(self._map, np.uint8)
+        self.address = self.bytes.ctypes.data
+        _check(library().glm53_ct_ring_init(self.address, self.layout.total_bytes, slots, hidden, max_tokens, max_picks))
+
+    def word(self, slot: int) -> tuple[int, str]:
+        """(sequence number, state) of a slot's state word."""
+        w = library().glm53_ct_slot_word(self.address, slot)
+        return w >> 8, STATES[w & 0xFF]
+
+    def worker_next(self) -> int:
+        return int(self.bytes[128:136].view(np.uint64)[0])
+
+    def out(self, slot: int, tokens: int) -> np.ndarray:
+        """A view of a slot's fp32 output rows."""
+        L = self.layout
+        at = L.slots_offset + slot * L.slot_bytes + L.out_offset
+        return self.bytes[at : at + 4 * tokens * L.hidden].view(np.float32).reshape(tokens, L.hidden)
+
+
+class ExpertTable:
+    """Per (layer row, expert) the addresses of the three trellises and six fp16 sign/scale vectors, registered with
+    the worker once. Keeps what it points to alive."""
+
+    def __init__(self, experts: Mapping[tuple[int, int], Sequence[ce.Linear]], num_layers: int, num_experts: int) -> None:
+        self.num_layers, self.num_experts = num_layers, num_experts
+        self._keep: list = []
+        self.c = (ce._CExpert * (num_layers * num_experts))()  # unregistered entries stay NULL
+        for (row, e), (gate, up, down) in experts.items():
+            if not (0 <= row < num_layers and 0 <= e < num_experts):
+                raise ValueError(f"expert ({row}, {e}) outside {num_layers} layers x {num_experts} experts")
+            self.c[row * num_experts + e] = ce._CExpert(*(ce._c_linear(lin, f"experts[{row}, {e}].{p}", self._keep)
+                                                          for p, lin in zip(PROJECTIONS, (gate, up, down))))
+
+    @classmethod
+    def from_host_store(cls, store, sign_scale: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> ExpertTable:
+        """Every expert of a loaded :class:`~glm53.offload.host_store.HostStore`, its trellises read in place.
+
+        :param sign_scale: per projection name, fp16 ``(suh [layers, experts, in], svh [layers, experts, out])``:
+            the CPU tier's own copies.
+        """
+        layout = store.layout
+        experts = {}
+        for row in range(store.num_layers):
+            arena = store.arenas[row].numpy()
+            for e in range(store.num_experts):
+                base = e * layout.block_bytes
+                lins = []
+                for p, name in enumerate(PROJECTIONS):
+                    at = base + layout.offsets[p]
+                    trellis = arena[at : at + layout.nbytes[p]].view(np.int16).reshape(layout.shapes[p])
+                    suh, svh = sign_scale[name]
+                    lins.append(ce.Linear(trellis, suh[row, e], svh[row, e]))
+                experts[(row, e)] = tuple(lins)
+        table = cls(experts, store.num_layers, store.num_experts)
+        table._keep.append(store)
+        return table
+
+
+class Worker:
+    """The host thread that serves a ring. ``pool``: a started ``cpu_expert.Pool`` (None: this thread alone).
+    ``cpu``: pin the worker thread (None: not pinned); it should have a core of its own, since it takes part in
+    the pool's work. Idle, it spins ``spin_us`` after its last job, then naps, 50 us doubling up to ``nap_us``
+    (the worst wake-up latency after a long idle)."""
+
+    def __init__(self, ring: Ring, table: ExpertTable, *, act_limit: float, pool: ce.Pool | None = None,
+                 isa: str | None = None, cpu: int | None = None, spin_us: int = 2000, nap_us: int = 1000) -> None:
+        self.ring, self.table, self.pool = ring, table, pool
+        self.act_limit, self.isa, self.cpu, self.spin_us, self.nap_us = act_limit, isa, cpu, spin_us, nap_us
+        self.handle: int | None = None
+
+    def start(self) -> Self:
+        if self.handle is None:
+            handle = library().glm53_ct_worker_start(
+                self.ring.address, self.table.c, self.table.num_layers, self.table.num_experts, float(self.act_limit),
+                self.pool.handle if self.pool is not None else None, ce._isa_id(self.isa),
+                -1 if self.cpu is None else self.cpu, self.spin_us, self.nap_us)
+            if not handle:
+                raise ce.KernelError(library().glm53_ct_error().decode())
+            self.handle = handle
+        return self
+
+    def stop(self) -> None:
+        """Returns once the worker thread has exited (a claimed job is finished and published first)."""
+        if self.handle is not None:
+            library().glm53_ct_worker_stop(self.handle)
+            self.handle = None
+
+    def counters(self) -> dict[str, int | float]:
+        c = _CCounters()
+        if self.handle is not None:
+            library().glm53_ct_worker_counters(self.handle, ctypes.byref(c))
+        out: dict[str, int | float] = {n: int(getattr(c, n)) for n in COUNTERS}
+        out["busy_s"] = out.pop("busy_ns") / 1e9
+        return out
+
+    def debug_hold(self, hold: bool) -> None:
+        """TEST HOOK: hold a claimed job before computing it."""
+        library().glm53_ct_worker_debug_hold(self.handle, int(hold))
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+@dataclass(frozen=True)
+class Outcome:
+    state: str  # "done", "failed" or "taken_back"
+    after_claim: bool = False  # taken back while the worker computed (its result will be discarded)
+
+
+class HostProducer:
+    """TEST/CPU PRODUCER: what the GPU kernel will do, on the host (the C reference functions): numbers jobs 1,
+    2, ... in publish order, publishes, waits with a deadline and takes back. Not thread-safe (one producer)."""
+
+    def __init__(self, ring: Ring) -> None:
+        self.ring = ring
+        self.next_seq = 1
+        self._tokens: dict[int, int] = {}
+
+    def publish(self, layer: int, x: np.ndarray, picks: Sequence[tuple[int, int, float]]) -> int | None:
+        """Job number, or None when the ring's next slot is not empty (then the caller computes the job itself)."""
+        xa = np.ascontiguousarray(x, dtype=np.float16)
+        arr = (_CPick * len(picks))(*(_CPick(int(t), int(e), float(w)) for t, e, w in picks))
+        seq = self.next_seq
+        rc = library().glm53_ct_producer_publish(self.ring.address, seq, layer, xa.shape[0], arr, len(picks), xa.ctypes.data)
+        if rc == EBUSY:
+            return None
+        _check(rc)
+        self.next_seq += 1
+        self._tokens[seq] = xa.shape[0]
+        return seq
+
+    def _outcome(self, rc: int, after: ctypes.c_int32) -> Outcome:
+        _check(rc)
+        return Outcome(STATES[rc], bool(after.value) if STATES[rc] == "taken_back" else False)
+
+    def _finish(self, seq: int, outcome: Outcome) -> Outcome:
+        if outcome.state == "taken_back":
+            self._tokens.pop(seq, None)
+        return outcome
+
+    def wait(self, seq: int, timeout_s: float | None) -> Outcome:
+        """Waits for job seq up to timeout_s (None: forever), then takes it back."""
+        after = ctypes.c_int32(0)
+        timeout_us = -1 if timeout_s is None else int(timeout_s * 1e6)
+        return self._finish(seq, self._outcome(library().glm53_ct_producer_wait(self.ring.address, seq, timeout_us, ctypes.byref(after)), after))
+
+    def take_back(self, seq: int) -> Outcome:
+        after = ctypes.c_int32(0)
+        return self._finish(seq, self._outcome(library().glm53_ct_producer_take_back(self.ring.address, seq, ctypes.byref(after)), after))
+
+    def result(self, seq: int) -> np.ndarray:
+        """A copy of a DONE job's output."""
+        return self.ring.out(seq % self.ring.layout.slots, self._tokens[seq]).copy()
+
+    def release(self, seq: int) -> None:
+        """After DONE or FAILED: the slot is empty again."""
+        _check(library().glm53_ct_producer_release(self.ring.address, seq))
+        self._tokens.pop(seq, None)

@@ -1,0 +1,456 @@
+// The CPU tier's job ring, its host worker and the reference host producer; cpu_tier.h has the layout and the
+// protocol. The ring is caller memory that another agent (the GPU) writes too, so its words are accessed with
+// the __atomic builtins rather than through std::atomic objects.
+#include "cpu_tier.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stddef.h>
+#include <string.h>
+#include <time.h>
+
+#include <atomic>
+#include <chrono>
+#include <new>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+namespace {
+
+thread_local std::string last_error;
+
+int32_t fail(int32_t code, const std::string& message)
+{
+    last_error = message;
+    return code;
+}
+
+constexpr uint64_t align_up(uint64_t n) { return (n + GLM53_CT_ALIGN - 1) / GLM53_CT_ALIGN * GLM53_CT_ALIGN; }
+constexpr uint64_t word_of(uint64_t seq, uint32_t state) { return seq << 8 | state; }
+constexpr uint64_t seq_of(uint64_t word) { return word >> 8; }
+constexpr uint32_t state_of(uint64_t word) { return static_cast<uint32_t>(word & 0xff); }
+constexpr uint64_t WORKER_NEXT = 128;  // byte offset of worker_next in the ring
+constexpr int FIRST_NAP_US = 50;
+
+using clock_type = std::chrono::steady_clock;
+
+uint64_t now_ns()
+{
+    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(clock_type::now().time_since_epoch()).count());
+}
+
+void nap(int us)
+{
+    timespec ts{0, static_cast<long>(us) * 1000};
+    nanosleep(&ts, nullptr);
+}
+
+struct SlotHeader {
+    uint64_t word;
+    uint32_t layer, n_tokens, n_picks;
+};
+
+const glm53_ct_layout& layout_of(const void* ring) { return *static_cast<const glm53_ct_layout*>(ring); }
+
+uint8_t* slot_base(void* ring, uint64_t slot)
+{
+    const glm53_ct_layout& L = layout_of(ring);
+    return static_cast<uint8_t*>(ring) + L.slots_offset + slot * L.slot_bytes;
+}
+
+uint64_t* word_ptr(void* ring, uint64_t slot) { return reinterpret_cast<uint64_t*>(slot_base(ring, slot)); }
+
+uint64_t load(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+void store(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+bool cas(uint64_t* p, uint64_t expected, uint64_t desired)
+{
+    return __atomic_compare_exchange_n(p, &expected, desired, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+
+int32_t check_ring(const void* ring)
+{
+    if (!ring || reinterpret_cast<uintptr_t>(ring) % GLM53_CT_ALIGN)
+        return fail(GLM53_CE_EINVAL, "ring: need a non-null, 128-byte aligned ring");
+    const glm53_ct_layout& L = layout_of(ring);
+    if (L.magic != GLM53_CT_MAGIC || L.version != GLM53_CT_VERSION)
+        return fail(GLM53_CE_EINVAL, "ring: no ring header (glm53_ct_ring_init) at this address");
+    return GLM53_CE_OK;
+}
+
+}  // namespace
+
+#define COUNT(field, n) counter(offsetof(glm53_ct_counters, field)).fetch_add((n), std::memory_order_relaxed)
+
+struct glm53_ct_worker {
+    void* ring = nullptr;
+    glm53_ct_layout L{};
+    std::vector<glm53_ce_expert> table;
+    int n_layers = 0, n_experts = 0;
+    float act_limit = 0.0f;
+    glm53_ce_pool* pool = nullptr;
+    int isa = GLM53_CE_ISA_BEST, spin_us = 0, nap_us = 0;
+    std::atomic<bool> stop{false};
+    std::atomic<int> hold{0};
+    std::thread thread;
+    // indexed like the fields of glm53_ct_counters
+    std::atomic<uint64_t> counters[sizeof(glm53_ct_counters) / sizeof(uint64_t)] = {};
+    // per job, reused
+    std::vector<int> index_of;  // expert -> position in `list`, -1 otherwise
+    std::vector<glm53_ce_expert> list;
+    std::vector<int> ids;
+    std::vector<uint8_t> token_mask;
+    std::vector<float> weights;
+
+    std::atomic<uint64_t>& counter(size_t offset) { return counters[offset / sizeof(uint64_t)]; }
+
+    void run();
+    uint32_t compute(uint8_t* slot);
+    void process(uint64_t seq);
+};
+
+// Checks and computes the job in slot; returns DONE or FAILED.
+uint32_t glm53_ct_worker::compute(uint8_t* slot)
+{
+    SlotHeader h;
+    memcpy(&h, slot, sizeof h);
+    const glm53_ct_pick* picks = reinterpret_cast<const glm53_ct_pick*>(slot + L.picks_offset);
+    if (h.layer >= static_cast<uint32_t>(n_layers) || h.n_tokens < 1 || h.n_tokens > L.max_tokens || h.n_picks < 1 ||
+        h.n_picks > L.max_tokens * L.max_picks)
+        return GLM53_CT_FAILED;
+    const int T = static_cast<int>(h.n_tokens);
+    list.clear();
+    ids.clear();
+    token_mask.clear();
+    bool ok = true;
+    for (uint32_t i = 0; i < h.n_picks && ok; ++i) {
+        const glm53_ct_pick p = picks[i];
+        if (p.token < 0 || p.token >= T || p.expert < 0 || p.expert >= n_experts) {
+            ok = false;
+            break;
+        }
+        int& at = index_of[p.expert];
+        if (at < 0) {
+            const glm53_ce_expert& e = table[static_cast<size_t>(h.layer) * n_experts + p.expert];
+            if (!e.gate.trellis) {
+                ok = false;
+                break;
+            }
+            at = static_cast<int>(list.size());
+            list.push_back(e);
+            ids.push_back(p.expert);
+            token_mask.push_back(0);
+            weights.resize(list.size() * T);
+            for (int t = 0; t < T; ++t)
+                weights[at * T + t] = 0.0f;
+        }
+        if (token_mask[at] & (1u << p.token)) {
+            ok = false;  // the same (token, expert) twice
+            break;
+        }
+        token_mask[at] |= static_cast<uint8_t>(1u << p.token);
+        weights[at * T + p.token] = p.weight;
+    }
+    for (int e : ids)
+        index_of[e] = -1;
+    if (!ok)
+        return GLM53_CT_FAILED;
+    float* out = reinterpret_cast<float*>(slot + L.out_offset);
+    memset(out, 0, sizeof(float) * T * L.hidden);
+    while (hold.load(std::memory_order_acquire) && !stop.load(std::memory_order_acquire))
+        nap(200);
+    const int rc = glm53_ce_experts(pool, list.data(), static_cast<int32_t>(list.size()), slot + L.x_offset, 1, T,
+                                    weights.data(), act_limit, out, isa);
+    if (rc != GLM53_CE_OK)
+        return GLM53_CT_FAILED;
+    COUNT(experts, list.size());
+    COUNT(picks, h.n_picks);
+    COUNT(tokens, T);
+    return GLM53_CT_DONE;
+}
+
+void glm53_ct_worker::process(uint64_t seq)
+{
+    const uint64_t t0 = now_ns();
+    COUNT(jobs, 1);
+    uint64_t depth = 1;
+    for (uint64_t i = 0; i < L.slots; ++i)
+        if (state_of(load(word_ptr(ring, i))) == GLM53_CT_PUBLISHED)
+            ++depth;
+    auto& max_depth = counter(offsetof(glm53_ct_counters, max_queue_depth));
+    for (uint64_t seen = max_depth.load(std::memory_order_relaxed); depth > seen && !max_depth.compare_exchange_weak(seen, depth);) {
+    }
+    uint8_t* slot = slot_base(ring, seq % L.slots);
+    const uint32_t result = compute(slot);
+    uint64_t* word = reinterpret_cast<uint64_t*>(slot);
+    if (cas(word, word_of(seq, GLM53_CT_CLAIMED), word_of(seq, result))) {
+        if (result == GLM53_CT_DONE)
+            COUNT(done, 1);
+        else
+            COUNT(failed, 1);
+    } else {
+        // Taken back while we computed: the producer did the job itself. Discard, and hand the slot back now
+        // that we no longer touch it.
+        store(word, word_of(seq, GLM53_CT_EMPTY));
+        COUNT(taken_back_after_claim, 1);
+    }
+    COUNT(busy_ns, now_ns() - t0);
+}
+
+void glm53_ct_worker::run()
+{
+    uint64_t* next = reinterpret_cast<uint64_t*>(static_cast<uint8_t*>(ring) + WORKER_NEXT);
+    uint64_t seq = load(next);
+    auto idle_since = clock_type::now();
+    const auto spin = std::chrono::microseconds(spin_us);
+    int polls = 0;
+    int nap_now = FIRST_NAP_US < nap_us ? FIRST_NAP_US : nap_us;
+    while (!stop.load(std::memory_order_acquire)) {
+        uint64_t* word = word_ptr(ring, seq % L.slots);
+        const uint64_t v = load(word);
+        const uint64_t q = seq_of(v);
+        const uint32_t st = state_of(v);
+        if (q < seq) {  // not published yet
+            if (++polls % 64 == 0 && clock_type::now() - idle_since >= spin) {
+                nap(nap_now);  // naps double up to nap_us: a long idle costs few wake-ups
+                nap_now = nap_now * 2 < nap_us ? nap_now * 2 : nap_us;
+            } else
+                __builtin_ia32_pause();
+            continue;
+        }
+        if (q == seq && st == GLM53_CT_PUBLISHED) {
+            if (!cas(word, v, word_of(seq, GLM53_CT_CLAIMED)))
+                continue;  // taken back meanwhile: look again
+            process(seq);
+            idle_since = clock_type::now();
+            nap_now = FIRST_NAP_US < nap_us ? FIRST_NAP_US : nap_us;
+        } else if (q == seq && (st == GLM53_CT_CLAIMED || st == GLM53_CT_DONE || st == GLM53_CT_FAILED)) {
+            // claimed by an earlier life of a worker on this ring: not ours to count
+        } else {
+            COUNT(taken_back_before_claim, 1);  // EMPTY(seq), TAKEN_BACK(seq) or a later job
+        }
+        store(next, ++seq);
+    }
+}
+
+extern "C" {
+
+const char* glm53_ct_error(void) { return last_error.c_str(); }
+
+int32_t glm53_ct_ring_layout(int32_t slots, int32_t hidden, int32_t max_tokens, int32_t max_picks, glm53_ct_layout* out)
+{
+    if (!out || slots < 1 || hidden < 128 || hidden % 128 || max_tokens < 1 || max_tokens > GLM53_CE_MAX_ROWS ||
+        max_picks < 1 || max_picks > 64)
+        return fail(GLM53_CE_EINVAL, "ring_layout: need slots >= 1, hidden a positive multiple of 128, "
+                                     "max_tokens in 1..8 and max_picks in 1..64");
+    glm53_ct_layout L{};
+    L.magic = GLM53_CT_MAGIC;
+    L.version = GLM53_CT_VERSION;
+    L.slots = slots;
+    L.hidden = hidden;
+    L.max_tokens = max_tokens;
+    L.max_picks = max_picks;
+    L.slots_offset = GLM53_CT_RING_HEADER;
+    L.picks_offset = GLM53_CT_ALIGN;
+    L.x_offset = L.picks_offset + align_up(sizeof(glm53_ct_pick) * max_tokens * max_picks);
+    L.out_offset = L.x_offset + align_up(2ull * max_tokens * hidden);
+    L.slot_bytes = L.out_offset + align_up(4ull * max_tokens * hidden);
+    L.total_bytes = L.slots_offset + L.slot_bytes * slots;
+    *out = L;
+    return GLM53_CE_OK;
+}
+
+int32_t glm53_ct_ring_init(void* mem, uint64_t bytes, int32_t slots, int32_t hidden, int32_t max_tokens, int32_t max_picks)
+{
+    glm53_ct_layout L;
+    const int32_t rc = glm53_ct_ring_layout(slots, hidden, max_tokens, max_picks, &L);
+    if (rc != GLM53_CE_OK)
+        return rc;
+    if (!mem || reinterpret_cast<uintptr_t>(mem) % GLM53_CT_ALIGN || bytes < L.total_bytes)
+        return fail(GLM53_CE_EINVAL, "ring_init: need a 128-byte aligned region of at least total_bytes ("
+                                     + std::to_string(L.total_bytes) + ")");
+    memset(mem, 0, L.total_bytes);  // every slot EMPTY(0)
+    memcpy(mem, &L, sizeof L);
+    store(reinterpret_cast<uint64_t*>(static_cast<uint8_t*>(mem) + WORKER_NEXT), 1);
+    return GLM53_CE_OK;
+}
+
+uint64_t glm53_ct_slot_word(const void* ring, int32_t slot)
+{
+    return load(word_ptr(const_cast<void*>(ring), static_cast<uint64_t>(slot)));
+}
+
+glm53_ct_worker* glm53_ct_worker_start(void* ring, const glm53_ce_expert* table, int32_t n_layers, int32_t n_experts,
+                                       float act_limit, glm53_ce_pool* pool, int32_t isa, int32_t cpu, int32_t spin_us,
+                                       int32_t nap_us)
+{
+    if (check_ring(ring) != GLM53_CE_OK)
+        return nullptr;
+    const glm53_ct_layout& L = layout_of(ring);
+    if (!table || n_layers < 1 || n_experts < 1 || !(act_limit >= 0.0f) || spin_us < 0 || nap_us < 1) {
+        fail(GLM53_CE_EINVAL, "worker_start: need a table, n_layers and n_experts >= 1, act_limit >= 0, spin_us >= 0 "
+                              "and nap_us >= 1");
+        return nullptr;
+    }
+    const size_t n = static_cast<size_t>(n_layers) * n_experts;
+    for (size_t i = 0; i < n; ++i) {
+        const glm53_ce_expert& e = table[i];
+        if (!e.gate.trellis)
+            continue;
+        const int32_t hidden = static_cast<int32_t>(L.hidden), inter = e.gate.out_features;
+        if (e.gate.in_features != hidden || e.up.in_features != hidden || e.up.out_features != inter ||
+            e.down.in_features != inter || e.down.out_features != hidden || !e.up.trellis || !e.down.trellis ||
+            !e.gate.suh || !e.gate.svh || !e.up.suh || !e.up.svh || !e.down.suh || !e.down.svh ||
+            inter != table[0].gate.out_features) {
+            fail(GLM53_CE_EINVAL, "worker_start: table entry " + std::to_string(i) + " (layer " +
+                                      std::to_string(i / n_experts) + ", expert " + std::to_string(i % n_experts) +
+                                      ") is incomplete or its dims differ from the ring's hidden " +
+                                      std::to_string(hidden) + " and the other experts'");
+            return nullptr;
+        }
+    }
+    glm53_ct_worker* w = new (std::nothrow) glm53_ct_worker;
+    if (!w) {
+        fail(GLM53_CE_ENOMEM, "out of memory");
+        return nullptr;
+    }
+    w->ring = ring;
+    w->L = L;
+    w->table.assign(table, table + n);
+    w->n_layers = n_layers;
+    w->n_experts = n_experts;
+    w->act_limit = act_limit;
+    w->pool = pool;
+    w->isa = isa;
+    w->spin_us = spin_us;
+    w->nap_us = nap_us;
+    w->index_of.assign(n_experts, -1);
+    try {
+        w->thread = std::thread([w] { w->run(); });
+    } catch (const std::system_error& e) {
+        fail(GLM53_CE_ENOMEM, std::string("cannot start the CPU-tier worker thread: ") + e.what());
+        delete w;
+        return nullptr;
+    }
+    if (cpu >= 0) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(cpu, &set);
+        const int rc = pthread_setaffinity_np(w->thread.native_handle(), sizeof set, &set);
+        if (rc != 0) {
+            fail(GLM53_CE_ECPU, "cannot pin the CPU-tier worker to CPU " + std::to_string(cpu) + ": " + strerror(rc));
+            glm53_ct_worker_stop(w);
+            return nullptr;
+        }
+    }
+    return w;
+}
+
+void glm53_ct_worker_stop(glm53_ct_worker* worker)
+{
+    if (!worker)
+        return;
+    worker->stop.store(true, std::memory_order_release);
+    if (worker->thread.joinable())
+        worker->thread.join();
+    delete worker;
+}
+
+void glm53_ct_worker_counters(const glm53_ct_worker* worker, glm53_ct_counters* out)
+{
+    uint64_t* fields = reinterpret_cast<uint64_t*>(out);
+    for (size_t i = 0; i < sizeof(glm53_ct_counters) / sizeof(uint64_t); ++i)
+        fields[i] = worker->counters[i].load(std::memory_order_relaxed);
+}
+
+void glm53_ct_worker_debug_hold(glm53_ct_worker* worker, int32_t hold)
+{
+    worker->hold.store(hold, std::memory_order_release);
+}
+
+int32_t glm53_ct_producer_publish(void* ring, uint64_t seq, int32_t layer, int32_t n_tokens, const glm53_ct_pick* picks,
+                                  int32_t n_picks, const uint16_t* x)
+{
+    if (check_ring(ring) != GLM53_CE_OK)
+        return GLM53_CE_EINVAL;
+    const glm53_ct_layout& L = layout_of(ring);
+    if (seq < 1 || seq >= (1ull << 56) || layer < 0 || n_tokens < 1 || static_cast<uint32_t>(n_tokens) > L.max_tokens ||
+        n_picks < 1 || static_cast<uint32_t>(n_picks) > L.max_tokens * L.max_picks || !picks || !x)
+        return fail(GLM53_CE_EINVAL, "publish: need seq >= 1, layer >= 0, n_tokens in 1..max_tokens, n_picks in "
+                                     "1..max_tokens * max_picks, picks and x");
+    uint8_t* slot = slot_base(ring, seq % L.slots);
+    const uint64_t v = load(reinterpret_cast<uint64_t*>(slot));
+    if (state_of(v) != GLM53_CT_EMPTY)
+        return fail(GLM53_CT_EBUSY, "publish: slot " + std::to_string(seq % L.slots) + " is not empty");
+    if (seq_of(v) >= seq)
+        return fail(GLM53_CE_EINVAL, "publish: job numbers must grow (slot holds " + std::to_string(seq_of(v)) + ")");
+    const uint32_t fields[3] = {static_cast<uint32_t>(layer), static_cast<uint32_t>(n_tokens), static_cast<uint32_t>(n_picks)};
+    memcpy(slot + offsetof(SlotHeader, layer), fields, sizeof fields);
+    memcpy(slot + L.picks_offset, picks, sizeof(glm53_ct_pick) * n_picks);
+    memcpy(slot + L.x_offset, x, 2ull * n_tokens * L.hidden);
+    store(reinterpret_cast<uint64_t*>(slot), word_of(seq, GLM53_CT_PUBLISHED));
+    return GLM53_CE_OK;
+}
+
+int32_t glm53_ct_producer_take_back(void* ring, uint64_t seq, int32_t* after_claim)
+{
+    if (check_ring(ring) != GLM53_CE_OK)
+        return GLM53_CE_EINVAL;
+    uint64_t* word = word_ptr(ring, seq % layout_of(ring).slots);
+    for (;;) {
+        const uint64_t v = load(word);
+        const uint32_t st = state_of(v);
+        if (seq_of(v) != seq || st == GLM53_CT_EMPTY || st == GLM53_CT_TAKEN_BACK)
+            return fail(GLM53_CT_ESTATE, "take_back: job " + std::to_string(seq) + " is not outstanding");
+        if (st == GLM53_CT_DONE || st == GLM53_CT_FAILED)
+            return static_cast<int32_t>(st);
+        if (cas(word, v, word_of(seq, GLM53_CT_TAKEN_BACK))) {
+            if (after_claim)
+                *after_claim = st == GLM53_CT_CLAIMED;
+            if (st == GLM53_CT_PUBLISHED)
+                store(word, word_of(seq, GLM53_CT_EMPTY));  // never claimed: the slot is ours again at once
+            return GLM53_CT_TAKEN_BACK;
+        }
+    }
+}
+
+int32_t glm53_ct_producer_wait(void* ring, uint64_t seq, int64_t timeout_us, int32_t* after_claim)
+{
+    if (check_ring(ring) != GLM53_CE_OK)
+        return GLM53_CE_EINVAL;
+    uint64_t* word = word_ptr(ring, seq % layout_of(ring).slots);
+    const uint64_t t0 = now_ns();
+    const uint64_t spin_until = t0 + 20000;
+    for (;;) {
+        const uint64_t v = load(word);
+        if (seq_of(v) != seq)
+            return fail(GLM53_CT_ESTATE, "wait: job " + std::to_string(seq) + " is not in its slot");
+        const uint32_t st = state_of(v);
+        if (st == GLM53_CT_DONE || st == GLM53_CT_FAILED)
+            return static_cast<int32_t>(st);
+        if (st != GLM53_CT_PUBLISHED && st != GLM53_CT_CLAIMED)
+            return fail(GLM53_CT_ESTATE, "wait: job " + std::to_string(seq) + " is not outstanding");
+        const uint64_t t = now_ns();
+        if (timeout_us >= 0 && t - t0 >= static_cast<uint64_t>(timeout_us) * 1000)
+            return glm53_ct_producer_take_back(ring, seq, after_claim);
+        if (t < spin_until)
+            __builtin_ia32_pause();
+        else
+            nap(10);  // the host stand-in for the GPU does not spin for long: tests share few cores
+    }
+}
+
+int32_t glm53_ct_producer_release(void* ring, uint64_t seq)
+{
+    if (check_ring(ring) != GLM53_CE_OK)
+        return GLM53_CE_EINVAL;
+    uint64_t* word = word_ptr(ring, seq % layout_of(ring).slots);
+    const uint64_t v = load(word);
+    if (seq_of(v) != seq || (state_of(v) != GLM53_CT_DONE && state_of(v) != GLM53_CT_FAILED))
+        return fail(GLM53_CT_ESTATE, "release: job " + std::to_string(seq) + " is not DONE or FAILED");
+    store(word, word_of(seq, GLM53_CT_EMPTY));
+    return GLM53_CE_OK;
+}
+
+}  // extern "C"
