@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .ec_native import MAX_ADMIT, EcState, Kernels
+from .ec_native import MAX_ADMIT, MAX_EXPERTS, EcState, Kernels
 from .host_store import HostStore
 
 CHUNK_SLOTS = 32  # slots per VRAM allocation; the elastic loan frees and reallocates whole chunks
@@ -87,11 +87,15 @@ class ExpertCache:
         self.block_bytes = store.layout.block_bytes
         self.num_slots = int(min(max(slots, 0), L * E))
         profile = np.zeros((L, E)) if profile is None else np.asarray(profile, dtype=np.float64)
+        if E > MAX_EXPERTS:
+            raise ValueError(f"{E} experts per layer; the cache's kernels handle at most {MAX_EXPERTS} (as exllamav3's do)")
         if profile.shape != (L, E):
             raise ValueError(f"routing profile of shape {profile.shape}, expected {(L, E)}")
         self._tables = tables
         i64 = {"dtype": torch.int64, "device": device}
-        self.home = store.home_addresses().to(device)  # [L, E]
+        home = store.home_addresses()  # [L, E]
+        self.home_host = home.numpy()  # what staging and verify read, without a device round trip
+        self.home = home.to(device)
         self.tables_addr = torch.tensor([[t.data_ptr() for t in layer] for layer in tables], **i64)
         self.freq = torch.zeros((L, E), dtype=torch.float32, device=device)
         self.slot_of = torch.full((L, E), -1, dtype=torch.int32, device=device)
@@ -117,7 +121,6 @@ class ExpertCache:
         self._lent: list[int] = []  # chunks freed for a prefill
         self._lent_experts: list[tuple[int, int, int]] = []  # (layer, expert, slot) they held
         self.elastic = {"enter": 0, "exit": 0, "lent_bytes": 0, "restored_experts": 0, "realloc_failures": 0}
-        self.slot_layer = np.full(self.num_slots, -1, dtype=np.int64)
         self.quota = np.zeros(L, dtype=np.int64)
         self._warm_start(profile)
 
@@ -136,7 +139,6 @@ class ExpertCache:
         between layers for good; the elastic loan, which takes the last chunks, so takes the coldest residents."""
         entries = [(l, e, slot) for slot, (l, e) in enumerate(placement(profile, self.num_slots))]
         for l, _, slot in entries:
-            self.slot_layer[slot] = l
             self.quota[l] += 1
         self.assign(entries)
         self.copy_in([(l, e, slot) for l, e, slot in entries])
@@ -277,7 +279,7 @@ class ExpertCache:
         resident expert's slot holds its bytes. Returns the problems found."""
         problems = []
         slot_of = self.resident()
-        home = self.home.cpu().numpy()
+        home = self.home_host
         addrs = self.slot_addr.cpu().numpy()
         offs = self.store.layout.offsets
         for l, layer in enumerate(self._tables):

@@ -97,11 +97,11 @@ class RoutingCounter:
         num_experts = self.layers[0][1].num_experts
         device = self.layers[0][1].routing_cfg.gate_tensor.device
         self.counts = torch.zeros((len(self.layers), num_experts), dtype=torch.int64, device=device)  # [L, E]
-        self._originals = {}
+        self._removers = {}
 
     def install(self) -> None:
         for row, (_, mlp) in enumerate(self.layers):
-            self._originals[row] = add_routing_hook(mlp, lambda selected, params, _row=row: self._count(_row, selected))
+            self._removers[row] = add_routing_hook(mlp, lambda selected, params, _row=row: self._count(_row, selected))
 
     def _count(self, row: int, selected: torch.Tensor) -> None:
         if self.max_rows is None or selected.shape[0] <= self.max_rows:
@@ -109,9 +109,9 @@ class RoutingCounter:
             self.counts[row].index_add_(0, flat, torch.ones_like(flat))
 
     def uninstall(self) -> None:
-        for remove in self._originals.values():
+        for remove in self._removers.values():
             remove()
-        self._originals.clear()
+        self._removers.clear()
 
     def reset(self) -> None:
         self.counts.zero_()

@@ -195,9 +195,6 @@ class HostStore:
             self._registered = False
         self._cuda_arenas = []
 
-    def row_of(self, layer_key: str) -> int | None:
-        return self._rows.get(layer_key)
-
     def trellis_view(self, tensor_key: str) -> torch.Tensor | None:
         """The CUDA alias of an expert trellis by its checkpoint name, or None if the store does not hold it."""
         m = EXPERT_TRELLIS.match(tensor_key)

@@ -76,7 +76,7 @@ class PrefillStager:
                 return
         resident = self.cache.resident()  # the one synchronisation of this forward
         offs = np.array(self.store.layout.offsets, dtype=np.int64)
-        home = self.cache.home.cpu().numpy()
+        home = self.cache.home_host
         plan = []
         for row in range(self.store.num_layers):
             missing = np.flatnonzero(resident[row] < 0)
