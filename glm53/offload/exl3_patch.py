@@ -20,11 +20,17 @@ Patch points (each checked by ``check_internals`` when a model is loaded; a mism
   the captured gate/up table, the fused decode kernels read at launch. Rewriting entries in place redirects
   them. The per-expert graph/dq paths use each expert's own ``trellis`` (the host alias: correct bytes).
 - ``BlockSparseMLP.forward`` (instance attribute, wrapped for prefill staging).
+- ``exllamav3.generator.job.Job.prefill`` (recompiled from its source with one condition changed, see
+  ``install_single_pass_prefill``): a generator flagged by ``set_single_pass_prefill`` does not split a recurrent
+  model's prompt before its last page.
 """
 
 from __future__ import annotations
 
+import ast
+import inspect
 import re
+import textwrap
 from contextlib import contextmanager
 
 import torch
@@ -229,8 +235,10 @@ def add_routing_hook(mlp, hook):
 
 
 def wrap_forward(module, before=None, after=None):
-    """Call ``before(x, params)`` / ``after(x, params)`` around the module's forward. Returns a remover."""
+    """Call ``before(x, params)`` / ``after(x, params)`` around the module's forward. Returns a remover (which
+    puts back the forward it found, an earlier wrapper included)."""
     original = module.forward
+    earlier = vars(module).get("forward")
 
     def forward(x, params, *args, **kwargs):
         if before is not None:
@@ -244,7 +252,10 @@ def wrap_forward(module, before=None, after=None):
     module.forward = forward
 
     def remove():
-        del module.forward
+        if earlier is None:
+            del module.forward
+        else:
+            module.forward = earlier
 
     return remove
 
@@ -257,3 +268,46 @@ def pinned_cuda_view(tensor: torch.Tensor, device_index: int) -> torch.Tensor:
     from exllamav3.ext import exllamav3_ext as ext
 
     return ext.pinned_cuda_view(tensor, device_index)
+
+
+# ---- the prompt's last page (exllamav3/generator/job.py, Job.prefill)
+
+# For a recurrent model, stock prefill ends a forward at the prompt's last page boundary and runs the rest as a
+# second forward, to stash a recurrent-state checkpoint there. Each forward of an offloaded model streams every
+# non-resident expert over PCIe once, whatever its length, so the split doubles a prompt's time to first token.
+LAST_PAGE_SPLIT = "            if self.generator.recurrent_cache is not None:\n                seqlen = len(seq.sequence_ids) - 1\n"
+SINGLE_PASS_FLAG = "glm53_single_pass_prefill"
+_SINGLE_PASS_CONDITION = f"if self.generator.recurrent_cache is not None and not getattr(self.generator, {SINGLE_PASS_FLAG!r}, False):"
+
+
+def install_single_pass_prefill() -> None:
+    """Replace ``Job.prefill`` by a copy whose last-page split is skipped for flagged generators (idempotent;
+    unflagged generators run exactly the stock method). :raise InternalsChanged: the method's source changed."""
+    from exllamav3.generator import job as job_module
+
+    cls = job_module.Job
+    if getattr(cls.prefill, SINGLE_PASS_FLAG, False):
+        return
+    source = inspect.getsource(cls.prefill)
+    if source.count(LAST_PAGE_SPLIT) != 1:
+        raise InternalsChanged("exllamav3 Job.prefill no longer splits off the prompt's last page where glm53 expects it; "
+                               "the single-pass prefill patch point moved")
+    condition, rest = LAST_PAGE_SPLIT.split("\n", 1)
+    indent = condition[: len(condition) - len(condition.lstrip())]
+    patched = textwrap.dedent(source.replace(LAST_PAGE_SPLIT, indent + _SINGLE_PASS_CONDITION + "\n" + rest))
+    tree = ast.parse(patched)
+    ast.increment_lineno(tree, cls.prefill.__code__.co_firstlineno - 1)  # tracebacks point into job.py's own lines
+    namespace: dict = {}
+    exec(compile(tree, inspect.getsourcefile(cls.prefill) or "<exllamav3 Job.prefill>", "exec"), vars(job_module), namespace)
+    prefill = namespace["prefill"]
+    prefill.__qualname__ = cls.prefill.__qualname__
+    prefill.__doc__ = cls.prefill.__doc__
+    setattr(prefill, SINGLE_PASS_FLAG, True)
+    cls.prefill = prefill
+
+
+def set_single_pass_prefill(generator, on: bool) -> None:
+    """Prefill ``generator``'s jobs in one forward per chunk (``on``) or with stock's last-page split."""
+    if on:
+        install_single_pass_prefill()
+    setattr(generator, SINGLE_PASS_FLAG, bool(on))

@@ -36,6 +36,7 @@ CASES = {
     "cache-100pct": ["--ec-cache-experts", "100%"],
     "cache-11pct-no-staging": ["--ec-cache-experts", "11%", "--ec-stage-gb", "0"],
     "cache-50pct-elastic": ["--ec-cache-experts", "50%", "--ec-elastic-gb", "0.05"],
+    "cache-11pct-last-page-split": ["--ec-cache-experts", "11%", "--prefill-last-page-split", "1"],
 }
 
 
@@ -57,13 +58,17 @@ def stock(checkpoint):
     """Stock exllamav3 with the experts in VRAM, and its answers for every prompt."""
     from glm53.models.stock import load_stock
 
+    from glm53.offload import exl3_patch
+
     s = load_stock(checkpoint, cache_tokens=CACHE_TOKENS, max_batch_size=4, chunk_size=CHUNK)
     gen = s.generator(max_batch_size=4)
-    answers = {
-        "prefill": [_prefill_logits(s.model, p) for p in PROMPTS],
-        "single": [_stock_decode(gen, [p], s.vocab_size)[0] for p in PROMPTS],
-        "batch4": _stock_decode(gen, PROMPTS, s.vocab_size),
-    }
+    answers = {"prefill": [_prefill_logits(s.model, p) for p in PROMPTS]}
+    # decode under both prefill schedules: stock's (the prompt's last page in a forward of its own) and the single
+    # pass the engine runs by default; the engine must match stock running the same schedule
+    for split in (True, False):
+        exl3_patch.set_single_pass_prefill(gen, not split)
+        answers[split] = {"single": [_stock_decode(gen, [p], s.vocab_size)[0] for p in PROMPTS],
+                          "batch4": _stock_decode(gen, PROMPTS, s.vocab_size)}
     yield answers
     gen.close()
     s.close()
@@ -115,6 +120,7 @@ def _engine_decode(backend, prompts):
 @pytest.mark.parametrize("case", list(CASES))
 def test_exact_mode_is_bit_identical_to_stock(checkpoint, stock, case):
     from glm53.engine.exl3.backend import Exl3Backend
+    from glm53.offload import exl3_patch
 
     backend = Exl3Backend(_settings(checkpoint, CASES[case]))
     try:
@@ -125,14 +131,23 @@ def test_exact_mode_is_bit_identical_to_stock(checkpoint, stock, case):
         for p, want in zip(PROMPTS, stock["prefill"]):
             got = _prefill_logits(backend.model, p)
             assert torch.equal(got, want), f"{case}: prefill logits differ for a {len(p)}-token prompt (max |d| {(got - want).abs().max():.3g})"
+        split = "last-page-split" in case
+        want = stock[split]
+        forwards = []  # prompt tokens per forward of more than one token (prefill)
+        count = exl3_patch.wrap_forward(exl3_patch.first_forward_module(backend.model),
+                                        before=lambda x, p: forwards.append(x.shape[-1]) if x.shape[-1] > 1 else None)
         for i, p in enumerate(PROMPTS):
+            forwards.clear()
             got = _engine_decode(backend, [p])[0]
-            assert got[0] == stock["single"][i][0], f"{case}: greedy tokens differ for prompt {i}"
-            assert got[1] == stock["single"][i][1], f"{case}: log-probabilities differ for prompt {i}"
+            if i == 2:  # 705 tokens: stock prefills 512 + 192 (the last page on its own), one pass prefills 704
+                assert forwards == ([512, 192] if split else [704]), f"{case}: prefill forwards {forwards}"
+                count()
+            assert got[0] == want["single"][i][0], f"{case}: greedy tokens differ for prompt {i}"
+            assert got[1] == want["single"][i][1], f"{case}: log-probabilities differ for prompt {i}"
         got4 = _engine_decode(backend, PROMPTS)
         for i in range(len(PROMPTS)):
-            assert got4[i][0] == stock["batch4"][i][0], f"{case}: 4-stream greedy tokens differ for prompt {i}"
-            assert got4[i][1] == stock["batch4"][i][1], f"{case}: 4-stream log-probabilities differ for prompt {i}"
+            assert got4[i][0] == want["batch4"][i][0], f"{case}: 4-stream greedy tokens differ for prompt {i}"
+            assert got4[i][1] == want["batch4"][i][1], f"{case}: 4-stream log-probabilities differ for prompt {i}"
 
         assert offload.cache.verify() == []
         stats = offload.stats()

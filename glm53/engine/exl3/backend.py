@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from ...config import Settings
+from ...offload import exl3_patch
 from ...offload.runtime import Offload
 from ..gpu import device_facts
 from ..interface import LogprobRequest, ModelInfo, SampledToken, SamplingParams, SequenceFailure, TokenLogprobs
@@ -60,6 +61,7 @@ class Exl3Backend:
         self.offload.attach(self.model)
         exl_tokenizer = Tokenizer.from_config(self._config)
         self.generator = Generator(self.model, self.cache, exl_tokenizer, max_batch_size=settings.max_batch_size, max_chunk_size=settings.chunk_size)
+        exl3_patch.set_single_pass_prefill(self.generator, not settings.prefill_last_page_split)
         # a recurrent model decodes at most as many sequences as the cache has state slots (-ambs)
         self.max_batch_size = self.generator.max_batch_size
         self.chunk_size = settings.chunk_size
