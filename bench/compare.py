@@ -73,6 +73,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--decode-tokens", type=int, default=256, help="tokens per decode job (default 256)")
     ap.add_argument("--decode-context", type=int, default=512, help="prompt tokens before a decode job (default 512)")
     ap.add_argument("--decode-reps", type=int, default=2, help="decode jobs per arm (default 2; the median counts)")
+    ap.add_argument("--long-context", type=int, default=0, help="project arms: also decode after a prompt of this many tokens, "
+                    "first second against steady state (the elastic loan's return; default 0: off)")
     ap.add_argument("--warmup-tokens", type=int, default=32, help="tokens of the warm-up job (default 32)")
     ap.add_argument("--prefill", type=int, nargs="+", default=list(scoreboard.PREFILL_LENGTHS), help="prefill lengths (default 512 4096)")
     ap.add_argument("--prefill-reps", type=int, default=2, help="prompts per prefill length (default 2; the median counts)")
@@ -109,7 +111,8 @@ def arm_sequence(arms: list[str], repeat: str) -> list[tuple[str, int]]:
 
 
 def cache_tokens(args) -> int:
-    need = max(max(args.prefill), args.decode_context + args.decode_tokens, 64 + args.warmup_tokens) + 256
+    need = max(max(args.prefill), args.decode_context + args.decode_tokens, 64 + args.warmup_tokens,
+               args.long_context + args.decode_tokens) + 256
     return -(-need // 256) * 256
 
 
@@ -330,7 +333,7 @@ def measurement_spec(args, ckpt: Path) -> dict:
     return {"ckpt": str(ckpt), "cache_tokens": cache_tokens(args), "chunk_size": args.chunk_size, "seed": args.seed,
             "decode_tokens": args.decode_tokens, "decode_context": args.decode_context, "decode_reps": args.decode_reps,
             "warmup_tokens": args.warmup_tokens, "prefill_lengths": args.prefill, "prefill_reps": args.prefill_reps,
-            "mct": args.mct}
+            "mct": args.mct, "long_context": args.long_context}
 
 
 def write_results(results: dict, path: Path) -> None:

@@ -182,6 +182,27 @@ def measure(loaded: Loaded, spec: dict) -> dict:
     }
 
 
+def long_context_phase(loaded: Loaded, spec: dict) -> dict:
+    """Decode right after a long prompt (the elastic loan's return): one job of a fresh ``long_context``-token
+    prompt and ``decode_tokens`` new tokens; the rate over its first second of decode against the rate over its
+    second half (the same context length, so attention cost is alike), with the engine's elastic counters."""
+    gen, n = loaded.generator, spec["long_context"]
+    before = loaded.stats()
+    t0, times = run_job(gen, random_prompt(spec["seed"], 3, 0, n, loaded.vocab), spec["decode_tokens"])
+    after = loaded.stats()
+    first = [t for t in times if t - times[0] <= 1.0]
+    half = times[len(times) // 2:]
+    out = {"context": n, "prefill_tok_s": n / (times[0] - t0), "tokens": len(times),
+           "first_second_tok_s": decode_rate(first) if len(first) > 1 else None,
+           "second_half_tok_s": decode_rate(half) if len(half) > 1 else None,
+           "first_8_token_gaps_ms": [round((b - a) * 1000, 2) for a, b in zip(times[:8], times[1:9])]}
+    e0, e1 = find_stats(before, ("restored_experts",)), find_stats(after, ("restored_experts",))
+    if e0 is not None and e1 is not None:
+        out["elastic"] = {k: e1[k] - e0[k] for k in ("enter", "exit", "restored_experts", "realloc_failures")}
+        out["elastic"]["lent_bytes"] = e1["lent_bytes"]
+    return out
+
+
 def run_arm(arm: str, spec: dict) -> dict:
     import torch
 
@@ -193,6 +214,8 @@ def run_arm(arm: str, spec: dict) -> dict:
         loaded = (load_stock if arm in STOCK_ARMS else load_project)(arm, spec)
         load_seconds = time.monotonic() - t0
         result = measure(loaded, spec)
+        if spec.get("long_context") and arm in PROJECT_ARMS:
+            result["long_context"] = long_context_phase(loaded, spec)
         steady = procmem.tree_memory(os.getpid())
         available_after = meminfo(Path("/proc/meminfo")).get("MemAvailable")
         free, total = torch.cuda.mem_get_info()

@@ -48,6 +48,26 @@ def test_cache_holds_the_longest_job_in_whole_pages():
     assert compare.cache_tokens(args) == 4352  # 4096 + 256, rounded up to pages
     args = compare.parse_args(["--prefill", "100", "--decode-context", "2000", "--decode-tokens", "300"])
     assert compare.cache_tokens(args) == 2560
+    args = compare.parse_args(["--prefill", "512", "--long-context", "32768", "--decode-tokens", "256"])
+    assert compare.cache_tokens(args) == 33280
+
+
+def test_the_long_context_phase_sets_the_first_second_of_decode_against_the_second_half(monkeypatch):
+    from bench import compare_arm
+
+    # prefill 2 s; then 40 ms per token for 0.5 s (restoring the cache), then 10 ms per token
+    times = [2.0 + 0.04 * i for i in range(13)] + [2.48 + 0.01 * i for i in range(1, 188)]
+    monkeypatch.setattr(compare_arm, "run_job", lambda gen, ids, n: (0.0, times))
+    elastic = [{"enter": 1, "exit": 1, "lent_bytes": 0, "restored_experts": 5, "realloc_failures": 0},
+               {"enter": 2, "exit": 2, "lent_bytes": 7, "restored_experts": 35, "realloc_failures": 0}]
+    snapshots = iter([{"cache": {"hits": 1, "elastic": e}} for e in elastic])
+    loaded = compare_arm.Loaded(None, 150000, stats=lambda: next(snapshots))
+    out = compare_arm.long_context_phase(loaded, {"long_context": 8192, "decode_tokens": 200, "seed": 1})
+    assert out["prefill_tok_s"] == pytest.approx(4096) and out["tokens"] == 200
+    assert out["second_half_tok_s"] == pytest.approx(100)
+    assert 40 < out["first_second_tok_s"] < 70  # slower than steady: the slow start is visible
+    assert out["first_8_token_gaps_ms"] == [40.0] * 8
+    assert out["elastic"] == {"enter": 1, "exit": 1, "restored_experts": 30, "realloc_failures": 0, "lent_bytes": 7}
 
 
 @pytest.mark.parametrize("name, short", [("NVIDIA H200", "h200"), ("NVIDIA GeForce RTX 3090", "rtx3090"),
