@@ -209,7 +209,7 @@ class Settings:
     cache_size: int = setting(_multiple_of(_number(int, 256, 16 * 1048576), 256), 131072, "KV cache size in tokens: the context one sequence may use, shared by all", flags=("-cs",))
     max_batch_size: int = setting(_number(int, 1, 256), 8, "jobs generated concurrently (continuous batching)")
     chunk_size: int = setting(_number(int, 16, 1048576), 8192, "prefill chunk in tokens", flags=("-chunk_size",))
-    prefill_last_page_split: bool = setting(BOOL, False, "prefill a prompt's last page in a forward of its own, as stock exllamav3 does for recurrent models "
+    prefill_last_page_split: bool = setting(BOOL, {"fast": False, "exact": True}, "prefill a prompt's last page in a forward of its own, as stock exllamav3 does for recurrent models "
                                             "(a recurrent-state checkpoint there for prefix reuse; offloaded, each forward streams the non-resident experts once)")
     ambs: int = setting(_number(int, 1, 256), 4, "streams decoded together in one batched step (recurrent-state slots)", flags=("-ambs",))
     vram_limit_gb: float | None = setting(_optional(_number(float, 1, None, " GB"), "the whole GPU"), None, "use at most this much VRAM (emulates a smaller card on a larger one)", show_default="unset (whole GPU)")

@@ -69,21 +69,21 @@ def test_a_perturbation_gives_a_small_kl(stock):
 
 
 def test_the_decode_path_follows_the_generator(stock):
-    """ModelPath's greedy tokens (rectangular-batch forwards, one token per step) against exllamav3's generator."""
+    """ModelPath (rectangular-batch forwards, one token per step) teacher-forced on exllamav3's generator's greedy
+    tokens: it picks the same token, or at a near-tie (the two round differently) has it second."""
     from bench import decode_kl
     from glm53.panel import greedy
 
-    path = decode_kl.make_path("stock", stock.model, stock.caches[0], stock.vocab_size)
-    path.reset()
-    logits, tokens = path.logits(PROMPT), []
-    for _ in range(32):
-        tokens.append(int(logits.argmax()))
-        logits = path.logits([tokens[-1]])
-    path.reset()
     generator = stock.generator(cache_index=1)
     try:
         reference = greedy(generator, PROMPT, 32, [])
     finally:
         generator.close()
-    agree = sum(a == b for a, b in zip(tokens, reference))
-    assert agree >= 29, (tokens, reference)
+    path = decode_kl.make_path("stock", stock.model, stock.caches[0], stock.vocab_size)
+    path.reset()
+    logits, ranks = path.logits(PROMPT), []
+    for token in reference:
+        ranks.append(int((logits > logits[token]).sum()))  # 0: the path's argmax too
+        logits = path.logits([token])
+    path.reset()
+    assert len(reference) == 32 and max(ranks) <= 1 and ranks.count(0) >= 28, ranks

@@ -14,7 +14,7 @@ from tests.server.servers import Server
 @pytest.fixture(scope="module")
 def server(tiny_checkpoint):
     s = Server(
-        ["serve", "--engine", "exl3", "-m", str(tiny_checkpoint), "-cs", "16384", "--max-batch-size", "4", "-ambs", "4",
+        ["serve", "--engine", "exl3", "--mode", "exact", "-m", str(tiny_checkpoint), "-cs", "16384", "--max-batch-size", "4", "-ambs", "4",
          "-chunk_size", "2048", "--sse-keepalive-s", "0.2"]
     ).wait_ready(timeout=600)
     yield s

@@ -25,7 +25,8 @@ PROMPTS = [[154822, 154824, 154827] + list(range(300, 300 + n)) + [154828, 15484
 def backend(tiny_checkpoint):
     from glm53.engine.exl3.backend import Exl3Backend
 
-    settings = config.load(["--engine", "exl3", "-m", str(tiny_checkpoint), "-cs", str(CACHE_TOKENS), "--max-batch-size", "4",
+    # exact mode: the contract these tests check is equality with plain exllamav3 (its prefill schedule included)
+    settings = config.load(["--engine", "exl3", "--mode", "exact", "-m", str(tiny_checkpoint), "-cs", str(CACHE_TOKENS), "--max-batch-size", "4",
                             "-ambs", "4", "-chunk_size", str(CHUNK)], {})
     b = Exl3Backend(settings)
     yield b
