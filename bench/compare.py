@@ -75,6 +75,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--decode-reps", type=int, default=2, help="decode jobs per arm (default 2; the median counts)")
     ap.add_argument("--long-context", type=int, default=0, help="project arms: also decode after a prompt of this many tokens, "
                     "first second against steady state (the elastic loan's return; default 0: off)")
+    ap.add_argument("--elastic", action="store_true", help="project arms: the expert cache fills the staging buffers' room too "
+                    "and lends it back for each long prefill (the elastic loan; more slots, so a higher decode hit rate)")
     ap.add_argument("--warmup-tokens", type=int, default=32, help="tokens of the warm-up job (default 32)")
     ap.add_argument("--prefill", type=int, nargs="+", default=list(scoreboard.PREFILL_LENGTHS), help="prefill lengths (default 512 4096)")
     ap.add_argument("--prefill-reps", type=int, default=2, help="prompts per prefill length (default 2; the median counts)")
@@ -393,7 +395,8 @@ def run_arms(args, results: dict, spec: dict, stats: Path | None, work: Path, lo
         arm_spec, extra = dict(spec), {}
         if arm in scoreboard.PROJECT_ARMS:
             arm_spec["vram_limit_gb"], source = _project_limit(args, results, ckpt_info, arm)
-            arm_spec["cache_experts"] = ckpt_info["gpu_experts"] * ckpt_info["moe_layers"]
+            # --elastic: no cap, the cache takes the staging room as well and lends it for each long prefill
+            arm_spec["cache_experts"] = None if args.elastic else ckpt_info["gpu_experts"] * ckpt_info["moe_layers"]
             extra = {"vram_limit_gb": arm_spec["vram_limit_gb"], "vram_limit_source": source, "cache_experts": arm_spec["cache_experts"]}
             log(f"{arm}: --vram-limit-gb {arm_spec['vram_limit_gb']:.2f} ({source})")
         if arm in MCS_ARMS:
