@@ -161,7 +161,7 @@ def versions() -> dict:
         except importlib.metadata.PackageNotFoundError:
             return None
 
-    git = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
+    git = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True, text=True, check=False)
     from glm53 import __version__
 
     return {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,

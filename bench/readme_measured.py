@@ -1,4 +1,4 @@
-"""Rewrite the README's "Measured" block from the latest ``bench/compare.py`` results in ``bench/results/``.
+"""Rewrite the README's "Measured" block from the latest full ``bench/compare.py`` results in ``bench/results/``.
 
     python3 -m bench.readme_measured [--results FILE] [--readme README.md] [--check]
 
@@ -25,14 +25,15 @@ SECTION = "## Measured"
 
 
 def latest_results(directory: Path = RESULTS_DIR) -> Path:
-    """The compare results with the latest ``date``. :raise FileNotFoundError: there are none."""
+    """The compare results with the latest ``date`` among full comparisons (a run with a successful stock-vram
+    arm: side runs of single arms give no ratios). :raise FileNotFoundError: there are none."""
     found = []
     for path in Path(directory).glob("*.json"):
         try:
             doc = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if isinstance(doc, dict) and doc.get("schema") == scoreboard.SCHEMA:
+        if isinstance(doc, dict) and doc.get("schema") == scoreboard.SCHEMA and scoreboard.ok_runs(doc, "stock-vram"):
             found.append((doc.get("date", ""), path.name, path))
     if not found:
         raise FileNotFoundError(f"no {scoreboard.SCHEMA} results in {directory}")
