@@ -17,6 +17,7 @@ from . import native_lib
 from .native_lib import NativeBuildError
 
 SOURCE = native_lib.SOURCE / "ec" / "expert_cache.cu"
+SOURCES = [SOURCE, native_lib.SOURCE / "ec" / "cpu_tier_device.cuh"]  # what the library is built from (staleness)
 MAX_ADMIT = 16  # EC_MAX_ADMIT in the kernel source
 MAX_EXPERTS = 512
 
@@ -66,7 +67,7 @@ def locate(capability: tuple[int, int] | None = None) -> Path:
            f"${native_lib.OVERRIDE_ENV}, e.g. `nvcc -O3 -arch={target} -shared -Xcompiler -fPIC -cudart shared "
            f"-o {native_lib.ec_library_name([target])} native/ec/expert_cache.cu`.")
     return native_lib.find_or_build(f"expert-cache CUDA library ({native_lib.EC_PREFIX}*.so) for compute capability {major}.{minor}",
-                                    lambda files: native_lib.pick_ec(files, (major, minor)), [SOURCE], lambda: build(target), fix)
+                                    lambda files: native_lib.pick_ec(files, (major, minor)), SOURCES, lambda: build(target), fix)
 
 
 class Kernels:
@@ -85,6 +86,7 @@ class Kernels:
         for fn in (lib.ec_step, lib.ec_assign, lib.ec_read_probe):
             fn.restype = ctypes.c_int
         self._lib = lib
+        self.ct = CtKernels(lib, self.path)
 
     @staticmethod
     def _check(code: int, what: str) -> None:
@@ -103,3 +105,44 @@ class Kernels:
     def read_probe(self, src: torch.Tensor, out: torch.Tensor, blocks: int) -> None:
         stream = torch.cuda.current_stream().cuda_stream
         self._check(self._lib.ec_read_probe(src.data_ptr(), src.numel() * src.element_size(), out.data_ptr(), blocks, stream), "ec_read_probe")
+
+
+class CtRing(ctypes.Structure):
+    """Mirror of ``struct CtRing`` (``native/ec/cpu_tier_device.cuh``): a CPU-tier ring's device address and geometry."""
+
+    _fields_ = [("base", ctypes.c_void_p)] + [(n, ctypes.c_uint32) for n in ("slots", "hidden", "max_tokens", "max_picks")] + \
+               [(n, ctypes.c_uint64) for n in ("slot_bytes", "slots_offset", "picks_offset", "x_offset", "out_offset")]
+
+
+class CtKernels:
+    """The CPU tier's device-side kernels in the same library (see ``glm53.offload.ct_device``)."""
+
+    def __init__(self, lib, path: Path):
+        lib.ct_struct_size.restype = ctypes.c_int
+        if lib.ct_struct_size() != ctypes.sizeof(CtRing):
+            raise NativeBuildError(f"{path}: CtRing is {lib.ct_struct_size()} bytes there, {ctypes.sizeof(CtRing)} here; rebuild it")
+        p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+        lib.ct_publish.argtypes = [ctypes.POINTER(CtRing), p, i, i, p, i, p, p, p, p]
+        lib.ct_collect.argtypes = [ctypes.POINTER(CtRing), p, i64, p, p, i, i, p, p]
+        lib.ct_device_pointer.argtypes = [p, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int)]
+        for fn in (lib.ct_publish, lib.ct_collect, lib.ct_device_pointer):
+            fn.restype = ctypes.c_int
+        self._lib = lib
+
+    def device_pointer(self, host_address: int) -> tuple[int, bool]:
+        """(device address of registered host memory, whether the link does atomics on host memory natively)."""
+        dev, native = ctypes.c_void_p(), ctypes.c_int(0)
+        Kernels._check(self._lib.ct_device_pointer(ctypes.c_void_p(host_address), ctypes.byref(dev), ctypes.byref(native)), "ct_device_pointer")
+        return int(dev.value), bool(native.value)
+
+    def publish(self, ring: CtRing, next_seq: torch.Tensor, layer: int, x: torch.Tensor, picks: torch.Tensor,
+                status: torch.Tensor, counters: torch.Tensor) -> None:
+        stream = torch.cuda.current_stream().cuda_stream
+        Kernels._check(self._lib.ct_publish(ctypes.byref(ring), next_seq.data_ptr(), layer, x.shape[0], picks.data_ptr(), picks.shape[0],
+                                            x.data_ptr(), status.data_ptr(), counters.data_ptr(), stream), "ct_publish")
+
+    def collect(self, ring: CtRing, status: torch.Tensor, timeout_ns: int, outcome: torch.Tensor, acc: torch.Tensor,
+                add_blocks: int, counters: torch.Tensor) -> None:
+        stream = torch.cuda.current_stream().cuda_stream
+        Kernels._check(self._lib.ct_collect(ctypes.byref(ring), status.data_ptr(), timeout_ns, outcome.data_ptr(), acc.data_ptr(),
+                                            acc.shape[0], add_blocks, counters.data_ptr(), stream), "ct_collect")

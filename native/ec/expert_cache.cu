@@ -221,3 +221,6 @@ int ec_read_probe(const void* src, int64_t bytes, unsigned int* out, int blocks,
 int ec_struct_size(void) { return (int) sizeof(EcState); }
 
 }
+
+// The CPU tier's handoff, device side (same library)
+#include "cpu_tier_device.cuh"

@@ -1,0 +1,83 @@
+"""The CPU tier's handoff, GPU side: :class:`DeviceProducer` publishes jobs into a :class:`~glm53.offload.cpu_tier.Ring`
+from CUDA kernels and collects the host worker's fp32 partials, with no host synchronisation.
+
+The ring's host memory is registered with CUDA as mapped memory; the kernels (``native/ec/cpu_tier_device.cuh``)
+follow the state machine of ``native/cpu_tier/cpu_tier.h``: payload stores, a system-scope fence and a release store
+of the state word to publish; an acquire load of the word to see DONE; a system-scope 64-bit CAS to take a late job
+back. All of it runs in stream order on the current torch stream:
+
+    status = producer.publish(layer, x, picks)      # x fp16 [T, hidden] on the GPU, picks from pack_picks
+    ... the GPU computes the layer's other experts meanwhile ...
+    outcome = producer.collect(status, acc, timeout_s)  # acc fp32 [T, hidden] += the partial when DONE
+
+``outcome`` (a device int32) says whether the partial was added ("done"); otherwise ("none": not published,
+"failed", "taken_back_*") the caller must compute the job's experts itself. The numbers of each are in
+:meth:`DeviceProducer.stats`. Jobs are collected in the order they were published (one producer per ring).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .cpu_tier import Ring
+from .ec_native import CtRing, Kernels
+
+OUTCOMES = ("none", "done", "failed", "taken_back_before_claim", "taken_back_after_claim")  # CT_OUT_* ids
+COUNTERS = ("published", "busy", "done", "failed", "taken_back_before_claim", "taken_back_after_claim", "wait_ns")  # CT_C_*
+CUDA_HOST_REGISTER_PORTABLE_MAPPED = 0x01 | 0x02
+ADD_BLOCKS = 16  # blocks reading a partial over the link (16 already reach the link's rate, see bench/bandwidth.py)
+
+
+def pack_picks(tokens: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Picks as the ring stores them: int32 [n, 3] of (token, expert, the fp32 weight's bits)."""
+    return torch.stack([tokens.to(torch.int32), experts.to(torch.int32), weights.to(torch.float32).view(torch.int32)], dim=1).contiguous()
+
+
+class DeviceProducer:
+    """Publishes and collects jobs of one ring from the GPU ``device``. The ring must outlive it (``close`` first)."""
+
+    def __init__(self, ring: Ring, device: torch.device, kernels: Kernels | None = None):
+        self.ring, self.device = ring, device
+        self.kernels = (kernels or Kernels()).ct
+        cudart = torch.cuda.cudart()
+        L = ring.layout
+        err = int(cudart.cudaHostRegister(ring.address, L.total_bytes, CUDA_HOST_REGISTER_PORTABLE_MAPPED))
+        if err != 0:
+            raise RuntimeError(f"cudaHostRegister of the CPU tier's {L.total_bytes} byte ring failed (CUDA error {err})")
+        self._unregister = lambda: cudart.cudaHostUnregister(ring.address)
+        base, self.native_host_atomics = self.kernels.device_pointer(ring.address)
+        self.c = CtRing(base, L.slots, L.hidden, L.max_tokens, L.max_picks, L.slot_bytes, L.slots_offset, L.picks_offset,
+                        L.x_offset, L.out_offset)
+        self.next_seq = torch.ones(1, dtype=torch.int64, device=device)  # the next job's number (1, 2, ...)
+        self.counters = torch.zeros(8, dtype=torch.int64, device=device)
+
+    def publish(self, layer: int, x: torch.Tensor, picks: torch.Tensor) -> torch.Tensor:
+        """Publish the job; returns its number as a device int64 [1] (0: not published, compute it yourself)."""
+        if x.dtype != torch.float16 or x.dim() != 2 or x.shape[1] != self.ring.layout.hidden or not x.is_contiguous():
+            raise ValueError(f"x must be contiguous fp16 [tokens, {self.ring.layout.hidden}], not {x.dtype} {tuple(x.shape)}")
+        if picks.dtype != torch.int32 or picks.dim() != 2 or picks.shape[1] != 3:
+            raise ValueError("picks must be int32 [n, 3] (pack_picks)")
+        status = torch.empty(1, dtype=torch.int64, device=self.device)
+        self.kernels.publish(self.c, self.next_seq, layer, x, picks, status, self.counters)
+        return status
+
+    def collect(self, status: torch.Tensor, acc: torch.Tensor, timeout_s: float) -> torch.Tensor:
+        """Wait for the job up to ``timeout_s`` (then take it back); when it is DONE add its partial into ``acc``
+        (fp32 [tokens, hidden], the job's rows) and free the slot. Returns the outcome as a device int32 [1]
+        (an index into ``OUTCOMES``)."""
+        if acc.dtype != torch.float32 or acc.dim() != 2 or acc.shape[1] != self.ring.layout.hidden or not acc.is_contiguous():
+            raise ValueError(f"acc must be contiguous fp32 [tokens, {self.ring.layout.hidden}]")
+        outcome = torch.empty(1, dtype=torch.int32, device=self.device)
+        self.kernels.collect(self.c, status, int(timeout_s * 1e9), outcome, acc, ADD_BLOCKS, self.counters)
+        return outcome
+
+    def stats(self) -> dict[str, int | float | bool]:
+        """Counters (synchronises with the device)."""
+        values = dict(zip(COUNTERS, self.counters[: len(COUNTERS)].tolist()))
+        values["wait_s"] = values.pop("wait_ns") / 1e9
+        values["native_host_atomics"] = self.native_host_atomics
+        return values
+
+    def close(self) -> None:
+        torch.cuda.synchronize(self.device)
+        self._unregister()

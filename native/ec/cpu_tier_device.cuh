@@ -1,0 +1,192 @@
+// The GPU side of the CPU tier's handoff (native/cpu_tier/cpu_tier.h has the ring layout and the state machine):
+// the GPU publishes a job into a ring slot in page-locked, mapped host memory, the host worker computes it in
+// fp32, and the GPU waits for it with a deadline, adds the fp32 partial into an fp32 accumulator, and frees the
+// slot; past the deadline it takes the job back (a 64-bit system-scope CAS on the slot's state word, the one the
+// worker's claim and completion CAS), so exactly one side contributes every job. Included by expert_cache.cu
+// (one CUDA library). No host synchronisation: every decision reads memory on the device or over the link.
+
+// The ring's geometry (glm53_ct_layout) and its device address, passed by value.
+struct CtRing {
+    char* base;            // device address of the ring (the mapped alias of the host memory)
+    uint32_t slots, hidden, max_tokens, max_picks;
+    uint64_t slot_bytes, slots_offset, picks_offset, x_offset, out_offset;
+};
+
+enum { CT_EMPTY = 0, CT_PUBLISHED = 1, CT_CLAIMED = 2, CT_DONE = 3, CT_FAILED = 4, CT_TAKEN_BACK = 5 };
+// What ct_wait decided for a job (*outcome), and the counters it keeps (int64 [CT_N]).
+enum { CT_OUT_NONE = 0, CT_OUT_DONE = 1, CT_OUT_FAILED = 2, CT_OUT_TAKEN_BACK_BEFORE = 3, CT_OUT_TAKEN_BACK_AFTER = 4 };
+enum { CT_C_PUBLISHED = 0, CT_C_BUSY, CT_C_DONE, CT_C_FAILED, CT_C_TAKEN_BEFORE, CT_C_TAKEN_AFTER, CT_C_WAIT_NS, CT_N = 8 };
+
+__device__ __forceinline__ uint64_t ct_load_acquire(const uint64_t* p)
+{
+    uint64_t v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void ct_store_release(uint64_t* p, uint64_t v)
+{
+    asm volatile("st.release.sys.global.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ uint64_t ct_now_ns()
+{
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+__device__ __forceinline__ char* ct_slot(const CtRing& r, uint64_t seq)
+{
+    return r.base + r.slots_offset + (seq % r.slots) * r.slot_bytes;
+}
+
+// One block. Publishes job *next_seq (layer, n_tokens rows of x, n_picks picks as int32 [n, 3]: token, expert,
+// float bits of the weight) into its slot when that slot is EMPTY; *status = the job's number, or 0 when the slot
+// was busy or the sizes do not fit (then nothing is published, no number is used, and the caller computes the
+// job itself). n_picks == 0 publishes nothing either (status 0): there is nothing to compute.
+__global__ void ct_publish_kernel(CtRing r, uint64_t* next_seq, int layer, int n_tokens, const int32_t* picks,
+                                  int n_picks, const uint16_t* x, int64_t* status, int64_t* counters)
+{
+    __shared__ uint64_t seq_s;
+    __shared__ int ok;
+    if (threadIdx.x == 0) {
+        uint64_t seq = *next_seq;
+        bool fits = n_picks > 0 && n_tokens >= 1 && (uint32_t) n_tokens <= r.max_tokens &&
+                    (uint64_t) n_picks <= (uint64_t) r.max_tokens * r.max_picks;
+        uint64_t w = ct_load_acquire(reinterpret_cast<const uint64_t*>(ct_slot(r, seq)));
+        ok = fits && (w & 0xFF) == CT_EMPTY;
+        seq_s = seq;
+        if (!ok) {
+            *status = 0;
+            if (fits) counters[CT_C_BUSY] += 1;
+        }
+    }
+    __syncthreads();
+    if (!ok) return;
+    char* slot = ct_slot(r, seq_s);
+    if (threadIdx.x == 0) {
+        uint32_t* head = reinterpret_cast<uint32_t*>(slot + 8);
+        head[0] = (uint32_t) layer;
+        head[1] = (uint32_t) n_tokens;
+        head[2] = (uint32_t) n_picks;
+    }
+    int32_t* dst_p = reinterpret_cast<int32_t*>(slot + r.picks_offset);
+    for (int i = threadIdx.x; i < 3 * n_picks; i += blockDim.x) dst_p[i] = picks[i];
+    // rows are contiguous on both sides (row t at 2 * t * hidden bytes); hidden is a multiple of 128
+    const int4* src_x = reinterpret_cast<const int4*>(x);
+    int4* dst_x = reinterpret_cast<int4*>(slot + r.x_offset);
+    int vecs = n_tokens * (int) r.hidden / 8;
+    for (int i = threadIdx.x; i < vecs; i += blockDim.x) dst_x[i] = src_x[i];
+    __threadfence_system();  // this thread's payload stores, before the state word (every writer fences)
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        ct_store_release(reinterpret_cast<uint64_t*>(slot), seq_s << 8 | CT_PUBLISHED);
+        *next_seq = seq_s + 1;
+        *status = (int64_t) seq_s;
+        counters[CT_C_PUBLISHED] += 1;
+    }
+}
+
+// One thread. Waits for job *status until timeout_ns have passed since it started waiting, then takes it back.
+// *outcome: CT_OUT_DONE (the partial is in the slot: add, then release), CT_OUT_FAILED (the worker refused the job:
+// release; the caller computes it), CT_OUT_TAKEN_BACK_BEFORE (the worker never claimed it; the slot is EMPTY again)
+// or CT_OUT_TAKEN_BACK_AFTER (the worker had claimed it and will discard its result and free the slot), or
+// CT_OUT_NONE for status 0. In the last three cases (and FAILED) the job's experts were not computed by the host.
+__global__ void ct_wait_kernel(CtRing r, const int64_t* status, int64_t timeout_ns, int32_t* outcome, int64_t* counters)
+{
+    uint64_t seq = (uint64_t) *status;
+    if (seq == 0) {
+        *outcome = CT_OUT_NONE;
+        return;
+    }
+    uint64_t* word = reinterpret_cast<uint64_t*>(ct_slot(r, seq));
+    const uint64_t t0 = ct_now_ns();
+    int result = CT_OUT_NONE;
+    unsigned int nap = 32;
+    while (result == CT_OUT_NONE) {
+        uint64_t w = ct_load_acquire(word);
+        uint64_t state = w & 0xFF;
+        if ((w >> 8) == seq && state == CT_DONE) { result = CT_OUT_DONE; break; }
+        if ((w >> 8) == seq && state == CT_FAILED) { result = CT_OUT_FAILED; break; }
+        if (ct_now_ns() - t0 >= (uint64_t) timeout_ns) {
+            uint64_t published = seq << 8 | CT_PUBLISHED, claimed = seq << 8 | CT_CLAIMED;
+            uint64_t taken = seq << 8 | CT_TAKEN_BACK;
+            unsigned long long seen = atomicCAS_system(reinterpret_cast<unsigned long long*>(word), published, taken);
+            if (seen == published) {
+                ct_store_release(word, seq << 8 | CT_EMPTY);  // never claimed: the slot is the producer's again
+                result = CT_OUT_TAKEN_BACK_BEFORE;
+            } else if (seen == claimed) {
+                seen = atomicCAS_system(reinterpret_cast<unsigned long long*>(word), claimed, taken);
+                if (seen == claimed) result = CT_OUT_TAKEN_BACK_AFTER;  // the worker frees the slot later
+            }
+            // otherwise the worker moved first (DONE or FAILED, or claimed between the two CAS): look again
+            continue;
+        }
+        __nanosleep(nap);
+        if (nap < 1024) nap *= 2;
+    }
+    *outcome = result;
+    counters[CT_C_WAIT_NS] += (int64_t) (ct_now_ns() - t0);
+    counters[result == CT_OUT_DONE ? CT_C_DONE : result == CT_OUT_FAILED ? CT_C_FAILED
+             : result == CT_OUT_TAKEN_BACK_BEFORE ? CT_C_TAKEN_BEFORE : CT_C_TAKEN_AFTER] += 1;
+}
+
+// Grid-stride: when the job is DONE, acc[t][h] += the slot's fp32 out[t][h] for its n_tokens rows (uncached loads:
+// the host wrote them). Runs after ct_wait_kernel on the same stream.
+__global__ void ct_add_kernel(CtRing r, const int64_t* status, const int32_t* outcome, float* acc, int n_tokens)
+{
+    if (*outcome != CT_OUT_DONE) return;
+    const float4* src = reinterpret_cast<const float4*>(ct_slot(r, (uint64_t) *status) + r.out_offset);
+    float4* dst = reinterpret_cast<float4*>(acc);
+    int vecs = n_tokens * (int) r.hidden / 4;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < vecs; i += gridDim.x * blockDim.x) {
+        float4 a = dst[i], b = __ldcv(src + i);
+        dst[i] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+    }
+}
+
+// One thread, after ct_add_kernel: a DONE or FAILED job's slot is EMPTY again (release: after the reads above).
+__global__ void ct_release_kernel(CtRing r, const int64_t* status, const int32_t* outcome)
+{
+    int o = *outcome;
+    if (o == CT_OUT_DONE || o == CT_OUT_FAILED) {
+        uint64_t seq = (uint64_t) *status;
+        ct_store_release(reinterpret_cast<uint64_t*>(ct_slot(r, seq)), seq << 8 | CT_EMPTY);
+    }
+}
+
+extern "C" {
+
+int ct_struct_size(void) { return (int) sizeof(CtRing); }
+
+int ct_publish(const CtRing* r, uint64_t* next_seq, int layer, int n_tokens, const int32_t* picks, int n_picks,
+               const uint16_t* x, int64_t* status, int64_t* counters, cudaStream_t stream)
+{
+    if (r->hidden % 128) return (int) cudaErrorInvalidValue;
+    ct_publish_kernel<<<1, 256, 0, stream>>>(*r, next_seq, layer, n_tokens, picks, n_picks, x, status, counters);
+    return (int) cudaGetLastError();
+}
+
+// ct_wait + ct_add + ct_release: the whole collection of one job into acc (fp32 [n_tokens, hidden]).
+int ct_collect(const CtRing* r, const int64_t* status, int64_t timeout_ns, int32_t* outcome, float* acc, int n_tokens,
+               int add_blocks, int64_t* counters, cudaStream_t stream)
+{
+    ct_wait_kernel<<<1, 1, 0, stream>>>(*r, status, timeout_ns, outcome, counters);
+    ct_add_kernel<<<add_blocks, 256, 0, stream>>>(*r, status, outcome, acc, n_tokens);
+    ct_release_kernel<<<1, 1, 0, stream>>>(*r, status, outcome);
+    return (int) cudaGetLastError();
+}
+
+// The device address of host memory registered with cudaHostRegisterMapped; also whether this GPU's link does
+// atomics on host memory natively (cudaDevAttrHostNativeAtomicSupported), which the take-back CAS relies on.
+int ct_device_pointer(void* host, void** device, int* native_atomics)
+{
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(native_atomics, cudaDevAttrHostNativeAtomicSupported, dev);
+    if (e == cudaSuccess) e = cudaHostGetDevicePointer(device, host, 0);
+    return (int) e;
+}
+
+}

@@ -1,0 +1,168 @@
+"""The CPU tier's handoff with the GPU as the producer (glm53.offload.ct_device, native/ec/cpu_tier_device.cuh):
+jobs published by CUDA kernels into mapped host memory, computed by the host worker, collected on the device;
+late jobs taken back with a system-scope CAS racing the worker's. Same random experts as tests/offload/test_cpu_tier.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from glm53.offload import cpu_expert as ce
+from glm53.offload import cpu_tier as ct
+from tests.offload.test_cpu_tier import HIDDEN, LIMIT, SEED, random_job, reference, tier, wait_for  # noqa: F401 (tier: fixture)
+
+DEVICE = torch.device("cuda", 0)
+
+
+def _device_job(job):
+    layer, x, picks = job
+    t, e, w = (torch.tensor(v) for v in zip(*picks))
+    from glm53.offload.ct_device import pack_picks
+
+    return layer, torch.from_numpy(x).to(DEVICE), pack_picks(t, e, w).to(DEVICE)
+
+
+@pytest.fixture
+def pool():
+    with ce.Pool(threads=2, spin_us=100) as p:
+        yield p
+
+
+def test_jobs_published_by_the_gpu_come_back_bit_exact(tier, pool):
+    from glm53.offload.ct_device import OUTCOMES, DeviceProducer
+
+    _, table, experts = tier
+    rng = np.random.default_rng([SEED, 11])
+    ring = ct.Ring(slots=4, hidden=HIDDEN)
+    producer = DeviceProducer(ring, DEVICE)
+    try:
+        with ct.Worker(ring, table, act_limit=LIMIT, pool=pool) as worker:
+            for _ in range(24):  # rounds of 1..4 jobs in flight at once (the ring has 4 slots)
+                jobs = [random_job(rng) for _ in range(int(rng.integers(1, 5)))]
+                sent = []
+                for job in jobs:
+                    layer, x, picks = _device_job(job)
+                    sent.append((producer.publish(layer, x, picks), torch.zeros((x.shape[0], HIDDEN), dtype=torch.float32, device=DEVICE)))
+                outcomes = [producer.collect(status, acc, timeout_s=10.0) for status, acc in sent]
+                for job, (status, acc), outcome in zip(jobs, sent, outcomes):
+                    assert OUTCOMES[int(outcome)] == "done"
+                    assert np.array_equal(acc.cpu().numpy(), reference(experts, *job))
+            counters = worker.counters()
+        stats = producer.stats()
+        print(f"native host atomics: {stats['native_host_atomics']}; producer {stats}; worker {counters}")
+        assert stats["published"] == stats["done"] == counters["done"] == counters["jobs"] > 24
+        assert all(ring.word(s)[1] == "empty" for s in range(4))
+    finally:
+        producer.close()
+
+
+def test_a_late_job_is_taken_back_before_or_after_the_claim(tier):
+    from glm53.offload.ct_device import OUTCOMES, DeviceProducer
+
+    _, table, experts = tier
+    rng = np.random.default_rng([SEED, 12])
+    ring = ct.Ring(slots=1, hidden=HIDDEN)
+    producer = DeviceProducer(ring, DEVICE)
+    try:
+        job = random_job(rng, tokens=2, picks=3)
+        layer, x, picks = _device_job(job)
+        acc = torch.zeros((2, HIDDEN), dtype=torch.float32, device=DEVICE)
+        # no worker: never claimed
+        outcome = producer.collect(producer.publish(layer, x, picks), acc, timeout_s=0.002)
+        assert OUTCOMES[int(outcome)] == "taken_back_before_claim" and ring.word(0)[1] == "empty"
+        with ct.Worker(ring, table, act_limit=LIMIT) as worker:
+            wait_for(lambda: worker.counters()["taken_back_before_claim"] == 1)
+            worker.debug_hold(True)  # claimed, then held past the deadline
+            status = producer.publish(layer, x, picks)
+            outcome = producer.collect(status, acc, timeout_s=0.05)
+            assert OUTCOMES[int(outcome)] == "taken_back_after_claim"
+            assert ring.word(0)[1] == "taken_back" and not acc.any()  # nothing added
+            # the slot is still the worker's: the next job cannot be published and says so
+            assert int(producer.publish(layer, x, picks)) == 0
+            worker.debug_hold(False)
+            wait_for(lambda: ring.word(0)[1] == "empty")
+            outcome = producer.collect(producer.publish(layer, x, picks), acc, timeout_s=10.0)
+            assert OUTCOMES[int(outcome)] == "done" and np.array_equal(acc.cpu().numpy(), reference(experts, *job))
+            c = worker.counters()
+        stats = producer.stats()
+        assert (c["jobs"], c["done"], c["taken_back_before_claim"], c["taken_back_after_claim"]) == (2, 1, 1, 1)
+        assert (stats["published"], stats["busy"], stats["done"], stats["taken_back_before_claim"], stats["taken_back_after_claim"]) == (3, 1, 1, 1, 1)
+    finally:
+        producer.close()
+
+
+def test_deadlines_racing_the_worker_never_lose_nor_double_count_a_job(tier, pool):
+    """Deadlines around the worker's compute time: the GPU's take-back CAS and the worker's completion CAS race on
+    the same word in host memory; every job must end exactly one way, and a DONE job's partial is exact."""
+    from glm53.offload.ct_device import OUTCOMES, DeviceProducer
+
+    _, table, experts = tier
+    rng = np.random.default_rng([SEED, 13])
+    ring = ct.Ring(slots=2, hidden=HIDDEN)
+    producer = DeviceProducer(ring, DEVICE)
+    ends = {name: 0 for name in OUTCOMES}
+    try:
+        with ct.Worker(ring, table, act_limit=LIMIT, pool=pool, spin_us=100000) as worker:
+            for i in range(300):
+                job = random_job(rng, tokens=1)
+                layer, x, picks = _device_job(job)
+                acc = torch.zeros((1, HIDDEN), dtype=torch.float32, device=DEVICE)
+                outcome = OUTCOMES[int(producer.collect(producer.publish(layer, x, picks), acc, timeout_s=float(rng.uniform(0, 300e-6))))]
+                ends[outcome] += 1
+                if outcome == "done":
+                    assert np.array_equal(acc.cpu().numpy(), reference(experts, *job)), f"job {i}"
+                else:
+                    assert not acc.any(), f"job {i}: {outcome} but something was added"
+                if outcome == "taken_back_after_claim":
+                    wait_for(lambda: ring.word(0)[1] != "taken_back" and ring.word(1)[1] != "taken_back")
+            time.sleep(0.05)
+            c = worker.counters()
+        print(f"outcomes {ends}; worker {c}")
+        assert ends["none"] == 0 and ends["failed"] == 0 and sum(ends.values()) == 300
+        assert c["done"] == ends["done"]
+        assert c["taken_back_after_claim"] == ends["taken_back_after_claim"]
+        assert c["taken_back_before_claim"] == ends["taken_back_before_claim"]
+        assert c["jobs"] == ends["done"] + ends["taken_back_after_claim"]
+    finally:
+        producer.close()
+
+
+def test_round_trip_latency(tier, pool):
+    """Figures, not a check: publish -> host compute -> collect of one token's 8 experts, measured on the device."""
+    from glm53.offload.ct_device import DeviceProducer
+
+    _, table, _ = tier
+    rng = np.random.default_rng([SEED, 14])
+    ring = ct.Ring(slots=4, hidden=HIDDEN)
+    producer = DeviceProducer(ring, DEVICE)
+    try:
+        with ct.Worker(ring, table, act_limit=LIMIT, pool=pool, spin_us=100000) as worker:
+            jobs = [_device_job(random_job(rng, tokens=1, picks=8)) for _ in range(200)]
+            acc = torch.zeros((1, HIDDEN), dtype=torch.float32, device=DEVICE)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            for layer, x, picks in jobs[:20]:  # warm-up
+                producer.collect(producer.publish(layer, x, picks), acc, 1.0)
+            torch.cuda.synchronize()
+            start.record()
+            for layer, x, picks in jobs:
+                producer.collect(producer.publish(layer, x, picks), acc, 1.0)
+            end.record()
+            torch.cuda.synchronize()
+            per_job_us = start.elapsed_time(end) * 1000 / len(jobs)
+            c = worker.counters()
+        figures = {"jobs": len(jobs), "experts_per_job": 8, "hidden": HIDDEN, "per_job_us": round(per_job_us, 1),
+                   "worker_busy_us_per_job": round(c["busy_s"] * 1e6 / c["jobs"], 1), "native_host_atomics": producer.native_host_atomics}
+        print(f"round trip: {figures}")
+        report = Path(os.environ.get("REPORT_DIR", "/tmp"))
+        report.mkdir(parents=True, exist_ok=True)
+        (report / "cpu-tier-device-latency.json").write_text(json.dumps(figures, indent=1) + "\n")
+        assert producer.stats()["done"] == len(jobs) + 20
+    finally:
+        producer.close()
