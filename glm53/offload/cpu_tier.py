@@ -27,7 +27,7 @@ import numpy as np
 
 from . import cpu_expert as ce
 
-STATES = ("empty", "published", "claimed", "done", "failed", "taken_back")  # ids 0.. of cpu_tier.h
+STATES = ("empty", "published", "claimed", "done", "failed", "taken_back", "skipped")  # ids 0.. of cpu_tier.h
 EBUSY, ESTATE = -5, -6
 PROJECTIONS = ("gate", "up", "down")
 COUNTERS = ("jobs", "done", "failed", "experts", "picks", "tokens", "busy_ns", "taken_back_before_claim",
@@ -56,7 +56,7 @@ def library() -> ctypes.CDLL:
         "glm53_ct_error": (ctypes.c_char_p, []),
         "glm53_ct_ring_layout": (i32, [i32, i32, i32, i32, ptr]),
         "glm53_ct_ring_init": (i32, [ptr, u64, i32, i32, i32, i32]),
-        "glm53_ct_slot_word": (u64, [ptr, i32]),
+        "glm53_ct_slot_word": (u64, [ptr, i32, i32]),
         "glm53_ct_worker_start": (ptr, [ptr, ptr, i32, i32, ctypes.c_float, ptr, i32, i32, i32, i32]),
         "glm53_ct_worker_stop": (None, [ptr]),
         "glm53_ct_worker_counters": (None, [ptr, ptr]),
@@ -64,7 +64,6 @@ def library() -> ctypes.CDLL:
         "glm53_ct_producer_publish": (i32, [ptr, u64, i32, i32, ptr, i32, ptr]),
         "glm53_ct_producer_wait": (i32, [ptr, u64, i64, ptr]),
         "glm53_ct_producer_take_back": (i32, [ptr, u64, ptr]),
-        "glm53_ct_producer_release": (i32, [ptr, u64]),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)
@@ -112,9 +111,19 @@ class Ring:
         _check(library().glm53_ct_ring_init(self.address, self.layout.total_bytes, slots, hidden, max_tokens, max_picks))
 
     def word(self, slot: int) -> tuple[int, str]:
-        """(sequence number, state) of a slot's state word."""
-        w = library().glm53_ct_slot_word(self.address, slot)
+        """(sequence number, state) of a slot's JOB word (the producer's: published, taken_back)."""
+        w = library().glm53_ct_slot_word(self.address, slot, 0)
         return w >> 8, STATES[w & 0xFF]
+
+    def ack(self, slot: int) -> tuple[int, str]:
+        """(sequence number, state) of a slot's ACK word (the worker's: claimed, done, failed, skipped)."""
+        w = library().glm53_ct_slot_word(self.address, slot, 1)
+        return w >> 8, STATES[w & 0xFF]
+
+    def free(self, slot: int) -> bool:
+        """Whether a producer may publish into the slot (the worker has finished with its last job)."""
+        (j, _), (a, state) = self.word(slot), self.ack(slot)
+        return j == 0 or (a == j and state in ("done", "failed", "skipped"))
 
     def worker_next(self) -> int:
         return int(self.bytes[128:136].view(np.uint64)[0])
@@ -220,8 +229,9 @@ class Outcome:
 
 
 class HostProducer:
-    """TEST/CPU PRODUCER: what the GPU kernel will do, on the host (the C reference functions): numbers jobs 1,
-    2, ... in publish order, publishes, waits with a deadline and takes back. Not thread-safe (one producer)."""
+    """TEST/CPU PRODUCER: what the GPU kernel does, on the host (the C reference functions): numbers jobs 1,
+    2, ... in publish order, publishes, waits with a deadline and takes back. A job's out stays valid until its
+    slot is published into again. Not thread-safe (one producer)."""
 
     def __init__(self, ring: Ring) -> None:
         self.ring = ring
@@ -229,7 +239,9 @@ class HostProducer:
         self._tokens: dict[int, int] = {}
 
     def publish(self, layer: int, x: np.ndarray, picks: Sequence[tuple[int, int, float]]) -> int | None:
-        """Job number, or None when the ring's next slot is not empty (then the caller computes the job itself)."""
+        """Job number, or None when the ring's next slot is not free (then the caller computes the job itself)."""
+        if self.next_seq - self.ring.layout.slots in self._tokens:
+            return None  # the slot's previous job is still ours to read (result() or its outcome ends it)
         xa = np.ascontiguousarray(x, dtype=np.float16)
         arr = (_CPick * len(picks))(*(_CPick(int(t), int(e), float(w)) for t, e, w in picks))
         seq = self.next_seq
@@ -246,7 +258,7 @@ class HostProducer:
         return Outcome(STATES[rc], bool(after.value) if STATES[rc] == "taken_back" else False)
 
     def _finish(self, seq: int, outcome: Outcome) -> Outcome:
-        if outcome.state == "taken_back":
+        if outcome.state != "done":  # nothing to read
             self._tokens.pop(seq, None)
         return outcome
 
@@ -262,9 +274,4 @@ class HostProducer:
 
     def result(self, seq: int) -> np.ndarray:
         """A copy of a DONE job's output."""
-        return self.ring.out(seq % self.ring.layout.slots, self._tokens[seq]).copy()
-
-    def release(self, seq: int) -> None:
-        """After DONE or FAILED: the slot is empty again."""
-        _check(library().glm53_ct_producer_release(self.ring.address, seq))
-        self._tokens.pop(seq, None)
+        return self.ring.out(seq % self.ring.layout.slots, self._tokens.pop(seq)).copy()

@@ -2,9 +2,10 @@
 from CUDA kernels and collects the host worker's fp32 partials, with no host synchronisation.
 
 The ring's host memory is registered with CUDA as mapped memory; the kernels (``native/ec/cpu_tier_device.cuh``)
-follow the state machine of ``native/cpu_tier/cpu_tier.h``: payload stores, a system-scope fence and a release store
-of the state word to publish; an acquire load of the word to see DONE; a system-scope 64-bit CAS to take a late job
-back. All of it runs in stream order on the current torch stream:
+follow the protocol of ``native/cpu_tier/cpu_tier.h``: payload stores, a system-scope fence and a release store of
+the JOB word to publish; an acquire load of the worker's ACK word to see DONE; past the deadline a release store of
+JOB = TAKEN_BACK (no atomics cross the link: each word has one writer). All of it runs in stream order on the
+current torch stream:
 
     status = producer.publish(layer, x, picks)      # x fp16 [T, hidden] on the GPU, picks from pack_picks
     ... the GPU computes the layer's other experts meanwhile ...
@@ -12,10 +13,13 @@ back. All of it runs in stream order on the current torch stream:
 
 ``outcome`` (a device int32) says whether the partial was added ("done"); otherwise ("none": not published,
 "failed", "taken_back_*") the caller must compute the job's experts itself. The numbers of each are in
-:meth:`DeviceProducer.stats`. Jobs are collected in the order they were published (one producer per ring).
+:meth:`DeviceProducer.stats`. Jobs are collected in the order they were published, at most one per ring slot
+outstanding (a slot's out must not be overwritten before it is read). One producer per ring.
 """
 
 from __future__ import annotations
+
+from collections import deque
 
 import torch
 
@@ -50,6 +54,7 @@ class DeviceProducer:
                         L.x_offset, L.out_offset)
         self.next_seq = torch.ones(1, dtype=torch.int64, device=device)  # the next job's number (1, 2, ...)
         self.counters = torch.zeros(8, dtype=torch.int64, device=device)
+        self._outstanding: deque[torch.Tensor] = deque()  # statuses published and not yet collected, oldest first
 
     def publish(self, layer: int, x: torch.Tensor, picks: torch.Tensor) -> torch.Tensor:
         """Publish the job; returns its number as a device int64 [1] (0: not published, compute it yourself)."""
@@ -57,8 +62,11 @@ class DeviceProducer:
             raise ValueError(f"x must be contiguous fp16 [tokens, {self.ring.layout.hidden}], not {x.dtype} {tuple(x.shape)}")
         if picks.dtype != torch.int32 or picks.dim() != 2 or picks.shape[1] != 3:
             raise ValueError("picks must be int32 [n, 3] (pack_picks)")
+        if len(self._outstanding) >= self.ring.layout.slots:
+            raise RuntimeError(f"{len(self._outstanding)} jobs outstanding on a ring of {self.ring.layout.slots} slots: collect the oldest first")
         status = torch.empty(1, dtype=torch.int64, device=self.device)
         self.kernels.publish(self.c, self.next_seq, layer, x, picks, status, self.counters)
+        self._outstanding.append(status)
         return status
 
     def collect(self, status: torch.Tensor, acc: torch.Tensor, timeout_s: float) -> torch.Tensor:
@@ -67,6 +75,9 @@ class DeviceProducer:
         (an index into ``OUTCOMES``)."""
         if acc.dtype != torch.float32 or acc.dim() != 2 or acc.shape[1] != self.ring.layout.hidden or not acc.is_contiguous():
             raise ValueError(f"acc must be contiguous fp32 [tokens, {self.ring.layout.hidden}]")
+        if not self._outstanding or self._outstanding[0] is not status:
+            raise RuntimeError("jobs are collected in the order they were published")
+        self._outstanding.popleft()
         outcome = torch.empty(1, dtype=torch.int32, device=self.device)
         self.kernels.collect(self.c, status, int(timeout_s * 1e9), outcome, acc, ADD_BLOCKS, self.counters)
         return outcome

@@ -1,6 +1,7 @@
 // The CPU tier's job ring, its host worker and the reference host producer; cpu_tier.h has the layout and the
 // protocol. The ring is caller memory that another agent (the GPU) writes too, so its words are accessed with
-// the __atomic builtins rather than through std::atomic objects.
+// the __atomic builtins rather than through std::atomic objects; each word has one writer (no read-modify-write
+// crosses the link: the GPU's atomics on host memory are not atomic against the CPU's over PCIe).
 #include "cpu_tier.h"
 
 #include <pthread.h>
@@ -48,9 +49,10 @@ void nap(int us)
 }
 
 struct SlotHeader {
-    uint64_t word;
+    uint64_t job;  // the producer's word
     uint32_t layer, n_tokens, n_picks;
 };
+constexpr uint64_t ACK = 64;  // byte offset of the worker's word in a slot
 
 const glm53_ct_layout& layout_of(const void* ring) { return *static_cast<const glm53_ct_layout*>(ring); }
 
@@ -60,13 +62,30 @@ uint8_t* slot_base(void* ring, uint64_t slot)
     return static_cast<uint8_t*>(ring) + L.slots_offset + slot * L.slot_bytes;
 }
 
-uint64_t* word_ptr(void* ring, uint64_t slot) { return reinterpret_cast<uint64_t*>(slot_base(ring, slot)); }
+uint64_t* job_ptr(void* ring, uint64_t slot) { return reinterpret_cast<uint64_t*>(slot_base(ring, slot)); }
+uint64_t* ack_ptr(void* ring, uint64_t slot) { return reinterpret_cast<uint64_t*>(slot_base(ring, slot) + ACK); }
 
 uint64_t load(const uint64_t* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 void store(uint64_t* p, uint64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
-bool cas(uint64_t* p, uint64_t expected, uint64_t desired)
+// A store, then a load of the other side's word, never reordered (x86: the store drains before the load):
+// with the other side doing the same, at least one of the two loads sees the other's store.
+uint64_t store_then_load(uint64_t* mine, uint64_t v, const uint64_t* theirs)
 {
-    return __atomic_compare_exchange_n(p, &expected, desired, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+    __atomic_store_n(mine, v, __ATOMIC_SEQ_CST);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    return __atomic_load_n(theirs, __ATOMIC_SEQ_CST);
+}
+
+bool terminal(uint32_t ack_state)
+{
+    return ack_state == GLM53_CT_DONE || ack_state == GLM53_CT_FAILED || ack_state == GLM53_CT_SKIPPED;
+}
+
+// The producer may fill the slot: never used, or the worker has finished with the job it last held.
+bool slot_free(void* ring, uint64_t slot)
+{
+    const uint64_t j = load(job_ptr(ring, slot)), a = load(ack_ptr(ring, slot));
+    return seq_of(j) == 0 || (seq_of(a) == seq_of(j) && terminal(state_of(a)));
 }
 
 int32_t check_ring(const void* ring)
@@ -175,26 +194,25 @@ void glm53_ct_worker::process(uint64_t seq)
     const uint64_t t0 = now_ns();
     COUNT(jobs, 1);
     uint64_t depth = 1;
-    for (uint64_t i = 0; i < L.slots; ++i)
-        if (state_of(load(word_ptr(ring, i))) == GLM53_CT_PUBLISHED)
+    for (uint64_t i = 0; i < L.slots; ++i) {  // other jobs published and not yet claimed
+        const uint64_t j = load(job_ptr(ring, i));
+        if (i != seq % L.slots && state_of(j) == GLM53_CT_PUBLISHED && seq_of(load(ack_ptr(ring, i))) < seq_of(j))
             ++depth;
+    }
     auto& max_depth = counter(offsetof(glm53_ct_counters, max_queue_depth));
     for (uint64_t seen = max_depth.load(std::memory_order_relaxed); depth > seen && !max_depth.compare_exchange_weak(seen, depth);) {
     }
     uint8_t* slot = slot_base(ring, seq % L.slots);
     const uint32_t result = compute(slot);
-    uint64_t* word = reinterpret_cast<uint64_t*>(slot);
-    if (cas(word, word_of(seq, GLM53_CT_CLAIMED), word_of(seq, result))) {
-        if (result == GLM53_CT_DONE)
-            COUNT(done, 1);
-        else
-            COUNT(failed, 1);
-    } else {
-        // Taken back while we computed: the producer did the job itself. Discard, and hand the slot back now
-        // that we no longer touch it.
-        store(word, word_of(seq, GLM53_CT_EMPTY));
+    // The result is published either way; whether it counts is the producer's decision alone: a producer that took
+    // the job back computes it itself and never reads this one.
+    const uint64_t job = store_then_load(ack_ptr(ring, seq % L.slots), word_of(seq, result), job_ptr(ring, seq % L.slots));
+    if (job == word_of(seq, GLM53_CT_TAKEN_BACK))
         COUNT(taken_back_after_claim, 1);
-    }
+    else if (result == GLM53_CT_DONE)
+        COUNT(done, 1);
+    else
+        COUNT(failed, 1);
     COUNT(busy_ns, now_ns() - t0);
 }
 
@@ -207,8 +225,8 @@ void glm53_ct_worker::run()
     int polls = 0;
     int nap_now = FIRST_NAP_US < nap_us ? FIRST_NAP_US : nap_us;
     while (!stop.load(std::memory_order_acquire)) {
-        uint64_t* word = word_ptr(ring, seq % L.slots);
-        const uint64_t v = load(word);
+        uint64_t* job = job_ptr(ring, seq % L.slots);
+        const uint64_t v = load(job);
         const uint64_t q = seq_of(v);
         const uint32_t st = state_of(v);
         if (q < seq) {  // not published yet
@@ -219,16 +237,17 @@ void glm53_ct_worker::run()
                 __builtin_ia32_pause();
             continue;
         }
-        if (q == seq && st == GLM53_CT_PUBLISHED) {
-            if (!cas(word, v, word_of(seq, GLM53_CT_CLAIMED)))
-                continue;  // taken back meanwhile: look again
-            process(seq);
+        uint64_t* ack = ack_ptr(ring, seq % L.slots);
+        if (q == seq && st == GLM53_CT_PUBLISHED &&
+            store_then_load(ack, word_of(seq, GLM53_CT_CLAIMED), job) == word_of(seq, GLM53_CT_PUBLISHED)) {
+            process(seq);  // claimed, and the producer had not taken it back when we looked after claiming
             idle_since = clock_type::now();
             nap_now = FIRST_NAP_US < nap_us ? FIRST_NAP_US : nap_us;
-        } else if (q == seq && (st == GLM53_CT_CLAIMED || st == GLM53_CT_DONE || st == GLM53_CT_FAILED)) {
-            // claimed by an earlier life of a worker on this ring: not ours to count
         } else {
-            COUNT(taken_back_before_claim, 1);  // EMPTY(seq), TAKEN_BACK(seq) or a later job
+            // taken back before the claim (or a later job: an earlier life of a worker on this ring left this one)
+            if (q == seq)
+                store(ack, word_of(seq, GLM53_CT_SKIPPED));
+            COUNT(taken_back_before_claim, 1);
         }
         store(next, ++seq);
     }
@@ -276,9 +295,10 @@ int32_t glm53_ct_ring_init(void* mem, uint64_t bytes, int32_t slots, int32_t hid
     return GLM53_CE_OK;
 }
 
-uint64_t glm53_ct_slot_word(const void* ring, int32_t slot)
+uint64_t glm53_ct_slot_word(const void* ring, int32_t slot, int32_t which)
 {
-    return load(word_ptr(const_cast<void*>(ring), static_cast<uint64_t>(slot)));
+    void* r = const_cast<void*>(ring);
+    return load(which ? ack_ptr(r, static_cast<uint64_t>(slot)) : job_ptr(r, static_cast<uint64_t>(slot)));
 }
 
 glm53_ct_worker* glm53_ct_worker_start(void* ring, const glm53_ce_expert* table, int32_t n_layers, int32_t n_experts,
@@ -380,16 +400,16 @@ int32_t glm53_ct_producer_publish(void* ring, uint64_t seq, int32_t layer, int32
         return fail(GLM53_CE_EINVAL, "publish: need seq >= 1, layer >= 0, n_tokens in 1..max_tokens, n_picks in "
                                      "1..max_tokens * max_picks, picks and x");
     uint8_t* slot = slot_base(ring, seq % L.slots);
-    const uint64_t v = load(reinterpret_cast<uint64_t*>(slot));
-    if (state_of(v) != GLM53_CT_EMPTY)
-        return fail(GLM53_CT_EBUSY, "publish: slot " + std::to_string(seq % L.slots) + " is not empty");
-    if (seq_of(v) >= seq)
-        return fail(GLM53_CE_EINVAL, "publish: job numbers must grow (slot holds " + std::to_string(seq_of(v)) + ")");
+    if (!slot_free(ring, seq % L.slots))
+        return fail(GLM53_CT_EBUSY, "publish: the worker still holds slot " + std::to_string(seq % L.slots));
+    if (seq_of(load(job_ptr(ring, seq % L.slots))) >= seq)
+        return fail(GLM53_CE_EINVAL, "publish: job numbers must grow (the slot held job " +
+                                         std::to_string(seq_of(load(job_ptr(ring, seq % L.slots)))) + ")");
     const uint32_t fields[3] = {static_cast<uint32_t>(layer), static_cast<uint32_t>(n_tokens), static_cast<uint32_t>(n_picks)};
     memcpy(slot + offsetof(SlotHeader, layer), fields, sizeof fields);
     memcpy(slot + L.picks_offset, picks, sizeof(glm53_ct_pick) * n_picks);
     memcpy(slot + L.x_offset, x, 2ull * n_tokens * L.hidden);
-    store(reinterpret_cast<uint64_t*>(slot), word_of(seq, GLM53_CT_PUBLISHED));
+    store(job_ptr(ring, seq % L.slots), word_of(seq, GLM53_CT_PUBLISHED));
     return GLM53_CE_OK;
 }
 
@@ -397,40 +417,32 @@ int32_t glm53_ct_producer_take_back(void* ring, uint64_t seq, int32_t* after_cla
 {
     if (check_ring(ring) != GLM53_CE_OK)
         return GLM53_CE_EINVAL;
-    uint64_t* word = word_ptr(ring, seq % layout_of(ring).slots);
-    for (;;) {
-        const uint64_t v = load(word);
-        const uint32_t st = state_of(v);
-        if (seq_of(v) != seq || st == GLM53_CT_EMPTY || st == GLM53_CT_TAKEN_BACK)
-            return fail(GLM53_CT_ESTATE, "take_back: job " + std::to_string(seq) + " is not outstanding");
-        if (st == GLM53_CT_DONE || st == GLM53_CT_FAILED)
-            return static_cast<int32_t>(st);
-        if (cas(word, v, word_of(seq, GLM53_CT_TAKEN_BACK))) {
-            if (after_claim)
-                *after_claim = st == GLM53_CT_CLAIMED;
-            if (st == GLM53_CT_PUBLISHED)
-                store(word, word_of(seq, GLM53_CT_EMPTY));  // never claimed: the slot is ours again at once
-            return GLM53_CT_TAKEN_BACK;
-        }
-    }
+    const uint64_t slot = seq % layout_of(ring).slots;
+    uint64_t* job = job_ptr(ring, slot);
+    if (load(job) != word_of(seq, GLM53_CT_PUBLISHED))
+        return fail(GLM53_CT_ESTATE, "take_back: job " + std::to_string(seq) + " is not outstanding");
+    const uint64_t a = store_then_load(job, word_of(seq, GLM53_CT_TAKEN_BACK), ack_ptr(ring, slot));
+    // Not claimed when we looked: the worker, which looks again after claiming, will skip it. Claimed (or even
+    // finished): its result is discarded, since only this side decides what counts.
+    if (after_claim)
+        *after_claim = seq_of(a) == seq;
+    return GLM53_CT_TAKEN_BACK;
 }
 
 int32_t glm53_ct_producer_wait(void* ring, uint64_t seq, int64_t timeout_us, int32_t* after_claim)
 {
     if (check_ring(ring) != GLM53_CE_OK)
         return GLM53_CE_EINVAL;
-    uint64_t* word = word_ptr(ring, seq % layout_of(ring).slots);
+    const uint64_t slot = seq % layout_of(ring).slots;
+    if (load(job_ptr(ring, slot)) != word_of(seq, GLM53_CT_PUBLISHED))
+        return fail(GLM53_CT_ESTATE, "wait: job " + std::to_string(seq) + " is not outstanding");
+    uint64_t* ack = ack_ptr(ring, slot);
     const uint64_t t0 = now_ns();
     const uint64_t spin_until = t0 + 20000;
     for (;;) {
-        const uint64_t v = load(word);
-        if (seq_of(v) != seq)
-            return fail(GLM53_CT_ESTATE, "wait: job " + std::to_string(seq) + " is not in its slot");
-        const uint32_t st = state_of(v);
-        if (st == GLM53_CT_DONE || st == GLM53_CT_FAILED)
-            return static_cast<int32_t>(st);
-        if (st != GLM53_CT_PUBLISHED && st != GLM53_CT_CLAIMED)
-            return fail(GLM53_CT_ESTATE, "wait: job " + std::to_string(seq) + " is not outstanding");
+        const uint64_t a = load(ack);
+        if (a == word_of(seq, GLM53_CT_DONE) || a == word_of(seq, GLM53_CT_FAILED))
+            return static_cast<int32_t>(state_of(a));
         const uint64_t t = now_ns();
         if (timeout_us >= 0 && t - t0 >= static_cast<uint64_t>(timeout_us) * 1000)
             return glm53_ct_producer_take_back(ring, seq, after_claim);
@@ -439,18 +451,6 @@ int32_t glm53_ct_producer_wait(void* ring, uint64_t seq, int64_t timeout_us, int
         else
             nap(10);  // the host stand-in for the GPU does not spin for long: tests share few cores
     }
-}
-
-int32_t glm53_ct_producer_release(void* ring, uint64_t seq)
-{
-    if (check_ring(ring) != GLM53_CE_OK)
-        return GLM53_CE_EINVAL;
-    uint64_t* word = word_ptr(ring, seq % layout_of(ring).slots);
-    const uint64_t v = load(word);
-    if (seq_of(v) != seq || (state_of(v) != GLM53_CT_DONE && state_of(v) != GLM53_CT_FAILED))
-        return fail(GLM53_CT_ESTATE, "release: job " + std::to_string(seq) + " is not DONE or FAILED");
-    store(word, word_of(seq, GLM53_CT_EMPTY));
-    return GLM53_CE_OK;
 }
 
 }  // extern "C"

@@ -14,45 +14,45 @@
  * BYTE LAYOUT (all offsets in bytes, little-endian, the ring base aligned to GLM53_CT_ALIGN = 128; every section
  * starts on a 128-byte boundary so that no two writers share a cache line nor an adjacent-line prefetch pair):
  *   ring + 0    ring header, static (written by glm53_ct_ring_init, then read-only):
- *                 u32 magic 'GCT1' (0x31544347), u32 version (1), u32 slots, u32 hidden, u32 max_tokens,
+ *                 u32 magic 'GCT1' (0x31544347), u32 version (2), u32 slots, u32 hidden, u32 max_tokens,
  *                 u32 max_picks, u64 slot_bytes, u64 slots_offset (= 256), u64 picks_offset, u64 x_offset,
  *                 u64 out_offset, u64 total_bytes            (see glm53_ct_layout; offsets of sections in a slot)
  *   ring + 128  worker line: u64 worker_next, the sequence number the worker waits for next (written by the
- *                 worker only; a restarted worker resumes there; published - worker_next = jobs waiting)
+ *                 worker only; a restarted worker resumes there)
  *   ring + 256 + i * slot_bytes   slot i (slot_bytes a multiple of 128):
- *     + 0             slot header (one 128-byte line):
- *                       u64 state word, u32 layer, u32 n_tokens, u32 n_picks, u32 reserved[27]
+ *     + 0             the producer's line: u64 JOB word, u32 layer, u32 n_tokens, u32 n_picks
+ *     + 64            the worker's line: u64 ACK word
  *     + picks_offset  picks: [max_tokens * max_picks] of {i32 token, i32 expert, f32 weight} (12 bytes each)
  *     + x_offset      input rows: fp16 [max_tokens][hidden] (row t at x_offset + 2 * t * hidden)
  *     + out_offset    output: fp32 [max_tokens][hidden] (row t at out_offset + 4 * t * hidden)
  *   layer is the layer's row in the registered expert table (the host store's row), expert its expert index.
  *
- * THE STATE WORD: u64 = seq << 8 | state, seq >= 1 the job's sequence number (56 bits, never wraps in practice),
- * job seq lives in slot seq % slots. Carrying seq in the word makes every compare-and-swap specific to one job:
- * a stale party can never move a later job's slot.
- *   EMPTY 0       the slot is the producer's. Initial value EMPTY(seq 0).
- *   PUBLISHED 1   producer, from EMPTY, after writing layer, n_tokens, n_picks, picks and rows: release store.
- *   CLAIMED 2     worker, CAS PUBLISHED(s) -> CLAIMED(s) (acquire): it now reads the payload and writes out.
- *   DONE 3        worker, CAS CLAIMED(s) -> DONE(s) (release) after writing out[0..n_tokens).
- *   FAILED 4      worker, CAS CLAIMED(s) -> FAILED(s): an invalid job; out is not valid. The producer computes
- *                 the job itself, as after a take-back.
- *   TAKEN_BACK 5  producer, when its deadline passes: CAS PUBLISHED(s) -> TAKEN_BACK(s) (the worker will never
- *                 claim it: its claim CAS fails; the producer then stores EMPTY(s) at once) or CAS CLAIMED(s) ->
- *                 TAKEN_BACK(s) (the worker is computing: its CAS CLAIMED -> DONE fails, it discards its result,
- *                 counts it late and stores EMPTY(s) when it no longer touches the slot; until then the slot is
- *                 not the producer's).
- *   The producer consumes DONE(s) (reads out, acquire) or FAILED(s), then stores EMPTY(s) (release).
- *   Exactly one side contributes every job: the worker's result counts only if its CAS CLAIMED -> DONE wins,
- *   the producer computes the experts itself only if its take-back CAS wins (or the job FAILED); the two CASes
- *   are on the same word from the same value CLAIMED(s), so exactly one of them wins.
- * ORDER: the producer numbers jobs 1, 2, 3, ... in publish order and publishes job s only into an EMPTY slot
- * s % slots (when it is not EMPTY the producer computes that job itself without publishing and without using a
- * number). The worker takes s = worker_next, 1 at first, and looks at slot s % slots: seq < s: not yet published,
- * wait; seq == s and PUBLISHED: claim it; seq == s and EMPTY or TAKEN_BACK, or seq > s: job s was taken back
- * before the claim: count it, go on with s + 1. So the worker claims jobs in order and skips none it could claim.
- * GPU SIDE: payload stores, then a system-scope fence (__threadfence_system, or st.release.sys of the word) by
- * the thread that publishes, after the block's other writers have synchronised with it; ld.acquire.sys of the
- * word before reading out; atomicCAS_system (64-bit) for the take-back. One producer and one worker per ring.
+ * THE TWO WORDS: u64 = seq << 8 | state, seq >= 1 the job's sequence number (56 bits, never wraps in practice);
+ * job seq lives in slot seq % slots. Each word has ONE writer: the producer writes JOB, the worker writes ACK. No
+ * read-modify-write is shared: a GPU's atomics on host memory are not atomic against the CPU's over PCIe
+ * (cudaDevAttrHostNativeAtomicSupported is 0 there; a CAS race between them was seen to lose an update).
+ *   JOB: PUBLISHED 1 (after layer, n_tokens, n_picks, picks and rows: release store), TAKEN_BACK 5 (the producer's
+ *        deadline passed: it computes the job itself and will never read this job's out).
+ *   ACK: CLAIMED 2, DONE 3 (out[0..n_tokens) written: release store), FAILED 4 (an invalid job: out not valid),
+ *        SKIPPED 6 (the job was taken back before the worker claimed it; it did nothing).
+ *   Both start as 0 (EMPTY, seq 0).
+ * The worker claims job s by storing ACK = CLAIMED(s) and then, after a full fence, loading JOB again: if it is
+ * TAKEN_BACK(s) it stores SKIPPED(s) and does nothing; otherwise it computes and stores DONE(s) or FAILED(s).
+ * The producer takes job s back by storing JOB = TAKEN_BACK(s) and then, after a full fence, loading ACK (which
+ * only tells it whether the worker had claimed: a counter). The two store-fence-load pairs make a claim and a
+ * take-back impossible to miss both, so the worker skips a job taken back before its claim; and whatever the
+ * timing, what counts is decided by the producer alone: it uses the worker's out only if it saw ACK = DONE(s)
+ * before it took s back. Exactly one side contributes every job.
+ * SLOT REUSE: the producer may publish into a slot whose JOB is EMPTY(0), or whose ACK carries the JOB's seq in a
+ * final state (DONE, FAILED, SKIPPED), and only after it has finished with that earlier job (read its out, or
+ * taken it back). A slot whose taken-back job the worker still computes (or has not reached) is busy: the
+ * producer computes that job itself without publishing it and without using a number.
+ * ORDER: the producer numbers jobs 1, 2, 3, ... in publish order. The worker takes s = worker_next, 1 at first,
+ * and looks at JOB of slot s % slots: seq < s: not yet published, wait; seq == s and PUBLISHED: claim it;
+ * TAKEN_BACK(s): store SKIPPED(s); then s + 1. So it claims jobs in order and skips none it could claim.
+ * GPU SIDE (native/ec/cpu_tier_device.cuh): payload stores, __threadfence_system by every writer, then a
+ * st.release.sys of JOB; ld.acquire.sys of ACK before reading out; the take-back's fence is fence.sc.sys.
+ * One producer and one worker per ring.
  */
 #ifndef GLM53_CPU_TIER_H
 #define GLM53_CPU_TIER_H
@@ -67,9 +67,9 @@ extern "C" {
 
 #define GLM53_CT_API __attribute__((visibility("default")))
 
-enum { GLM53_CT_MAGIC = 0x31544347, GLM53_CT_VERSION = 1, GLM53_CT_ALIGN = 128, GLM53_CT_RING_HEADER = 256 };
+enum { GLM53_CT_MAGIC = 0x31544347, GLM53_CT_VERSION = 2, GLM53_CT_ALIGN = 128, GLM53_CT_RING_HEADER = 256 };
 enum { GLM53_CT_EMPTY = 0, GLM53_CT_PUBLISHED = 1, GLM53_CT_CLAIMED = 2, GLM53_CT_DONE = 3, GLM53_CT_FAILED = 4,
-       GLM53_CT_TAKEN_BACK = 5 };
+       GLM53_CT_TAKEN_BACK = 5, GLM53_CT_SKIPPED = 6 };
 enum { GLM53_CT_EBUSY = -5, GLM53_CT_ESTATE = -6 };  /* also GLM53_CE_EINVAL, GLM53_CE_ENOMEM */
 
 typedef struct glm53_ct_layout {
@@ -112,8 +112,8 @@ GLM53_CT_API int32_t glm53_ct_ring_layout(int32_t slots, int32_t hidden, int32_t
 /* Writes the ring header into mem (bytes >= total_bytes, 128-byte aligned), every slot EMPTY(0), worker_next 1. */
 GLM53_CT_API int32_t glm53_ct_ring_init(void* mem, uint64_t bytes, int32_t slots, int32_t hidden, int32_t max_tokens,
                                         int32_t max_picks);
-/* The state word of slot `slot` (acquire). */
-GLM53_CT_API uint64_t glm53_ct_slot_word(const void* ring, int32_t slot);
+/* Slot `slot`'s JOB word (which = 0) or ACK word (which = 1), acquire. */
+GLM53_CT_API uint64_t glm53_ct_slot_word(const void* ring, int32_t slot, int32_t which);
 
 /* The worker: one thread (pinned to cpu unless cpu < 0) serving the ring with the expert kernel on pool (NULL:
  * the worker thread alone) and ISA isa. table: [n_layers * n_experts] experts, copied; an entry with a NULL gate
@@ -133,17 +133,16 @@ GLM53_CT_API void glm53_ct_worker_debug_hold(glm53_ct_worker* worker, int32_t ho
 
 /* ---- The reference host producer (tests; the GPU does the same with its own instructions). */
 
-/* Publishes job seq into slot seq % slots: GLM53_CT_EBUSY when that slot is not EMPTY, EINVAL for bad sizes. */
+/* Publishes job seq into slot seq % slots: GLM53_CT_EBUSY when that slot is not free, EINVAL for bad sizes. */
 GLM53_CT_API int32_t glm53_ct_producer_publish(void* ring, uint64_t seq, int32_t layer, int32_t n_tokens,
                                                const glm53_ct_pick* picks, int32_t n_picks, const uint16_t* x);
-/* Waits up to timeout_us for job seq, then takes it back. Returns GLM53_CT_DONE (out valid until release),
- * GLM53_CT_FAILED, or GLM53_CT_TAKEN_BACK with *after_claim 0 (the slot is EMPTY again) or 1 (the worker
- * frees the slot later). The caller computes the job itself unless DONE. timeout_us < 0: wait forever. */
+/* Waits up to timeout_us for job seq, then takes it back. Returns GLM53_CT_DONE (out valid until the slot is
+ * reused), GLM53_CT_FAILED, or GLM53_CT_TAKEN_BACK with *after_claim 0 (the worker will skip it) or 1 (the worker
+ * had claimed it; its result is discarded). The caller computes the job itself unless DONE. timeout_us < 0: wait
+ * forever. */
 GLM53_CT_API int32_t glm53_ct_producer_wait(void* ring, uint64_t seq, int64_t timeout_us, int32_t* after_claim);
 /* Takes job seq back now (the wait's last step): as glm53_ct_producer_wait with timeout 0, without waiting. */
 GLM53_CT_API int32_t glm53_ct_producer_take_back(void* ring, uint64_t seq, int32_t* after_claim);
-/* After DONE or FAILED: the slot is EMPTY again. GLM53_CT_ESTATE when job seq is in neither state. */
-GLM53_CT_API int32_t glm53_ct_producer_release(void* ring, uint64_t seq);
 
 #ifdef __cplusplus
 }

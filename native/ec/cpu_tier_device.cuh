@@ -1,9 +1,10 @@
-// The GPU side of the CPU tier's handoff (native/cpu_tier/cpu_tier.h has the ring layout and the state machine):
-// the GPU publishes a job into a ring slot in page-locked, mapped host memory, the host worker computes it in
-// fp32, and the GPU waits for it with a deadline, adds the fp32 partial into an fp32 accumulator, and frees the
-// slot; past the deadline it takes the job back (a 64-bit system-scope CAS on the slot's state word, the one the
-// worker's claim and completion CAS), so exactly one side contributes every job. Included by expert_cache.cu
-// (one CUDA library). No host synchronisation: every decision reads memory on the device or over the link.
+// The GPU side of the CPU tier's handoff (native/cpu_tier/cpu_tier.h has the ring layout and the protocol): the GPU
+// publishes a job into a ring slot in page-locked, mapped host memory, the host worker computes it in fp32, and the
+// GPU waits for it with a deadline and adds the fp32 partial into an fp32 accumulator; past the deadline it takes
+// the job back (JOB = TAKEN_BACK) and the caller computes it. Each word has one writer: the GPU writes JOB, the
+// worker ACK (a GPU's atomics on host memory are not atomic against the CPU's over PCIe). Included by
+// expert_cache.cu (one CUDA library). No host synchronisation: every decision reads memory on the device or over
+// the link.
 
 // The ring's geometry (glm53_ct_layout) and its device address, passed by value.
 struct CtRing {
@@ -12,7 +13,8 @@ struct CtRing {
     uint64_t slot_bytes, slots_offset, picks_offset, x_offset, out_offset;
 };
 
-enum { CT_EMPTY = 0, CT_PUBLISHED = 1, CT_CLAIMED = 2, CT_DONE = 3, CT_FAILED = 4, CT_TAKEN_BACK = 5 };
+enum { CT_EMPTY = 0, CT_PUBLISHED = 1, CT_CLAIMED = 2, CT_DONE = 3, CT_FAILED = 4, CT_TAKEN_BACK = 5, CT_SKIPPED = 6 };
+#define CT_ACK 64  // byte offset of the worker's ACK word in a slot (JOB at 0)
 // What ct_wait decided for a job (*outcome), and the counters it keeps (int64 [CT_N]).
 enum { CT_OUT_NONE = 0, CT_OUT_DONE = 1, CT_OUT_FAILED = 2, CT_OUT_TAKEN_BACK_BEFORE = 3, CT_OUT_TAKEN_BACK_AFTER = 4 };
 enum { CT_C_PUBLISHED = 0, CT_C_BUSY, CT_C_DONE, CT_C_FAILED, CT_C_TAKEN_BEFORE, CT_C_TAKEN_AFTER, CT_C_WAIT_NS, CT_N = 8 };
@@ -42,9 +44,10 @@ __device__ __forceinline__ char* ct_slot(const CtRing& r, uint64_t seq)
 }
 
 // One block. Publishes job *next_seq (layer, n_tokens rows of x, n_picks picks as int32 [n, 3]: token, expert,
-// float bits of the weight) into its slot when that slot is EMPTY; *status = the job's number, or 0 when the slot
-// was busy or the sizes do not fit (then nothing is published, no number is used, and the caller computes the
-// job itself). n_picks == 0 publishes nothing either (status 0): there is nothing to compute.
+// float bits of the weight) into its slot when that slot is free (JOB never used, or ACK final for JOB's job);
+// *status = the job's number, or 0 when the slot was busy or the sizes do not fit (then nothing is published, no
+// number is used, and the caller computes the job itself). n_picks == 0 publishes nothing either (status 0).
+// The caller has collected the slot's previous job (DeviceProducer enforces it).
 __global__ void ct_publish_kernel(CtRing r, uint64_t* next_seq, int layer, int n_tokens, const int32_t* picks,
                                   int n_picks, const uint16_t* x, int64_t* status, int64_t* counters)
 {
@@ -54,8 +57,12 @@ __global__ void ct_publish_kernel(CtRing r, uint64_t* next_seq, int layer, int n
         uint64_t seq = *next_seq;
         bool fits = n_picks > 0 && n_tokens >= 1 && (uint32_t) n_tokens <= r.max_tokens &&
                     (uint64_t) n_picks <= (uint64_t) r.max_tokens * r.max_picks;
-        uint64_t w = ct_load_acquire(reinterpret_cast<const uint64_t*>(ct_slot(r, seq)));
-        ok = fits && (w & 0xFF) == CT_EMPTY;
+        char* slot = ct_slot(r, seq);
+        uint64_t j = ct_load_acquire(reinterpret_cast<const uint64_t*>(slot));
+        uint64_t a = ct_load_acquire(reinterpret_cast<const uint64_t*>(slot + CT_ACK));
+        uint64_t as = a & 0xFF;
+        bool free = (j >> 8) == 0 || ((a >> 8) == (j >> 8) && (as == CT_DONE || as == CT_FAILED || as == CT_SKIPPED));
+        ok = fits && free;
         seq_s = seq;
         if (!ok) {
             *status = 0;
@@ -78,7 +85,7 @@ __global__ void ct_publish_kernel(CtRing r, uint64_t* next_seq, int layer, int n
     int4* dst_x = reinterpret_cast<int4*>(slot + r.x_offset);
     int vecs = n_tokens * (int) r.hidden / 8;
     for (int i = threadIdx.x; i < vecs; i += blockDim.x) dst_x[i] = src_x[i];
-    __threadfence_system();  // this thread's payload stores, before the state word (every writer fences)
+    __threadfence_system();  // this thread's payload stores, before JOB (every writer fences)
     __syncthreads();
     if (threadIdx.x == 0) {
         ct_store_release(reinterpret_cast<uint64_t*>(slot), seq_s << 8 | CT_PUBLISHED);
@@ -89,10 +96,10 @@ __global__ void ct_publish_kernel(CtRing r, uint64_t* next_seq, int layer, int n
 }
 
 // One thread. Waits for job *status until timeout_ns have passed since it started waiting, then takes it back.
-// *outcome: CT_OUT_DONE (the partial is in the slot: add, then release), CT_OUT_FAILED (the worker refused the job:
-// release; the caller computes it), CT_OUT_TAKEN_BACK_BEFORE (the worker never claimed it; the slot is EMPTY again)
-// or CT_OUT_TAKEN_BACK_AFTER (the worker had claimed it and will discard its result and free the slot), or
-// CT_OUT_NONE for status 0. In the last three cases (and FAILED) the job's experts were not computed by the host.
+// *outcome: CT_OUT_DONE (the partial is in the slot), CT_OUT_FAILED (the worker refused the job; the caller
+// computes it), CT_OUT_TAKEN_BACK_BEFORE (the worker had not claimed it: it will skip it) or
+// CT_OUT_TAKEN_BACK_AFTER (it had: its result is discarded), or CT_OUT_NONE for status 0. In every case but DONE
+// the job's experts were not computed by the host as far as the caller is concerned.
 __global__ void ct_wait_kernel(CtRing r, const int64_t* status, int64_t timeout_ns, int32_t* outcome, int64_t* counters)
 {
     uint64_t seq = (uint64_t) *status;
@@ -100,28 +107,23 @@ __global__ void ct_wait_kernel(CtRing r, const int64_t* status, int64_t timeout_
         *outcome = CT_OUT_NONE;
         return;
     }
-    uint64_t* word = reinterpret_cast<uint64_t*>(ct_slot(r, seq));
+    char* slot = ct_slot(r, seq);
+    const uint64_t* ack = reinterpret_cast<const uint64_t*>(slot + CT_ACK);
     const uint64_t t0 = ct_now_ns();
-    int result = CT_OUT_NONE;
+    int result;
     unsigned int nap = 32;
-    while (result == CT_OUT_NONE) {
-        uint64_t w = ct_load_acquire(word);
-        uint64_t state = w & 0xFF;
-        if ((w >> 8) == seq && state == CT_DONE) { result = CT_OUT_DONE; break; }
-        if ((w >> 8) == seq && state == CT_FAILED) { result = CT_OUT_FAILED; break; }
+    for (;;) {
+        uint64_t a = ct_load_acquire(ack);
+        if (a == (seq << 8 | CT_DONE)) { result = CT_OUT_DONE; break; }
+        if (a == (seq << 8 | CT_FAILED)) { result = CT_OUT_FAILED; break; }
         if (ct_now_ns() - t0 >= (uint64_t) timeout_ns) {
-            uint64_t published = seq << 8 | CT_PUBLISHED, claimed = seq << 8 | CT_CLAIMED;
-            uint64_t taken = seq << 8 | CT_TAKEN_BACK;
-            unsigned long long seen = atomicCAS_system(reinterpret_cast<unsigned long long*>(word), published, taken);
-            if (seen == published) {
-                ct_store_release(word, seq << 8 | CT_EMPTY);  // never claimed: the slot is the producer's again
-                result = CT_OUT_TAKEN_BACK_BEFORE;
-            } else if (seen == claimed) {
-                seen = atomicCAS_system(reinterpret_cast<unsigned long long*>(word), claimed, taken);
-                if (seen == claimed) result = CT_OUT_TAKEN_BACK_AFTER;  // the worker frees the slot later
-            }
-            // otherwise the worker moved first (DONE or FAILED, or claimed between the two CAS): look again
-            continue;
+            ct_store_release(reinterpret_cast<uint64_t*>(slot), seq << 8 | CT_TAKEN_BACK);
+            asm volatile("fence.sc.sys;" ::: "memory");  // the store, then the load: a claim cannot be missed both ways
+            a = ct_load_acquire(ack);
+            uint64_t as = a & 0xFF;
+            bool claimed = (a >> 8) == seq && (as == CT_CLAIMED || as == CT_DONE || as == CT_FAILED);
+            result = claimed ? CT_OUT_TAKEN_BACK_AFTER : CT_OUT_TAKEN_BACK_BEFORE;
+            break;
         }
         __nanosleep(nap);
         if (nap < 1024) nap *= 2;
@@ -146,16 +148,6 @@ __global__ void ct_add_kernel(CtRing r, const int64_t* status, const int32_t* ou
     }
 }
 
-// One thread, after ct_add_kernel: a DONE or FAILED job's slot is EMPTY again (release: after the reads above).
-__global__ void ct_release_kernel(CtRing r, const int64_t* status, const int32_t* outcome)
-{
-    int o = *outcome;
-    if (o == CT_OUT_DONE || o == CT_OUT_FAILED) {
-        uint64_t seq = (uint64_t) *status;
-        ct_store_release(reinterpret_cast<uint64_t*>(ct_slot(r, seq)), seq << 8 | CT_EMPTY);
-    }
-}
-
 extern "C" {
 
 int ct_struct_size(void) { return (int) sizeof(CtRing); }
@@ -168,18 +160,17 @@ int ct_publish(const CtRing* r, uint64_t* next_seq, int layer, int n_tokens, con
     return (int) cudaGetLastError();
 }
 
-// ct_wait + ct_add + ct_release: the whole collection of one job into acc (fp32 [n_tokens, hidden]).
+// ct_wait + ct_add: the whole collection of one job into acc (fp32 [n_tokens, hidden]).
 int ct_collect(const CtRing* r, const int64_t* status, int64_t timeout_ns, int32_t* outcome, float* acc, int n_tokens,
                int add_blocks, int64_t* counters, cudaStream_t stream)
 {
     ct_wait_kernel<<<1, 1, 0, stream>>>(*r, status, timeout_ns, outcome, counters);
     ct_add_kernel<<<add_blocks, 256, 0, stream>>>(*r, status, outcome, acc, n_tokens);
-    ct_release_kernel<<<1, 1, 0, stream>>>(*r, status, outcome);
     return (int) cudaGetLastError();
 }
 
 // The device address of host memory registered with cudaHostRegisterMapped; also whether this GPU's link does
-// atomics on host memory natively (cudaDevAttrHostNativeAtomicSupported), which the take-back CAS relies on.
+// atomics on host memory natively (cudaDevAttrHostNativeAtomicSupported; reported, not relied on).
 int ct_device_pointer(void* host, void** device, int* native_atomics)
 {
     int dev = 0;

@@ -1,6 +1,6 @@
 """The CPU tier's handoff with the GPU as the producer (glm53.offload.ct_device, native/ec/cpu_tier_device.cuh):
 jobs published by CUDA kernels into mapped host memory, computed by the host worker, collected on the device;
-late jobs taken back with a system-scope CAS racing the worker's. Same random experts as tests/offload/test_cpu_tier.py.
+late jobs taken back while the worker may be finishing them. Same random experts as tests/offload/test_cpu_tier.py.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def test_jobs_published_by_the_gpu_come_back_bit_exact(tier, pool):
         stats = producer.stats()
         print(f"native host atomics: {stats['native_host_atomics']}; producer {stats}; worker {counters}")
         assert stats["published"] == stats["done"] == counters["done"] == counters["jobs"] > 24
-        assert all(ring.word(s)[1] == "empty" for s in range(4))
+        assert all(ring.free(s) for s in range(4))
     finally:
         producer.close()
 
@@ -76,18 +76,21 @@ def test_a_late_job_is_taken_back_before_or_after_the_claim(tier):
         acc = torch.zeros((2, HIDDEN), dtype=torch.float32, device=DEVICE)
         # no worker: never claimed
         outcome = producer.collect(producer.publish(layer, x, picks), acc, timeout_s=0.002)
-        assert OUTCOMES[int(outcome)] == "taken_back_before_claim" and ring.word(0)[1] == "empty"
+        assert OUTCOMES[int(outcome)] == "taken_back_before_claim"
+        assert ring.word(0) == (1, "taken_back") and not ring.free(0)  # free once the worker has passed it
         with ct.Worker(ring, table, act_limit=LIMIT) as worker:
-            wait_for(lambda: worker.counters()["taken_back_before_claim"] == 1)
+            wait_for(lambda: ring.ack(0) == (1, "skipped"))
             worker.debug_hold(True)  # claimed, then held past the deadline
             status = producer.publish(layer, x, picks)
             outcome = producer.collect(status, acc, timeout_s=0.05)
             assert OUTCOMES[int(outcome)] == "taken_back_after_claim"
-            assert ring.word(0)[1] == "taken_back" and not acc.any()  # nothing added
+            assert ring.word(0) == (2, "taken_back") and not acc.any()  # nothing added
             # the slot is still the worker's: the next job cannot be published and says so
-            assert int(producer.publish(layer, x, picks)) == 0
+            busy = producer.publish(layer, x, picks)
+            assert int(busy) == 0 and OUTCOMES[int(producer.collect(busy, acc, timeout_s=1.0))] == "none"
             worker.debug_hold(False)
-            wait_for(lambda: ring.word(0)[1] == "empty")
+            wait_for(lambda: ring.free(0))
+            assert ring.ack(0) == (2, "done")  # computed and published, never used
             outcome = producer.collect(producer.publish(layer, x, picks), acc, timeout_s=10.0)
             assert OUTCOMES[int(outcome)] == "done" and np.array_equal(acc.cpu().numpy(), reference(experts, *job))
             c = worker.counters()
@@ -99,8 +102,9 @@ def test_a_late_job_is_taken_back_before_or_after_the_claim(tier):
 
 
 def test_deadlines_racing_the_worker_never_lose_nor_double_count_a_job(tier, pool):
-    """Deadlines around the worker's compute time: the GPU's take-back CAS and the worker's completion CAS race on
-    the same word in host memory; every job must end exactly one way, and a DONE job's partial is exact."""
+    """Deadlines around the worker's compute time: the GPU's take-back and the worker's completion cross; every job
+    ends exactly one way on the GPU's side (a DONE partial exact, a taken-back job adds nothing), the worker reaches
+    each once, and its counters bound the GPU's outcomes (each side may see the other's word when they cross)."""
     from glm53.offload.ct_device import OUTCOMES, DeviceProducer
 
     _, table, experts = tier
@@ -120,16 +124,18 @@ def test_deadlines_racing_the_worker_never_lose_nor_double_count_a_job(tier, poo
                     assert np.array_equal(acc.cpu().numpy(), reference(experts, *job)), f"job {i}"
                 else:
                     assert not acc.any(), f"job {i}: {outcome} but something was added"
-                if outcome == "taken_back_after_claim":
-                    wait_for(lambda: ring.word(0)[1] != "taken_back" and ring.word(1)[1] != "taken_back")
-            time.sleep(0.05)
+                if outcome != "done":  # the slot comes back when the worker has passed the job
+                    wait_for(lambda: ring.free(0) and ring.free(1))
+            wait_for(lambda: ring.worker_next() == 301)
             c = worker.counters()
-        print(f"outcomes {ends}; worker {c}")
+        print(f"outcomes {ends}; worker {c}; producer {producer.stats()}")
         assert ends["none"] == 0 and ends["failed"] == 0 and sum(ends.values()) == 300
-        assert c["done"] == ends["done"]
-        assert c["taken_back_after_claim"] == ends["taken_back_after_claim"]
-        assert c["taken_back_before_claim"] == ends["taken_back_before_claim"]
-        assert c["jobs"] == ends["done"] + ends["taken_back_after_claim"]
+        assert c["jobs"] + c["taken_back_before_claim"] == 300
+        assert c["jobs"] == c["done"] + c["taken_back_after_claim"] and c["failed"] == 0
+        assert c["done"] >= ends["done"]
+        assert c["taken_back_before_claim"] >= ends["taken_back_before_claim"]
+        assert c["jobs"] <= ends["done"] + ends["taken_back_after_claim"]
+        assert min(ends["done"], ends["taken_back_before_claim"] + ends["taken_back_after_claim"]) > 0  # both ways seen
     finally:
         producer.close()
 

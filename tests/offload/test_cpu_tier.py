@@ -122,7 +122,6 @@ def test_jobs_of_1_to_8_tokens_and_picks_give_the_kernels_sum_bit_for_bit(tier, 
             seq = producer.publish(layer, x, picks)
             assert producer.wait(seq, None) == ct.Outcome("done")
             got = producer.result(seq)
-            producer.release(seq)
             np.testing.assert_array_equal(got, reference(experts, layer, x, picks))
             assert np.abs(got).max() > 0
         c = worker.counters()
@@ -145,7 +144,6 @@ def test_an_invalid_job_fails_and_the_slot_is_reusable(tier, bad):
     with ct.Worker(ring, table, act_limit=LIMIT) as worker:
         seq = producer.publish(layer, x, picks + wrong)
         assert producer.wait(seq, None) == ct.Outcome("failed")
-        producer.release(seq)
         seq = producer.publish(layer, x, picks)
         assert producer.wait(seq, None) == ct.Outcome("done")
         c = worker.counters()
@@ -177,9 +175,8 @@ def test_many_jobs_through_few_slots_arrive_in_order_each_exactly_once(tier, poo
                 assert producer.wait(seq, None) == ct.Outcome("done")
                 if newest:
                     for s, _ in inflight:
-                        assert ring.word(s % 3) == (s, "done"), f"job {seq} done before job {s}"
+                        assert ring.ack(s % 3) == (s, "done"), f"job {seq} done before job {s}"
                 assert np.array_equal(producer.result(seq), want[j]), f"job {seq} has another job's result"
-                producer.release(seq)
         except Exception as err:  # noqa: BLE001 - reported by the main thread
             failures.append(repr(err))
 
@@ -197,8 +194,9 @@ def test_many_jobs_through_few_slots_arrive_in_order_each_exactly_once(tier, poo
 
 
 def test_random_deadlines_never_lose_nor_double_count_a_job(tier, pool):
-    """Deadlines of 0 s to forever against a live worker: every job ends exactly once, as DONE (the right result) or
-    taken back; the worker's counters agree with the producer's outcomes."""
+    """Deadlines of 0 s to forever against a live worker: every job ends exactly once on the producer's side, as DONE
+    (the right result) or taken back, and the worker reaches each once. The worker's counters can only bound the
+    producer's outcomes: when a take-back and a completion cross, each side may see the other's word."""
     _, table, experts = tier
     rng = np.random.default_rng([SEED, 4])
     ring = ct.Ring(slots=2, hidden=HIDDEN)
@@ -213,17 +211,17 @@ def test_random_deadlines_never_lose_nor_double_count_a_job(tier, pool):
             o = producer.wait(seq, [0.0, 20e-6, 200e-6, 2e-3, None][int(rng.integers(0, 5))])
             if o.state == "done":
                 assert np.array_equal(producer.result(seq), reference(experts, *job))
-                producer.release(seq)
             outcomes["done" if o.state == "done" else "after" if o.after_claim else "before"] += 1
         wait_for(lambda: ring.worker_next() == producer.next_seq)  # the worker reached (and counted) every job
-        wait_for(lambda: all(ring.word(s)[1] == "empty" for s in range(2)))
+        wait_for(lambda: all(ring.free(s) for s in range(2)))
         c = worker.counters()
-    print("outcomes", outcomes)  # with -s
+    print("outcomes", outcomes, "worker", c)  # with -s
     assert sum(outcomes.values()) == 200
-    assert c["done"] == outcomes["done"]
-    assert c["taken_back_after_claim"] == outcomes["after"]
-    assert c["taken_back_before_claim"] == outcomes["before"]
-    assert c["jobs"] == outcomes["done"] + outcomes["after"]
+    assert c["jobs"] + c["taken_back_before_claim"] == 200  # the worker reached every job once
+    assert c["jobs"] == c["done"] + c["taken_back_after_claim"] and c["failed"] == 0
+    assert c["done"] >= outcomes["done"]  # every result the producer used, the worker computed
+    assert c["taken_back_before_claim"] >= outcomes["before"]  # not seen claimed: the worker skipped it
+    assert c["jobs"] <= outcomes["done"] + outcomes["after"]
 
 
 def test_take_back_before_and_after_the_claim(tier):
@@ -235,29 +233,30 @@ def test_take_back_before_and_after_the_claim(tier):
     # before the claim: no worker yet
     s1 = producer.publish(*job1)
     assert producer.take_back(s1) == ct.Outcome("taken_back", after_claim=False)
-    assert ring.word(0) == (s1, "empty")  # the producer's again at once
+    assert ring.word(0) == (s1, "taken_back") and not ring.free(0)  # free once the worker has passed it
     with ct.Worker(ring, table, act_limit=LIMIT) as worker:
+        wait_for(lambda: ring.ack(0) == (s1, "skipped"))
         s2 = producer.publish(*job2)
         assert producer.wait(s2, None) == ct.Outcome("done")
-        producer.release(s2)
+        assert np.array_equal(producer.result(s2), reference(experts, *job2))
         c = worker.counters()
         assert (c["jobs"], c["taken_back_before_claim"], c["experts"]) == (1, 1, len({e for _, e, _ in job2[2]}))
         # after the claim: the worker holds the claimed job
         worker.debug_hold(True)
         s3 = producer.publish(*job3)
-        wait_for(lambda: ring.word(0) == (s3, "claimed"))
+        wait_for(lambda: ring.ack(0) == (s3, "claimed"))
         assert producer.take_back(s3) == ct.Outcome("taken_back", after_claim=True)
         assert ring.word(0) == (s3, "taken_back")
         assert producer.publish(*job4) is None  # not the producer's until the worker lets go
         worker.debug_hold(False)
-        wait_for(lambda: ring.word(0) == (s3, "empty"))
+        wait_for(lambda: ring.free(0))
+        assert ring.ack(0) == (s3, "done")  # computed and published, but never used
         c = worker.counters()
         assert (c["jobs"], c["done"], c["taken_back_after_claim"]) == (2, 1, 1)
         s4 = producer.publish(*job4)  # reusable
         assert s4 == s3 + 1
         assert producer.wait(s4, None) == ct.Outcome("done")
         assert np.array_equal(producer.result(s4), reference(experts, *job4))
-        producer.release(s4)
         c = worker.counters()
     assert (c["jobs"], c["done"], c["taken_back_before_claim"], c["taken_back_after_claim"]) == (3, 2, 1, 1)
 
@@ -282,18 +281,17 @@ def test_stop_while_busy_finishes_the_claimed_job_and_claims_no_other(tier, pool
     worker = ct.Worker(ring, table, act_limit=LIMIT, pool=pool).start()
     worker.debug_hold(True)
     seqs = [producer.publish(*job) for job in jobs]
-    wait_for(lambda: ring.word(seqs[0] % 4)[1] == "claimed")
+    wait_for(lambda: ring.ack(seqs[0] % 4) == (seqs[0], "claimed"))
     t0 = time.monotonic()
     worker.stop()
     assert time.monotonic() - t0 < 0.2
-    states = [ring.word(s % 4) for s in seqs]
-    assert states == [(seqs[0], "done"), (seqs[1], "published"), (seqs[2], "published")]  # nothing half-done
+    assert [ring.ack(s % 4) for s in seqs] == [(seqs[0], "done"), (0, "empty"), (0, "empty")]  # nothing half-done
+    assert [ring.word(s % 4) for s in seqs] == [(s, "published") for s in seqs]
     assert ring.worker_next() == seqs[1]
     with ct.Worker(ring, table, act_limit=LIMIT, pool=pool) as again:  # a new worker resumes where it stopped
         for seq, job in zip(seqs, jobs):
             assert producer.wait(seq, None) == ct.Outcome("done")
             assert np.array_equal(producer.result(seq), reference(experts, *job))
-            producer.release(seq)
         assert again.counters()["jobs"] == 2
 
 
@@ -306,13 +304,15 @@ def test_stop_under_a_stream_of_jobs_leaves_no_slot_claimed(tier, pool):
     stop = threading.Event()
 
     def produce():
+        published = []
         while not stop.is_set():
-            if producer.publish(*random_job(rng)) is None:
-                time.sleep(0)
-                for s in range(3):  # consume what is done
-                    seq, state = ring.word(s)
-                    if state == "done":
-                        producer.release(seq)
+            if (seq := producer.publish(*random_job(rng))) is not None:
+                published.append(seq)
+                continue
+            time.sleep(0)
+            for seq in [s for s in published if ring.ack(s % 3) == (s, "done")]:  # consume what is done
+                producer.result(seq)
+                published.remove(seq)
 
     thread = threading.Thread(target=produce)
     thread.start()
@@ -323,7 +323,7 @@ def test_stop_under_a_stream_of_jobs_leaves_no_slot_claimed(tier, pool):
     stop.set()
     thread.join(5)
     assert elapsed < 0.2
-    assert all(ring.word(s)[1] in ("empty", "published", "done") for s in range(3))
+    assert all(ring.ack(s)[1] in ("empty", "done") for s in range(3))  # none left claimed
 
 
 def test_the_idle_worker_sleeps(tier, pool):
@@ -334,7 +334,6 @@ def test_the_idle_worker_sleeps(tier, pool):
     with ct.Worker(ring, table, act_limit=LIMIT, pool=pool, spin_us=1000, nap_us=1000):
         seq = producer.publish(*random_job(rng))
         assert producer.wait(seq, None).state == "done"
-        producer.release(seq)
         time.sleep(0.05)  # past the spin
         cpu0 = time.process_time()
         time.sleep(0.5)
