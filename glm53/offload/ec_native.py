@@ -17,7 +17,7 @@ from . import native_lib
 from .native_lib import NativeBuildError
 
 SOURCE = native_lib.SOURCE / "ec" / "expert_cache.cu"
-SOURCES = [SOURCE, native_lib.SOURCE / "ec" / "cpu_tier_device.cuh"]  # what the library is built from (staleness)
+HEADERS = ("cpu_tier_device.cuh",)  # included by SOURCE (a library older than any of them is stale)
 MAX_ADMIT = 16  # EC_MAX_ADMIT in the kernel source
 MAX_EXPERTS = 512
 
@@ -41,6 +41,11 @@ class EcState(ctypes.Structure):
         ("jobs", ctypes.c_void_p),
         ("num_jobs", ctypes.c_void_p),
     ]
+
+
+def sources() -> list[Path]:
+    """What the library is built from."""
+    return [SOURCE, *(SOURCE.with_name(h) for h in HEADERS)]
 
 
 def build(target: str) -> Path:
@@ -67,7 +72,7 @@ def locate(capability: tuple[int, int] | None = None) -> Path:
            f"${native_lib.OVERRIDE_ENV}, e.g. `nvcc -O3 -arch={target} -shared -Xcompiler -fPIC -cudart shared "
            f"-o {native_lib.ec_library_name([target])} native/ec/expert_cache.cu`.")
     return native_lib.find_or_build(f"expert-cache CUDA library ({native_lib.EC_PREFIX}*.so) for compute capability {major}.{minor}",
-                                    lambda files: native_lib.pick_ec(files, (major, minor)), SOURCES, lambda: build(target), fix)
+                                    lambda files: native_lib.pick_ec(files, (major, minor)), sources(), lambda: build(target), fix)
 
 
 class Kernels:
