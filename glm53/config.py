@@ -223,7 +223,6 @@ class Settings:
     ct_cpus: Any = setting(CPUS, "auto", "CPUs of the CPU tier; auto: one per physical core, leaving cores for the GPU-feeding thread")
     ct_threads: int = setting(_number(int, 0, 4096), 0, "CPU-tier threads; 0: one per CPU of GLM53_CT_CPUS")
     ct_b: float | None = setting(_optional(_number(float, 0.0001, None, " ms"), "measured at start"), None, "CPU-tier cost per expert in ms; overrides the value measured at start", show_default="unset (measured)")
-    ct_swz: bool = setting(BOOL, {"fast": True, "exact": False}, "keep the single host copy of each expert in the CPU tier's block-contiguous layout (the GPU side adapts)")
 
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)  # setting name -> default|env|flag
 

@@ -12,9 +12,9 @@ def load(argv=(), **env):
 
 
 def test_mode_defaults():
-    assert load().ec_reserve_gb == 1.5 and load().ct_swz is True
+    assert load().ec_reserve_gb == 1.5 and load().prefill_last_page_split is False
     exact = load(GLM53_MODE="exact")
-    assert exact.ec_reserve_gb == 1.0 and exact.ct_swz is False
+    assert exact.ec_reserve_gb == 1.0 and exact.prefill_last_page_split is True
 
 
 def test_precedence_mode_defaults_then_env_then_flags_last_flag_wins():

@@ -29,6 +29,7 @@ from .ec_native import CtRing, Kernels
 OUTCOMES = ("none", "done", "failed", "taken_back_before_claim", "taken_back_after_claim")  # CT_OUT_* ids
 COUNTERS = ("published", "busy", "done", "failed", "taken_back_before_claim", "taken_back_after_claim", "wait_ns")  # CT_C_*
 CUDA_HOST_REGISTER_PORTABLE_MAPPED = 0x01 | 0x02
+SPLIT_MAX_PICKS = 64  # CT_SPLIT_MAX_PICKS: tokens * top-k of one decode step
 ADD_BLOCKS = 16  # blocks reading a partial over the link (16 already reach the link's rate, see bench/bandwidth.py)
 
 
@@ -68,6 +69,32 @@ class DeviceProducer:
         self.kernels.publish(self.c, self.next_seq, layer, x, picks, status, self.counters)
         self._outstanding.append(status)
         return status
+
+    def split_publish(self, layer: int, sel: torch.Tensor, rw: torch.Tensor, y: torch.Tensor, slot_of: torch.Tensor,
+                      freq: torch.Tensor, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fast mode's split of one decode step's routing (``ct_cost.split_reference`` says what it does): publishes
+        the coldest missed experts' picks with the rows ``y`` and zeroes their weights in ``rw`` in place (the
+        GPU's kernels then skip them). Returns (status as :meth:`publish`, int32 [4] hits / misses / experts /
+        picks sent).
+
+        :param sel: int64 ``[T, topk]``; ``rw``: fp16 ``[T, topk]`` (exllamav3's routing tensors, contiguous);
+            ``y``: fp16 ``[T, hidden]``; ``slot_of``: int32 ``[E]``; ``freq``: float32 ``[E]``;
+            ``table``: uint8 ``Costs.table`` on the device.
+        """
+        if sel.dtype != torch.int64 or rw.dtype != torch.float16 or sel.shape != rw.shape or sel.dim() != 2 \
+                or sel.numel() > SPLIT_MAX_PICKS or not (sel.is_contiguous() and rw.is_contiguous()):
+            raise ValueError(f"sel must be int64 and rw fp16, both contiguous [T, topk] with T * topk <= {SPLIT_MAX_PICKS}")
+        if y.dtype != torch.float16 or tuple(y.shape) != (sel.shape[0], self.ring.layout.hidden) or not y.is_contiguous():
+            raise ValueError(f"y must be contiguous fp16 [{sel.shape[0]}, {self.ring.layout.hidden}]")
+        if slot_of.dtype != torch.int32 or freq.dtype != torch.float32 or table.dtype != torch.uint8 or table.dim() != 3:
+            raise ValueError("slot_of must be int32, freq float32 and table a uint8 [tokens, experts, experts] cube")
+        if len(self._outstanding) >= self.ring.layout.slots:
+            raise RuntimeError(f"{len(self._outstanding)} jobs outstanding on a ring of {self.ring.layout.slots} slots: collect the oldest first")
+        status = torch.empty(1, dtype=torch.int64, device=self.device)
+        info = torch.zeros(4, dtype=torch.int32, device=self.device)
+        self.kernels.split_publish(self.c, self.next_seq, layer, sel, rw, y, slot_of, freq, table, status, self.counters, info)
+        self._outstanding.append(status)
+        return status, info
 
     def collect(self, status: torch.Tensor, acc: torch.Tensor, timeout_s: float) -> torch.Tensor:
         """Wait for the job up to ``timeout_s`` (then take it back); when it is DONE add its partial into ``acc``

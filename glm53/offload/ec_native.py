@@ -130,7 +130,8 @@ class CtKernels:
         lib.ct_publish.argtypes = [ctypes.POINTER(CtRing), p, i, i, p, i, p, p, p, p]
         lib.ct_collect.argtypes = [ctypes.POINTER(CtRing), p, i64, p, p, i, i, p, p]
         lib.ct_device_pointer.argtypes = [p, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int)]
-        for fn in (lib.ct_publish, lib.ct_collect, lib.ct_device_pointer):
+        lib.ct_split_publish.argtypes = [ctypes.POINTER(CtRing), p, i, i, i, p, p, p, p, p, p, i, i, p, p, p, p]
+        for fn in (lib.ct_publish, lib.ct_collect, lib.ct_device_pointer, lib.ct_split_publish):
             fn.restype = ctypes.c_int
         self._lib = lib
 
@@ -151,3 +152,13 @@ class CtKernels:
         stream = torch.cuda.current_stream().cuda_stream
         Kernels._check(self._lib.ct_collect(ctypes.byref(ring), status.data_ptr(), timeout_ns, outcome.data_ptr(), acc.data_ptr(),
                                             acc.shape[0], add_blocks, counters.data_ptr(), stream), "ct_collect")
+
+    def split_publish(self, ring: CtRing, next_seq: torch.Tensor, layer: int, sel: torch.Tensor, rw: torch.Tensor,
+                      y: torch.Tensor, slot_of: torch.Tensor, freq: torch.Tensor, table: torch.Tensor,
+                      status: torch.Tensor, counters: torch.Tensor, info: torch.Tensor) -> None:
+        stream = torch.cuda.current_stream().cuda_stream
+        T, topk = sel.shape
+        Kernels._check(self._lib.ct_split_publish(
+            ctypes.byref(ring), next_seq.data_ptr(), layer, T, topk, sel.data_ptr(), rw.data_ptr(), y.data_ptr(),
+            slot_of.data_ptr(), freq.data_ptr(), table.data_ptr(), table.shape[0] - 1, table.shape[1] - 1,
+            status.data_ptr(), counters.data_ptr(), info.data_ptr(), stream), "ct_split_publish")

@@ -148,7 +148,136 @@ __global__ void ct_add_kernel(CtRing r, const int64_t* status, const int32_t* ou
     }
 }
 
+#define CT_SPLIT_MAX_PICKS 64  // tokens * top-k of one decode step (8 x 8 for GLM-5.3-Flash)
+
+// One block of CT_SPLIT_MAX_PICKS threads, after a MoE layer's routing in a decode step (fast mode): splits the
+// step's T * topk picks (sel int64, rw fp16 [T, topk], exllamav3's own routing tensors) into hits (the expert has a
+// VRAM slot: slot_of[e] >= 0), misses the GPU reads over the link and cold misses for the CPU tier. How many of the
+// step's distinct missed experts go to the CPU is table[T][hits][misses] (uint8 [table_tokens + 1][table_experts +
+// 1][table_experts + 1], the cost model's, see glm53/offload/ct_cost.py), and they are the coldest (the lowest
+// freq[e]; ties: the lower expert index). When the job is published, every pick of a cold expert is written to it
+// (token, expert, the weight as the GPU reads it: __half2float) in pick order, with the T input rows y, and its
+// weight in rw is set to 0, which exllamav3's fused decode kernels skip (a zero-weight slot is inactive and reads
+// no weights); *status = the job's number. Otherwise (nothing cold, sizes out of the table, the slot busy) nothing
+// changes and *status = 0. info (int32 [4]): hits, misses, experts sent, picks sent.
+__global__ void __launch_bounds__(CT_SPLIT_MAX_PICKS) ct_split_publish_kernel(
+    CtRing r, uint64_t* next_seq, int layer, int T, int topk, const int64_t* sel, __half* rw, const uint16_t* y,
+    const int32_t* slot_of, const float* freq, const uint8_t* table, int table_tokens, int table_experts,
+    int64_t* status, int64_t* counters, int32_t* info)
+{
+    __shared__ int s_e[CT_SPLIT_MAX_PICKS], s_first[CT_SPLIT_MAX_PICKS], s_miss[CT_SPLIT_MAX_PICKS];
+    __shared__ int s_cold[CT_SPLIT_MAX_PICKS], s_pos[CT_SPLIT_MAX_PICKS];
+    __shared__ float s_f[CT_SPLIT_MAX_PICKS];
+    __shared__ int s_k, s_publish, s_picks;
+    __shared__ uint64_t s_seq;
+    const int n = T * topk, p = threadIdx.x;
+    if (p < n) s_e[p] = (int) sel[p];
+    __syncthreads();
+    if (p < n) {
+        int e = s_e[p];
+        bool first = true;
+        for (int q = 0; q < p; ++q) first = first && s_e[q] != e;
+        s_first[p] = first;
+        s_miss[p] = slot_of[e] < 0;
+        s_f[p] = freq[e];
+    }
+    __syncthreads();
+    if (p == 0) {
+        int hits = 0, misses = 0;
+        for (int q = 0; q < n; ++q)
+            if (s_first[q]) (s_miss[q] ? misses : hits) += 1;
+        int k = 0;
+        if (T >= 1 && T <= table_tokens && hits + misses <= table_experts)
+            k = table[((int64_t) T * (table_experts + 1) + hits) * (table_experts + 1) + misses];
+        s_k = k < misses ? k : misses;
+        info[0] = hits;
+        info[1] = misses;
+    }
+    __syncthreads();
+    // the k coldest distinct missed experts, decided at each expert's first pick
+    if (p < n) {
+        int cold = 0;
+        if (s_first[p] && s_miss[p]) {
+            int rank = 0;
+            for (int q = 0; q < n; ++q)
+                if (s_first[q] && s_miss[q] && (s_f[q] < s_f[p] || (s_f[q] == s_f[p] && s_e[q] < s_e[p]))) ++rank;
+            cold = rank < s_k;
+        }
+        s_cold[p] = cold;
+    }
+    __syncthreads();
+    if (p < n && !s_first[p]) {  // a later pick of the same expert follows its first
+        int q = 0;
+        while (s_e[q] != s_e[p]) ++q;
+        s_pos[p] = s_cold[q];
+    } else if (p < n) {
+        s_pos[p] = s_cold[p];
+    }
+    __syncthreads();
+    if (p < n) s_cold[p] = s_pos[p];
+    __syncthreads();
+    if (p == 0) {
+        int picks = 0;
+        for (int q = 0; q < n; ++q) s_pos[q] = s_cold[q] ? picks++ : -1;
+        s_picks = picks;
+        uint64_t seq = *next_seq;
+        char* slot = ct_slot(r, seq);
+        uint64_t j = ct_load_acquire(reinterpret_cast<const uint64_t*>(slot));
+        uint64_t a = ct_load_acquire(reinterpret_cast<const uint64_t*>(slot + CT_ACK));
+        uint64_t as = a & 0xFF;
+        bool free = (j >> 8) == 0 || ((a >> 8) == (j >> 8) && (as == CT_DONE || as == CT_FAILED || as == CT_SKIPPED));
+        bool fits = T <= (int) r.max_tokens && (uint64_t) picks <= (uint64_t) r.max_tokens * r.max_picks;
+        s_publish = picks > 0 && fits && free;
+        s_seq = seq;
+        if (!s_publish) {
+            *status = 0;
+            if (picks > 0) counters[CT_C_BUSY] += 1;
+        }
+        info[2] = s_publish ? s_k : 0;
+        info[3] = s_publish ? picks : 0;
+    }
+    __syncthreads();
+    if (!s_publish) return;
+    char* slot = ct_slot(r, s_seq);
+    if (p == 0) {
+        uint32_t* head = reinterpret_cast<uint32_t*>(slot + 8);
+        head[0] = (uint32_t) layer;
+        head[1] = (uint32_t) T;
+        head[2] = (uint32_t) s_picks;
+    }
+    if (p < n && s_cold[p]) {
+        int32_t* dst = reinterpret_cast<int32_t*>(slot + r.picks_offset) + 3 * s_pos[p];
+        dst[0] = p / topk;
+        dst[1] = s_e[p];
+        dst[2] = __float_as_int(__half2float(rw[p]));
+        rw[p] = __float2half(0.0f);
+    }
+    const int4* src_x = reinterpret_cast<const int4*>(y);
+    int4* dst_x = reinterpret_cast<int4*>(slot + r.x_offset);
+    const int vecs = T * (int) r.hidden / 8;
+    for (int i = p; i < vecs; i += blockDim.x) dst_x[i] = src_x[i];
+    __threadfence_system();
+    __syncthreads();
+    if (p == 0) {
+        ct_store_release(reinterpret_cast<uint64_t*>(slot), s_seq << 8 | CT_PUBLISHED);
+        *next_seq = s_seq + 1;
+        *status = (int64_t) s_seq;
+        counters[CT_C_PUBLISHED] += 1;
+    }
+}
+
 extern "C" {
+
+int ct_split_publish(const CtRing* r, uint64_t* next_seq, int layer, int T, int topk, const int64_t* sel, void* rw,
+                     const uint16_t* y, const int32_t* slot_of, const float* freq, const uint8_t* table,
+                     int table_tokens, int table_experts, int64_t* status, int64_t* counters, int32_t* info,
+                     cudaStream_t stream)
+{
+    if (r->hidden % 128 || T * topk > CT_SPLIT_MAX_PICKS || T < 1 || topk < 1) return (int) cudaErrorInvalidValue;
+    ct_split_publish_kernel<<<1, CT_SPLIT_MAX_PICKS, 0, stream>>>(*r, next_seq, layer, T, topk, sel,
+        reinterpret_cast<__half*>(rw), y, slot_of, freq, table, table_tokens, table_experts, status, counters, info);
+    return (int) cudaGetLastError();
+}
 
 int ct_struct_size(void) { return (int) sizeof(CtRing); }
 

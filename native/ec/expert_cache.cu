@@ -4,6 +4,7 @@
 //
 // Plain C ABI (loaded with ctypes); every launcher takes the CUDA stream to run on.
 
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,15 @@ import torch
 
 from glm53.offload import cpu_expert as ce
 from glm53.offload import cpu_tier as ct
-from tests.offload.test_cpu_tier import HIDDEN, LIMIT, SEED, random_job, reference, tier, wait_for  # noqa: F401 (tier: fixture)
+from tests.offload.test_cpu_tier import (  # noqa: F401 (tier: fixture)
+    HIDDEN,
+    LIMIT,
+    SEED,
+    random_job,
+    reference,
+    tier,
+    wait_for,
+)
 
 DEVICE = torch.device("cuda", 0)
 
@@ -170,5 +177,54 @@ def test_round_trip_latency(tier, pool):
         report.mkdir(parents=True, exist_ok=True)
         (report / "cpu-tier-device-latency.json").write_text(json.dumps(figures, indent=1) + "\n")
         assert producer.stats()["done"] == len(jobs) + 20
+    finally:
+        producer.close()
+
+
+def test_the_split_kernel_matches_the_reference_and_the_worker_computes_what_it_sent(tier, pool):
+    """Fast mode's split (ct_split_publish_kernel) on random decode steps against ct_cost.split_reference: the same
+    counts, the same weights left to the GPU (the CPU's zeroed), and the worker's partial for the job it published
+    equals the CPU reference of those picks."""
+    from glm53.offload.ct_cost import Costs, split_reference
+    from glm53.offload.ct_device import OUTCOMES, DeviceProducer
+    from tests.offload.test_cpu_tier import EXPERTS, LAYERS
+
+    _, expert_table, experts = tier
+    rng = np.random.default_rng([SEED, 15])
+    costs = Costs({1: 250e-6, 2: 280e-6, 4: 350e-6, 8: 500e-6}, handoff_s=15e-6, link_expert_s=370e-6, vram_expert_s=5e-6)
+    cube = costs.table(max_tokens=8, max_experts=64)
+    cube_d = torch.from_numpy(cube).to(DEVICE)
+    ring = ct.Ring(slots=2, hidden=HIDDEN)
+    producer = DeviceProducer(ring, DEVICE)
+    sent = 0
+    try:
+        with ct.Worker(ring, expert_table, act_limit=LIMIT, pool=pool):
+            for case in range(60):
+                T, topk = int(rng.integers(1, 9)), 8
+                sel = np.stack([rng.choice(EXPERTS, topk, replace=False) for _ in range(T)]).astype(np.int64)
+                rw = rng.uniform(0.01, 0.3, (T, topk)).astype(np.float16)
+                slot_of = np.where(rng.random(EXPERTS) < 0.3, rng.integers(0, 100, EXPERTS), -1).astype(np.int32)
+                if case % 5 == 0:
+                    slot_of = np.arange(EXPERTS, dtype=np.int32)  # every expert in VRAM: nothing to send
+                freq = rng.random(EXPERTS).astype(np.float32)
+                if case % 3 == 0:
+                    freq = np.round(freq, 1)  # ties: the lower expert index is colder
+                layer = int(rng.integers(0, LAYERS))
+                y = rng.standard_normal((T, HIDDEN)).astype(np.float16)
+                want_picks, want_rw, want_info = split_reference(sel, rw, slot_of, freq, cube)
+                rw_d = torch.from_numpy(rw).to(DEVICE)
+                status, info = producer.split_publish(layer, torch.from_numpy(sel).to(DEVICE), rw_d, torch.from_numpy(y).to(DEVICE),
+                                                      torch.from_numpy(slot_of).to(DEVICE), torch.from_numpy(freq).to(DEVICE), cube_d)
+                acc = torch.zeros((T, HIDDEN), dtype=torch.float32, device=DEVICE)
+                outcome = OUTCOMES[int(producer.collect(status, acc, timeout_s=10.0))]
+                assert info.tolist() == [want_info[k] for k in ("hits", "misses", "experts", "picks")], f"case {case}"
+                assert np.array_equal(rw_d.cpu().numpy().view(np.uint16), want_rw.view(np.uint16)), f"case {case}"
+                if want_picks:
+                    sent += 1
+                    assert outcome == "done", f"case {case}"
+                    assert np.array_equal(acc.cpu().numpy(), reference(experts, layer, y, want_picks)), f"case {case}"
+                else:
+                    assert int(status) == 0 and outcome == "none" and not acc.any()
+        assert 10 < sent < 60  # both kinds of step were seen
     finally:
         producer.close()

@@ -21,7 +21,7 @@ def test_picks_pack_as_token_expert_and_the_weights_float_bits():
 
 def test_the_ring_struct_and_the_enums_match_the_kernel_source():
     source = ec_native.sources()[1].read_text()
-    fields = re.search(r"struct CtRing \{(.*?)\};", source, re.S).group(1)
+    fields = re.search(r"struct CtRing \{(.*?)\};", source, re.DOTALL).group(1)
     assert "char* base" in fields and "uint32_t slots, hidden, max_tokens, max_picks" in fields
     assert "uint64_t slot_bytes, slots_offset, picks_offset, x_offset, out_offset" in fields
     assert ctypes.sizeof(ec_native.CtRing) == 8 + 4 * 4 + 5 * 8

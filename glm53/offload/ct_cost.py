@@ -1,0 +1,156 @@
+"""The fast mode's split of a decode step's missed experts between the GPU and the CPU tier: a cost model whose
+constants are measured on the running machine, and the table the device's split kernel reads.
+
+A MoE layer's decode step with T tokens touches ``hits`` experts resident in VRAM and ``misses`` experts in host
+memory. The GPU computes the hits and every miss it keeps (reading it over the link, zero-copy) while the host
+worker computes the ``k`` coldest misses; the layer is done when both are:
+
+    gpu(k) = hits * vram_expert_s + (misses - k) * link_expert_s
+    cpu(k) = 0 if k == 0 else handoff_s + k * cpu_expert_s[T]
+    k*     = argmin_k max(gpu(k), cpu(k))       (ties: the fewest on the CPU)
+
+The constants come from measurements, never from a table in the source: ``cpu_expert_s`` by timing the expert
+kernel on the checkpoint's own experts with the pool the worker uses (:func:`measure_cpu`), the link and VRAM
+figures from the GPU's measured read rates (``bench/bandwidth.py``'s probes, at start-up), ``handoff_s`` from a
+round trip through the ring; :meth:`Costs.refreshed` folds live timings (the worker's busy time per expert) in.
+``GLM53_CT_B`` overrides the per-expert CPU time (ms) outright.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from . import cpu_expert as ce
+
+TOKENS = (1, 2, 4, 8)  # token counts the CPU cost is measured at (others: the next one up)
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Seconds per expert on each path, and the fixed cost of one CPU job."""
+
+    cpu_expert_s: Mapping[int, float]  # tokens -> one expert on the CPU tier (the worker's pool)
+    handoff_s: float  # publish, the worker's poll, the GPU's poll and the fp32 add
+    link_expert_s: float  # a non-resident expert read by the GPU over the link
+    vram_expert_s: float  # a resident expert
+    sources: Mapping[str, str] = field(default_factory=dict)  # how each figure was obtained (for /stats)
+
+    def __post_init__(self):
+        for name in ("handoff_s", "link_expert_s", "vram_expert_s"):
+            value = getattr(self, name)
+            if not (value >= 0 and np.isfinite(value)):
+                raise ValueError(f"{name} must be a finite number >= 0 seconds, not {value!r}")
+        if not self.cpu_expert_s or any(not (v > 0 and np.isfinite(v)) or t < 1 for t, v in self.cpu_expert_s.items()):
+            raise ValueError(f"cpu_expert_s must map token counts >= 1 to seconds > 0, not {dict(self.cpu_expert_s)!r}")
+
+    def cpu_per_expert(self, tokens: int) -> float:
+        """The measured time at the smallest measured token count >= tokens (the largest one beyond them)."""
+        measured = sorted(self.cpu_expert_s)
+        for t in measured:
+            if t >= tokens:
+                return self.cpu_expert_s[t]
+        return self.cpu_expert_s[measured[-1]] * tokens / measured[-1]
+
+    def gpu_seconds(self, hits: int, misses: int) -> float:
+        return hits * self.vram_expert_s + misses * self.link_expert_s
+
+    def cpu_seconds(self, k: int, tokens: int) -> float:
+        return 0.0 if k == 0 else self.handoff_s + k * self.cpu_per_expert(tokens)
+
+    def best_split(self, hits: int, misses: int, tokens: int) -> int:
+        """How many of the misses go to the CPU."""
+        costs = [max(self.gpu_seconds(hits, misses - k), self.cpu_seconds(k, tokens)) for k in range(misses + 1)]
+        return int(np.argmin(costs))  # the first minimum: the fewest on the CPU
+
+    def table(self, max_tokens: int, max_experts: int) -> np.ndarray:
+        """``k*`` for every (tokens, hits, misses) with tokens in 1..max_tokens and hits + misses <= max_experts, as
+        uint8 ``[max_tokens + 1, max_experts + 1, max_experts + 1]`` (index 0 of tokens unused; impossible cells
+        0): what the device's split kernel looks up."""
+        if not 1 <= max_tokens <= ce.MAX_ROWS or not 1 <= max_experts <= 255:
+            raise ValueError(f"max_tokens must be in 1..{ce.MAX_ROWS} and max_experts in 1..255")
+        out = np.zeros((max_tokens + 1, max_experts + 1, max_experts + 1), np.uint8)
+        k = np.arange(max_experts + 1)
+        for tokens in range(1, max_tokens + 1):
+            cpu = np.where(k == 0, 0.0, self.handoff_s + k * self.cpu_per_expert(tokens))
+            for hits in range(max_experts + 1):
+                for misses in range(max_experts + 1 - hits):
+                    gpu = hits * self.vram_expert_s + (misses - k[: misses + 1]) * self.link_expert_s
+                    out[tokens, hits, misses] = int(np.argmin(np.maximum(gpu, cpu[: misses + 1])))
+        return out
+
+    def refreshed(self, busy_s: float, experts: int, tokens: int, weight: float = 0.2) -> Costs:
+        """The CPU figure for ``tokens`` moved toward a live measurement (the worker's busy time over the experts
+        it computed since the last refresh, jobs of about ``tokens`` tokens) by ``weight``; a pinned figure
+        (``GLM53_CT_B``) stays."""
+        if experts <= 0 or busy_s <= 0 or self.sources.get("cpu_expert_s") == "GLM53_CT_B":
+            return self
+        bucket = min((t for t in self.cpu_expert_s if t >= tokens), default=max(self.cpu_expert_s))
+        live = busy_s / experts
+        cpu = dict(self.cpu_expert_s)
+        cpu[bucket] = (1 - weight) * cpu[bucket] + weight * live
+        return replace(self, cpu_expert_s=cpu, sources={**self.sources, "cpu_expert_s": "measured at start, refreshed from the worker"})
+
+
+def measure_cpu(experts: Sequence[tuple[ce.Linear, ce.Linear, ce.Linear]], *, act_limit: float, pool: ce.Pool | None,
+                tokens: Sequence[int] = TOKENS, batch: int = 8, repeats: int = 3, isa: str | None = None,
+                seed: int = 0) -> dict[int, float]:
+    """Seconds per expert of the CPU kernel on these experts (the checkpoint's own, read where the host store holds
+    them), ``batch`` experts per call as a job would have them, the best of ``repeats`` passes over all of them
+    (cycling through many experts keeps the reads coming from DRAM, as in decode)."""
+    if len(experts) < batch:
+        raise ValueError(f"need at least {batch} experts to time, got {len(experts)}")
+    rng = np.random.default_rng(seed)
+    hidden = experts[0][0].in_features
+    out: dict[int, float] = {}
+    for t in tokens:
+        x = rng.standard_normal((t, hidden)).astype(np.float16)
+        weights = np.full((batch, t), 0.125, np.float32)
+        acc = np.zeros((t, hidden), np.float32)
+        groups = [experts[i : i + batch] for i in range(0, len(experts) - batch + 1, batch)]
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for group in groups:
+                ce.experts_forward(x, group, weights, acc, act_limit=act_limit, isa=isa, pool=pool)
+            best = min(best, (time.perf_counter() - t0) / (len(groups) * batch))
+        out[t] = best
+    return out
+
+
+def pinned_cpu_cost(ms: float, tokens: Sequence[int] = TOKENS) -> dict[int, float]:
+    """``GLM53_CT_B``: one per-expert CPU time (ms) for every token count."""
+    return {t: ms / 1000.0 for t in tokens}
+
+
+def split_reference(sel: np.ndarray, rw: np.ndarray, slot_of: np.ndarray, freq: np.ndarray, table: np.ndarray) \
+        -> tuple[list[tuple[int, int, float]], np.ndarray, dict[str, int]]:
+    """What the device's split kernel (``ct_split_publish_kernel``) does with one decode step's routing, on the host:
+    the reference its GPU test compares against, and the algorithm in readable form.
+
+    :param sel: int ``[T, topk]`` picked experts; ``rw``: fp16 ``[T, topk]`` their router weights.
+    :param slot_of: int ``[E]``, the expert's VRAM slot or -1; ``freq``: float32 ``[E]``, its decayed pick score.
+    :param table: :meth:`Costs.table`.
+    :return: the CPU job's picks (token, expert, weight) in pick order, the weights the GPU keeps (the CPU's picks
+        zeroed), and hits / misses / experts / picks counts. Nothing is sent (and the weights are unchanged) when no
+        expert is cold or the step is outside the table.
+    """
+    T, topk = sel.shape
+    flat = [int(e) for e in sel.reshape(-1)]
+    distinct = list(dict.fromkeys(flat))
+    missed = [e for e in distinct if slot_of[e] < 0]
+    hits, misses = len(distinct) - len(missed), len(missed)
+    k = 0
+    if T < table.shape[0] and hits + misses < table.shape[1]:
+        k = min(int(table[T, hits, misses]), misses)
+    cold = set(sorted(missed, key=lambda e: (np.float32(freq[e]), e))[:k])
+    weights = rw.astype(np.float16).reshape(-1).copy()
+    picks = []
+    for i, e in enumerate(flat):
+        if e in cold:
+            picks.append((i // topk, e, float(np.float32(weights[i]))))
+            weights[i] = 0
+    return picks, weights.reshape(T, topk), {"hits": hits, "misses": misses, "experts": len(cold), "picks": len(picks)}

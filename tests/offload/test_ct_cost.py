@@ -1,0 +1,110 @@
+"""The fast mode's split cost model (glm53.offload.ct_cost): the split it chooses, the device table, the live
+refresh, and timing the CPU kernel on real (random) experts."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from glm53.offload import cpu_expert as ce
+from glm53.offload.ct_cost import Costs, measure_cpu, pinned_cpu_cost
+
+from .test_cpu_tier import LIMIT, tier  # noqa: F401 (tier: fixture)
+
+US = 1e-6
+# a 24 GB card on PCIe 4: a 9.4 MB expert ~370 us over the link, ~5 us from VRAM; CPU 250 us per expert at 1 token
+PCIE4 = Costs(cpu_expert_s={1: 250 * US, 2: 280 * US, 4: 350 * US, 8: 500 * US}, handoff_s=15 * US,
+              link_expert_s=370 * US, vram_expert_s=5 * US)
+
+
+def brute_force(c: Costs, hits, misses, tokens):
+    costs = [max(c.gpu_seconds(hits, misses - k), c.cpu_seconds(k, tokens)) for k in range(misses + 1)]
+    return min(range(misses + 1), key=lambda k: (costs[k], k))
+
+
+def test_the_split_balances_the_two_sides_and_is_the_brute_force_minimum():
+    assert PCIE4.best_split(8, 0, 1) == 0  # nothing missed: nothing to send
+    k = PCIE4.best_split(3, 5, 1)  # five misses: about half go to the CPU (250 us there against 370 us here)
+    assert k == 3 and max(PCIE4.gpu_seconds(3, 2), PCIE4.cpu_seconds(3, 1)) < PCIE4.gpu_seconds(3, 5)
+    for hits, misses, tokens in itertools.product(range(9), range(17), (1, 3, 8)):
+        assert PCIE4.best_split(hits, misses, tokens) == brute_force(PCIE4, hits, misses, tokens)
+    slow_cpu = Costs({1: 10e-3}, handoff_s=15 * US, link_expert_s=370 * US, vram_expert_s=5 * US)
+    assert all(slow_cpu.best_split(0, m, 1) == 0 for m in range(9))  # a CPU slower than the link gets nothing
+    free_link = Costs({1: 250 * US}, handoff_s=15 * US, link_expert_s=0.0, vram_expert_s=0.0)
+    assert free_link.best_split(0, 8, 1) == 0  # ties go to the GPU
+
+
+def test_more_misses_never_send_fewer_to_the_cpu():
+    for tokens in (1, 8):
+        ks = [PCIE4.best_split(2, m, tokens) for m in range(40)]
+        assert ks == sorted(ks)
+
+
+def test_the_device_table_holds_the_split_of_every_cell():
+    table = PCIE4.table(max_tokens=8, max_experts=24)
+    assert table.shape == (9, 25, 25) and table.dtype == np.uint8
+    for tokens, hits in itertools.product(range(1, 9), range(25)):
+        for misses in range(25 - hits):
+            assert table[tokens, hits, misses] == PCIE4.best_split(hits, misses, tokens)
+    assert not table[0].any() and table[1, 20, 10] == 0  # impossible cells stay 0
+    with pytest.raises(ValueError, match="max_tokens"):
+        PCIE4.table(max_tokens=9, max_experts=8)
+
+
+def test_token_counts_between_measured_ones_take_the_next_one_up():
+    assert PCIE4.cpu_per_expert(3) == PCIE4.cpu_expert_s[4]
+    assert PCIE4.cpu_per_expert(8) == PCIE4.cpu_expert_s[8]
+    only_one = Costs({1: 100 * US}, 0.0, 1.0, 0.0)
+    assert only_one.cpu_per_expert(4) == pytest.approx(400 * US)  # beyond the measured ones: proportional
+
+
+@pytest.mark.parametrize("bad", [dict(handoff_s=-1.0), dict(link_expert_s=float("nan")), dict(cpu_expert_s={}),
+                                 dict(cpu_expert_s={1: 0.0}), dict(cpu_expert_s={0: 1e-4})])
+def test_impossible_figures_are_refused(bad):
+    args = dict(cpu_expert_s={1: 1e-4}, handoff_s=1e-5, link_expert_s=1e-4, vram_expert_s=1e-6) | bad
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        Costs(**args)
+
+
+def test_live_timings_move_the_cpu_figure_and_a_pinned_one_stays():
+    fresh = PCIE4.refreshed(busy_s=0.030, experts=100, tokens=1)  # 300 us per expert seen live
+    assert fresh.cpu_expert_s[1] == pytest.approx(0.8 * 250 * US + 0.2 * 300 * US)
+    assert fresh.cpu_expert_s[8] == PCIE4.cpu_expert_s[8] and "refreshed" in fresh.sources["cpu_expert_s"]
+    assert PCIE4.refreshed(0.0, 0, 1) is PCIE4
+    pinned = Costs(pinned_cpu_cost(0.25), 0.0, 1e-4, 0.0, sources={"cpu_expert_s": "GLM53_CT_B"})
+    assert pinned.cpu_expert_s == {1: 0.00025, 2: 0.00025, 4: 0.00025, 8: 0.00025}
+    assert pinned.refreshed(1.0, 10, 1) is pinned
+
+
+def test_the_cpu_kernel_is_timed_on_the_experts_given(tier):
+    _, _, experts = tier
+    lins = [experts[key] for key in sorted(experts)]
+    with ce.Pool(threads=1, spin_us=100) as pool:
+        figures = measure_cpu(lins, act_limit=LIMIT, pool=pool, tokens=(1, 4), batch=8, repeats=2)
+    assert sorted(figures) == [1, 4] and all(0 < v < 0.1 for v in figures.values())
+    with pytest.raises(ValueError, match="at least 8 experts"):
+        measure_cpu(lins[:3], act_limit=LIMIT, pool=None)
+
+
+def test_the_split_sends_the_coldest_missed_experts_and_zeroes_only_their_weights():
+    from glm53.offload.ct_cost import split_reference
+
+    E = 16
+    slot_of = np.full(E, -1)
+    slot_of[[0, 1, 2]] = [5, 6, 7]  # experts 0-2 in VRAM
+    freq = np.arange(E, dtype=np.float32)[::-1].copy()  # expert 15 the coldest
+    sel = np.array([[0, 15, 9, 4], [15, 1, 3, 12]])  # expert 15 twice
+    rw = np.array([[0.4, 0.3, 0.2, 0.1], [0.5, 0.25, 0.125, 0.125]], np.float16)
+    table = np.zeros((3, 9, 9), np.uint8)
+    table[2, 2, 5] = 2  # 2 tokens, 2 hits (0, 1), 5 misses (15, 9, 4, 3, 12): two to the CPU
+    picks, kept, info = split_reference(sel, rw, slot_of, freq, table)
+    assert info == {"hits": 2, "misses": 5, "experts": 2, "picks": 3}
+    f16 = lambda v: float(np.float16(v))
+    assert picks == [(0, 15, f16(0.3)), (1, 15, 0.5), (1, 12, 0.125)]  # the coldest two, 15 and 12, in pick order
+    assert kept.dtype == np.float16 and kept.tolist() == [[f16(0.4), 0.0, f16(0.2), f16(0.1)], [0.0, 0.25, 0.125, 0.0]]
+    table[2, 2, 5] = 9  # more than there are: all misses
+    assert split_reference(sel, rw, slot_of, freq, table)[2]["experts"] == 5
+    none, same, info = split_reference(sel, rw, slot_of, freq, np.zeros((2, 9, 9), np.uint8))  # 2 tokens: off the table
+    assert none == [] and np.array_equal(same, rw) and info["experts"] == 0
