@@ -151,27 +151,31 @@ class ExpertTable:
 
     @classmethod
     def from_host_store(cls, store, sign_scale: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> ExpertTable:
-        """Every expert of a loaded :class:`~glm53.offload.host_store.HostStore`, its trellises read in place.
-
-        :param sign_scale: per projection name, fp16 ``(suh [layers, experts, in], svh [layers, experts, out])``:
-            the CPU tier's own copies.
-        """
-        layout = store.layout
-        experts = {}
-        for row in range(store.num_layers):
-            arena = store.arenas[row].numpy()
-            for e in range(store.num_experts):
-                base = e * layout.block_bytes
-                lins = []
-                for p, name in enumerate(PROJECTIONS):
-                    at = base + layout.offsets[p]
-                    trellis = arena[at : at + layout.nbytes[p]].view(np.int16).reshape(layout.shapes[p])
-                    suh, svh = sign_scale[name]
-                    lins.append(ce.Linear(trellis, suh[row, e], svh[row, e]))
-                experts[(row, e)] = tuple(lins)
-        table = cls(experts, store.num_layers, store.num_experts)
+        """Every expert of a loaded :class:`~glm53.offload.host_store.HostStore`, its trellises read in place
+        (see :func:`host_store_experts`)."""
+        table = cls(host_store_experts(store, sign_scale), store.num_layers, store.num_experts)
         table._keep.append(store)
         return table
+
+
+def host_store_experts(store, sign_scale: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> dict[tuple[int, int], tuple[ce.Linear, ...]]:
+    """``{(layer row, expert): (gate, up, down)}`` over a loaded host store: the trellises are views of its arenas
+    (the single host copy), ``sign_scale`` per projection name fp16 ``(suh [layers, experts, in], svh [layers,
+    experts, out])``, the CPU tier's own copies (``HostStore.read_sign_scale``). The store must outlive them."""
+    layout = store.layout
+    experts = {}
+    for row in range(store.num_layers):
+        arena = store.arenas[row].numpy()
+        for e in range(store.num_experts):
+            base = e * layout.block_bytes
+            lins = []
+            for p, name in enumerate(PROJECTIONS):
+                at = base + layout.offsets[p]
+                trellis = arena[at : at + layout.nbytes[p]].view(np.int16).reshape(layout.shapes[p])
+                suh, svh = sign_scale[name]
+                lins.append(ce.Linear(trellis, suh[row, e], svh[row, e]))
+            experts[(row, e)] = tuple(lins)
+    return experts
 
 
 class Worker:

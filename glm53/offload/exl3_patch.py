@@ -20,6 +20,10 @@ Patch points (each checked by ``check_internals`` when a model is loaded; a mism
   the captured gate/up table, the fused decode kernels read at launch. Rewriting entries in place redirects
   them. The per-expert graph/dq paths use each expert's own ``trellis`` (the host alias: correct bytes).
 - ``BlockSparseMLP.forward`` (instance attribute, wrapped for prefill staging).
+- ``BlockSparseMLP.cpu_split_combine`` (instance attribute, wrapped): called by ``forward`` on the fp32 routed sum
+  before its cast, where exllamav3 adds its own CPU split's partial; fast mode adds the CPU tier's there. The
+  fused decode kernels skip a pick whose router weight is 0 (``exl3_moe_coop_kernel.cuh``: ``slot_info``), which
+  is how the CPU tier's picks are kept from the GPU.
 - ``exllamav3.generator.job.Job.prefill`` (recompiled from its source with one condition changed, see
   ``install_single_pass_prefill``): a generator flagged by ``set_single_pass_prefill`` does not split a recurrent
   model's prompt before its last page.
@@ -66,6 +70,10 @@ def check_offload_internals(model) -> None:
             raise InternalsChanged(f"exllamav3_ext has no {name}; the patch points moved")
     if not hasattr(model, "fwd_modules") or not hasattr(model.config, "stc"):
         raise InternalsChanged("exllamav3 Model has no fwd_modules or Config no stc; the patch points moved")
+    for _, mlp in moe_layers(model):
+        for name in ("cpu_split_combine", "act_limit", "num_experts_per_tok"):
+            if not hasattr(mlp, name):
+                raise InternalsChanged(f"exllamav3 BlockSparseMLP {mlp.key!r} has no {name!r}; the patch points moved")
 
 
 def _walk(module):
@@ -215,15 +223,19 @@ def expert_tables(mlp, captured: dict[int, torch.Tensor]) -> tuple[torch.Tensor,
     return mg.ptrs_trellis, mu.ptrs_trellis, md.ptrs_trellis, gu
 
 
-def add_routing_hook(mlp, hook):
-    """Call ``hook(selected, params)`` after the layer's router picked experts (same stream, no sync).
-    Returns a function that removes it."""
+def add_routing_hook(mlp, hook, with_inputs: bool = False):
+    """Call ``hook(selected, params)`` after the layer's router picked experts (same stream, no sync); with
+    ``with_inputs``, ``hook(selected, weights, z, params)`` with the router weights (which the hook may change in
+    place before the experts run) and the router's input. Returns a function that removes it."""
     original = mlp.routing_fn
 
     def routed(bsz, cfg, z, params):
         selected, weights = original(bsz, cfg, z, params)
         if not params.get("tp_warmup") and not params.get("autosplit_measure"):
-            hook(selected, params)
+            if with_inputs:
+                hook(selected, weights, z, params)
+            else:
+                hook(selected, params)
         return selected, weights
 
     mlp.routing_fn = routed
@@ -256,6 +268,30 @@ def wrap_forward(module, before=None, after=None):
             del module.forward
         else:
             module.forward = earlier
+
+    return remove
+
+
+def experts_see_the_router_input(mlp) -> bool:
+    """Whether the routed experts' input is the router's input (no routed/router pre-norm, no latent projection):
+    then the routing hook's ``z`` is what the CPU tier must compute the experts on."""
+    return all(getattr(mlp, name, None) is None for name in ("router_pre_norm", "routed_pre_norm", "latent_in")) \
+        and not getattr(mlp, "alt_residual_channel", False)
+
+
+def wrap_routed_sum(mlp, combine):
+    """Call ``combine(final_hidden_states)`` on the layer's routed sum (fp32, before the shared experts' merge of
+    the non-fused paths, the post norms and the cast to the output dtype), where exllamav3 folds in its own CPU
+    split's partial (``cpu_split_combine``). Returns a remover."""
+    original = mlp.cpu_split_combine
+
+    def fold(final_hidden_states, cpu_partial, cpu_pending, shape):
+        return combine(original(final_hidden_states, cpu_partial, cpu_pending, shape))
+
+    mlp.cpu_split_combine = fold
+
+    def remove():
+        del mlp.cpu_split_combine
 
     return remove
 

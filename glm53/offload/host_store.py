@@ -31,6 +31,7 @@ from ..models.synth.safetensors_file import read_header
 
 PROJECTIONS = ("gate", "up", "down")
 ALIGN = 256  # byte alignment of each projection inside an expert block (exllamav3's kernels load 16 B vectors)
+EXPERT_SIGN_SCALE = re.compile(r"^(?P<layer>.*\.layers\.\d+\.mlp)\.experts\.(?P<expert>\d+)\.(?P<proj>gate|up|down)_proj\.(?P<which>suh|svh)$")
 EXPERT_TRELLIS = re.compile(r"^(?P<layer>.*\.layers\.(?P<index>\d+)\.mlp)\.experts\.(?P<expert>\d+)\.(?P<proj>gate|up|down)_proj\.trellis$")
 READ_THREADS = 8
 READ_CHUNK = 64 * 1024**2  # one preadv call; bounded so a short read is retried at a known place
@@ -208,6 +209,10 @@ class HostStore:
         flat = self._cuda_arenas[row][begin : begin + self.layout.nbytes[proj]]
         return flat.view(torch.int16).view(self.layout.shapes[proj])
 
+    def cuda_arena(self, row: int) -> torch.Tensor:
+        """A layer's whole arena as a CUDA uint8 alias (after ``pin_and_map``): what the GPU reads over the link."""
+        return self._cuda_arenas[row]
+
     def host_block(self, row: int, expert: int) -> torch.Tensor:
         """The expert's ``[gate | up | down]`` block in host memory (a CPU tensor; pinned after ``pin_and_map``)."""
         b = self.layout.block_bytes
@@ -217,6 +222,37 @@ class HostStore:
         """int64 [layers, experts]: the device address of each expert block (valid after ``pin_and_map``)."""
         base = torch.tensor([a.data_ptr() for a in self._cuda_arenas], dtype=torch.int64)
         return base[:, None] + torch.arange(self.num_experts, dtype=torch.int64)[None, :] * self.layout.block_bytes
+
+    def read_sign_scale(self, model_dir: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """fp16 copies of every routed expert's input and output sign/scale vectors, for the CPU tier (exllamav3
+        keeps its own in VRAM): ``{projection: (suh [layers, experts, in], svh [layers, experts, out])}``.
+
+        :raise ValueError: a vector that is missing, not fp16, or of the wrong length.
+        """
+        dims = {p: (shape[0] * 16, shape[1] * 16) for p, shape in zip(PROJECTIONS, self.layout.shapes)}
+        L, E = self.num_layers, self.num_experts
+        out = {p: (np.zeros((L, E, n_in), np.float16), np.zeros((L, E, n_out), np.float16)) for p, (n_in, n_out) in dims.items()}
+        seen = np.zeros((L, E, len(PROJECTIONS), 2), bool)
+        for shard in shards(Path(model_dir)):
+            header, data_start = read_header(shard)
+            with open(shard, "rb") as f:
+                for name, entry in header.items():
+                    m = EXPERT_SIGN_SCALE.match(name)
+                    row = self._rows.get(m["layer"]) if m else None
+                    if row is None or int(m["expert"]) >= E:
+                        continue
+                    which = ("suh", "svh").index(m["which"])
+                    want = dims[m["proj"]][which]
+                    if entry["dtype"] != "F16" or int(np.prod(entry["shape"])) != want:
+                        raise ValueError(f"{name}: {entry['dtype']} {entry['shape']}, expected F16 of {want} values")
+                    begin, end = entry["data_offsets"]
+                    f.seek(data_start + begin)
+                    out[m["proj"]][which][row, int(m["expert"])] = np.frombuffer(f.read(end - begin), np.float16)
+                    seen[row, int(m["expert"]), PROJECTIONS.index(m["proj"]), which] = True
+        if not seen.all():
+            row, e, p, which = (int(v) for v in np.argwhere(~seen)[0])
+            raise ValueError(f"{model_dir}: {self.layer_keys[row]}.experts.{e}.{PROJECTIONS[p]}_proj.{('suh', 'svh')[which]} is missing")
+        return out
 
     def describe(self) -> dict:
         return {

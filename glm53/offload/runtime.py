@@ -68,6 +68,7 @@ class Offload:
         self._captured: dict[int, torch.Tensor] = {}
         self.cache: ExpertCache | None = None
         self.stager: PrefillStager | None = None
+        self.fast = None  # fast mode's CPU tier (fast_tier.FastTier), when enabled
         self._removers: list = []
         self._prefill = False
         log.info("host store: %d layers x %d experts, %.2f GB pinned in %.1f s", self.store.num_layers, self.store.num_experts,
@@ -106,8 +107,17 @@ class Offload:
         stage_bytes = int(self.settings.ec_stage_gb * GB)
         self.stager = PrefillStager(self.store, self.cache, tables, self.device, stage_bytes, STAGE_MIN_ROWS)
         self.budget = budget
+        if self.settings.mode == "fast" and self.settings.ct_enable:
+            from .fast_tier import FastTier
+
+            self.fast = FastTier(self.settings, self.model_dir, self.store, self.cache, mlps, self.device, kernels)
         for row, mlp in enumerate(mlps):
-            self._removers.append(exl3_patch.add_routing_hook(mlp, lambda sel, params, _row=row: self._routed(_row, sel)))
+            if self.fast is not None:
+                self._removers.append(exl3_patch.add_routing_hook(
+                    mlp, lambda sel, w, z, params, _row=row: self._routed(_row, sel, w, z), with_inputs=True))
+                self._removers.append(exl3_patch.wrap_routed_sum(mlp, lambda fhs, _row=row: self.fast.on_routed_sum(_row, fhs)))
+            else:
+                self._removers.append(exl3_patch.add_routing_hook(mlp, lambda sel, params, _row=row: self._routed(_row, sel)))
             self._removers.append(exl3_patch.wrap_forward(mlp, before=lambda x, p, _row=row: self._before_layer(_row),
                                                           after=lambda x, p, _row=row: self._after_layer(_row)))
         self._removers.append(exl3_patch.wrap_forward(exl3_patch.first_forward_module(model), before=self._forward_start))
@@ -183,9 +193,11 @@ class Offload:
             self.stager.release()
             self.cache.restore()
 
-    def _routed(self, row: int, selected: torch.Tensor) -> None:
+    def _routed(self, row: int, selected: torch.Tensor, weights: torch.Tensor | None = None, z: torch.Tensor | None = None) -> None:
         if selected.shape[0] <= self.policy.decode_rows and not self._prefill:
             self.cache.on_routing(row, selected)
+            if self.fast is not None:
+                self.fast.on_routing(row, selected, weights, z)
 
     def _before_layer(self, row: int) -> None:
         if self.stager.active:
@@ -204,6 +216,8 @@ class Offload:
             out["cache"]["profile"] = self.profile_source
             out["vram_budget"] = self.budget
             out["staging"] = self.stager.stats()
+        if self.fast is not None:
+            out["cpu_tier"] = self.fast.stats()
         return out
 
     def save_learned_profile(self) -> Path | None:
@@ -228,6 +242,9 @@ class Offload:
         for remove in reversed(self._removers):
             remove()
         self._removers.clear()
+        if self.fast is not None:
+            self.fast.close()
+            self.fast = None
         if self.stager is not None:
             self.stager.release()
         self.cache = None

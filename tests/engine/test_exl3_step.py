@@ -23,8 +23,19 @@ class FakeGenerator:
         return self.results
 
 
-def backend_with(results, jobs, prefilling=()):
+class FakeFastTier:
+    deadline_s = 0.05
+
+    def __init__(self, lost):
+        self.lost = list(lost)
+
+    def lost_jobs(self):
+        return self.lost.pop(0)
+
+
+def backend_with(results, jobs, prefilling=(), fast=None):
     b = object.__new__(Exl3Backend)  # no model: only step()'s bookkeeping is under test
+    b.offload = type("FakeOffload", (), {"fast": fast})()
     b.generator = FakeGenerator(results)
     b._jobs = jobs
     b._prefilling = set(prefilling)
@@ -51,3 +62,15 @@ def test_tokens_logprobs_and_a_contained_job_failure():
     assert [t.token_id for t in out[2]] == [2] and out[2][0].logprobs is None
     assert out[3] == SequenceFailure("RuntimeError: non-finite logits")
     assert 99 not in out and b._counters == {"steps": 1, "decode_tokens": 3}
+
+
+def test_a_step_whose_cpu_tier_jobs_were_lost_fails_its_sequences_with_the_reason():
+    results = [
+        {"stage": "streaming", "identifier": 1, "job": FakeJob(1, 0, 0), "token_ids": torch.tensor([[4]])},
+        {"stage": "streaming", "identifier": 2, "job": FakeJob(2, 0, 0), "token_ids": torch.tensor([[5]])},
+    ]
+    b = backend_with(results, {1: None, 2: None}, fast=FakeFastTier([0, 3]))
+    assert [t.token_id for t in b.step()[1]] == [4]  # nothing lost: tokens as usual
+    out = b.step()
+    assert set(out) == {1, 2} and all(isinstance(v, SequenceFailure) for v in out.values())
+    assert "3 expert job(s) within 50 ms" in out[1].reason and "GLM53_CT_DEADLINE_MS" in out[1].reason

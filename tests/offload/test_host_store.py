@@ -128,3 +128,35 @@ def test_a_learned_profile_adds_this_runs_picks_to_what_earlier_runs_learned():
     assert merge_profile(None, keys, picks) == {"a.mlp": [1.0, 0.0, 2.0], "b.mlp": [0.0, 5.0, 0.0]}
     previous = {"a.mlp": [10, 10, 10], "b.mlp": [1, 2], "c.mlp": [7, 7, 7]}  # b: another expert count, c: gone
     assert merge_profile(previous, keys, picks) == {"a.mlp": [11.0, 10.0, 12.0], "b.mlp": [0.0, 5.0, 0.0]}
+
+
+def test_the_sign_scale_vectors_are_read_per_layer_expert_and_projection(tmp_path):
+    path, tensors = _checkpoint(tmp_path, seed=3)
+    rng = np.random.default_rng(4)
+    dims = {p: (s[0] * 16, s[1] * 16) for p, s in SHAPES.items()}
+    extra = {}
+    for layer in (3, 4):
+        for e in range(3):
+            for proj, (n_in, n_out) in dims.items():
+                for which, n in (("suh", n_in), ("svh", n_out)):
+                    extra[f"{PREFIX}.{layer}.mlp.experts.{e}.{proj}_proj.{which}"] = rng.standard_normal(n).astype(np.float16)
+    _write_shard(path / "sign-scale.safetensors", extra)  # read after a and b: its suh replace their placeholders
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    index["weight_map"].update({n: "sign-scale.safetensors" for n in extra})
+    (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    store = HostStore.scan(path)
+    got = store.read_sign_scale(path)
+    for row, layer in enumerate((3, 4)):
+        for e in range(3):
+            for proj in SHAPES:
+                assert np.array_equal(got[proj][0][row, e], extra[f"{PREFIX}.{layer}.mlp.experts.{e}.{proj}_proj.suh"])
+                assert np.array_equal(got[proj][1][row, e], extra[f"{PREFIX}.{layer}.mlp.experts.{e}.{proj}_proj.svh"])
+    missing = {k: v for k, v in extra.items() if not k.endswith("experts.2.down_proj.svh") or f".{4}." not in k}
+    _write_shard(path / "sign-scale.safetensors", missing)
+    with pytest.raises(ValueError, match=r"layers\.4\.mlp\.experts\.2\.down_proj\.svh is missing"):
+        store.read_sign_scale(path)
+    wrong = dict(extra)
+    wrong[f"{PREFIX}.3.mlp.experts.0.gate_proj.suh"] = np.zeros(5, np.float16)
+    _write_shard(path / "sign-scale.safetensors", wrong)
+    with pytest.raises(ValueError, match="expected F16 of 64 values"):
+        store.read_sign_scale(path)

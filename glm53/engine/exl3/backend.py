@@ -21,9 +21,17 @@ import torch
 
 from ...config import Settings
 from ...offload import exl3_patch
+from ...offload.fast_tier import lost_jobs_reason
 from ...offload.runtime import Offload
 from ..gpu import device_facts
-from ..interface import LogprobRequest, ModelInfo, SampledToken, SamplingParams, SequenceFailure, TokenLogprobs
+from ..interface import (
+    LogprobRequest,
+    ModelInfo,
+    SampledToken,
+    SamplingParams,
+    SequenceFailure,
+    TokenLogprobs,
+)
 from ..sampling import logprobs_for
 from .tokenizer import HFTokenizer
 
@@ -43,7 +51,14 @@ class Exl3Backend:
         t0 = time.monotonic()
         if not torch.cuda.is_available():
             raise RuntimeError("no CUDA GPU is available to this process; use --engine tiny or run on a CUDA host")
-        from exllamav3 import Cache, CacheLayer_fp16, Config, Generator, Model, Tokenizer
+        from exllamav3 import (
+            Cache,
+            CacheLayer_fp16,
+            Config,
+            Generator,
+            Model,
+            Tokenizer,
+        )
         from exllamav3.constants import PAGE_SIZE
 
         model_dir = str(settings.model_dir)
@@ -53,8 +68,9 @@ class Exl3Backend:
         split = [settings.vram_limit_gb] if settings.vram_limit_gb else None
         # Routed experts live in pinned host memory and a VRAM cache (glm53/offload), never loaded into VRAM whole
         self.offload = Offload(settings)
-        if settings.mode == "fast":
-            log.warning("fast mode: the CPU tier is not built yet; experts are served as in exact mode")
+        if settings.mode == "fast" and not settings.ct_enable:
+            log.warning("fast mode: the CPU tier is off (GLM53_CT_ENABLE=1 turns it on; it has not passed its GPU tests "
+                        "yet): experts are served as in exact mode, with the one-pass prefill")
         with self.offload.loading(self.model):
             self.model.load(use_per_device=split, progressbar=False, max_batch_size=settings.ambs, max_chunk_size=settings.chunk_size)
         self.model.warmup(cache=self.cache, max_chunk_size=settings.chunk_size, progressbar=False)
@@ -138,6 +154,12 @@ class Exl3Backend:
             )
             self._counters["decode_tokens"] += len(ids)
         self._counters["steps"] += 1
+        fast = self.offload.fast
+        if fast is not None and (lost := fast.lost_jobs()):
+            # experts of this step were never computed: its tokens are wrong, so they end their sequences, loudly
+            reason = lost_jobs_reason(lost, fast.deadline_s * 1000)
+            log.error("%s", reason)
+            out = {seq_id: SequenceFailure(reason) for seq_id in out}
         return out
 
     def score(self, ids: Sequence[int], start: int, request: LogprobRequest) -> Iterator[list[TokenLogprobs | None] | None]:

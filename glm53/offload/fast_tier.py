@@ -1,0 +1,188 @@
+"""Fast mode's CPU tier put into a running offload: per MoE layer and decode step, the coldest missed experts are
+computed by a host worker from the host store (the single copy) while the GPU computes the hits and the other
+misses; the worker's fp32 partial is added to the layer's fp32 routed sum before it is rounded.
+
+Per layer, on the compute stream, with no host synchronisation:
+
+1. after routing (``exl3_patch.add_routing_hook``) and the expert cache's step: ``ct_split_publish`` picks the
+   experts for the CPU from the cost table (``ct_cost``), publishes the job and zeroes those picks' router weights,
+   which exllamav3's fused decode kernels skip;
+2. exllamav3 computes the rest;
+3. on the fp32 routed sum (``exl3_patch.wrap_routed_sum``): ``ct_collect`` waits up to ``GLM53_CT_DEADLINE_MS`` for
+   the job and adds its partial, or takes it back.
+
+A job taken back (or refused by the worker) means the step computed without those experts: never silent, the
+engine fails the step's sequences with the reason (:meth:`FastTier.lost_jobs`, read after the step's own sync).
+
+STATUS: built and tested piecewise (the handoff on the H200 in its first protocol version; the split kernel and
+this wiring not yet on a GPU), so ``GLM53_CT_ENABLE`` is off by default.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from . import cpu_expert as ce
+from . import exl3_patch
+from .cpu_tier import ExpertTable, Ring, Worker, host_store_experts
+from .ct_cost import Costs, measure_cpu, pinned_cpu_cost
+from .ct_device import OUTCOMES, DeviceProducer, pack_picks
+
+log = logging.getLogger("glm53.offload.fast")
+
+MAX_TOKENS = 8  # decode rows per step the CPU tier takes (exllamav3's fused decode tier, MAX_BSZN)
+RING_SLOTS = 4  # a layer's job is collected before the next layer publishes; spare slots cover late workers
+TIMING_EXPERTS = 32  # experts the CPU figure is timed on at start
+
+
+class FastTier:
+    def __init__(self, settings, model_dir: Path, store, cache, mlps, device: torch.device, kernels):
+        t0 = time.monotonic()
+        for mlp in mlps:
+            if not exl3_patch.experts_see_the_router_input(mlp):
+                raise RuntimeError(f"{mlp.key}: the experts' input is not the router's (a pre-norm or latent projection); "
+                                   "the CPU tier does not support this model")
+        self.store, self.cache, self.device = store, cache, device
+        self.hidden = store.layout.shapes[0][0] * 16
+        top_k = int(mlps[0].num_experts_per_tok)
+        act_limit = float(mlps[0].act_limit or 0.0)
+        experts = host_store_experts(store, store.read_sign_scale(model_dir))
+        self.table = ExpertTable(experts, store.num_layers, store.num_experts)
+        self.pool = ce.Pool.from_settings(settings).start()
+        self.ring = Ring(RING_SLOTS, self.hidden, MAX_TOKENS, top_k)
+        self.worker = Worker(self.ring, self.table, act_limit=act_limit, pool=self.pool).start()
+        self.producer = DeviceProducer(self.ring, device, kernels)
+        self.costs = self._measure(settings, experts, act_limit, kernels)
+        self.cube = torch.from_numpy(self.costs.table(MAX_TOKENS, min(255, MAX_TOKENS * top_k))).to(device)
+        self.deadline_s = settings.ct_deadline_ms / 1000.0
+        self.sent = torch.zeros(4, dtype=torch.int64, device=device)  # hits, misses, experts, picks sent (decode steps)
+        self.skipped = 0  # routing calls the tier could not take (too many rows, other dtypes)
+        self._pending: tuple[int, torch.Tensor, int] | None = None  # (layer row, job status, tokens) in flight
+        self._lost_seen = 0
+        self.setup_s = round(time.monotonic() - t0, 2)
+        log.info("CPU tier: %d threads, costs per expert: CPU %s us, link %.0f us, VRAM %.1f us, handoff %.0f us (%s)",
+                 self.pool.threads, {t: round(v * 1e6) for t, v in self.costs.cpu_expert_s.items()},
+                 self.costs.link_expert_s * 1e6, self.costs.vram_expert_s * 1e6, self.costs.handoff_s * 1e6, self.costs.sources)
+
+    # ---- start-up measurements (the cost model's constants, on this machine)
+
+    def _measure(self, settings, experts, act_limit: float, kernels) -> Costs:
+        sources = {}
+        if settings.ct_b is not None:
+            cpu, sources["cpu_expert_s"] = pinned_cpu_cost(settings.ct_b), "GLM53_CT_B"
+        else:
+            keys = sorted(experts)[:TIMING_EXPERTS]
+            cpu = measure_cpu([experts[k] for k in keys], act_limit=act_limit, pool=self.pool, batch=min(8, len(keys)))
+            sources["cpu_expert_s"] = f"timed on {len(keys)} experts at start"
+        block = self.store.layout.block_bytes
+        link_gbs = _link_read_gbs(self.store, kernels)
+        vram_gbs = _vram_read_gbs(self.device)
+        handoff = max(0.0, self._round_trip_s() - cpu[min(cpu)])
+        sources.update(link_expert_s=f"zero-copy read {link_gbs:.1f} GB/s", vram_expert_s=f"VRAM read {vram_gbs:.0f} GB/s",
+                       handoff_s="one-expert round trip less its CPU time")
+        return Costs(cpu, handoff_s=handoff, link_expert_s=block / (link_gbs * 1e9), vram_expert_s=block / (vram_gbs * 1e9), sources=sources)
+
+    def _round_trip_s(self, jobs: int = 20) -> float:
+        x = torch.zeros((1, self.hidden), dtype=torch.float16, device=self.device)
+        picks = pack_picks(torch.tensor([0]), torch.tensor([0]), torch.tensor([0.5])).to(self.device)
+        acc = torch.zeros((1, self.hidden), dtype=torch.float32, device=self.device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        self.producer.collect(self.producer.publish(0, x, picks), acc, 1.0)  # warm-up
+        start.record()
+        for _ in range(jobs):
+            self.producer.collect(self.producer.publish(0, x, picks), acc, 1.0)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1000.0 / jobs
+
+    # ---- per layer (the offload's hooks call these on the compute stream)
+
+    def on_routing(self, row: int, selected: torch.Tensor, weights: torch.Tensor, z: torch.Tensor) -> None:
+        """After the layer's routing and the cache's step, before its experts run."""
+        T = selected.shape[0]
+        if T > MAX_TOKENS or weights.dtype != torch.float16 or z.dtype != torch.float16 or not (
+                selected.is_contiguous() and weights.is_contiguous() and z.is_contiguous()):
+            self.skipped += 1
+            return
+        status, info = self.producer.split_publish(row, selected, weights, z.view(T, self.hidden), self.cache.slot_of[row],
+                                                   self.cache.freq[row], self.cube)
+        self.sent += info
+        self._pending = (row, status, T)
+
+    def on_routed_sum(self, row: int, final_hidden_states: torch.Tensor) -> torch.Tensor:
+        """The layer's fp32 routed sum: the CPU's partial is added in place."""
+        if self._pending is None or self._pending[0] != row:
+            return final_hidden_states
+        _, status, T = self._pending
+        self._pending = None
+        acc = final_hidden_states.view(-1, final_hidden_states.shape[-1])
+        if acc.dtype != torch.float32 or not acc.is_contiguous() or acc.shape[-1] != self.hidden:
+            raise RuntimeError(f"layer {row}: the routed sum is {acc.dtype} {tuple(acc.shape)}; the CPU tier needs a "
+                               f"contiguous fp32 [tokens, {self.hidden}] (exllamav3's internals changed)")
+        self.producer.collect(status, acc[:T], self.deadline_s)
+        return final_hidden_states
+
+    # ---- per step and reporting
+
+    def lost_jobs(self) -> int:
+        """Jobs taken back or refused since the last call (their experts are missing from that step). Synchronises:
+        call after the step's own synchronisation."""
+        s = self.producer.stats()
+        lost = s["failed"] + s["taken_back_before_claim"] + s["taken_back_after_claim"]
+        new, self._lost_seen = lost - self._lost_seen, lost
+        return new
+
+    def stats(self) -> dict:
+        hits, misses, experts, picks = self.sent.tolist()
+        return {
+            "setup_s": self.setup_s,
+            "costs": {"cpu_expert_us": {t: round(v * 1e6, 1) for t, v in self.costs.cpu_expert_s.items()},
+                      "link_expert_us": round(self.costs.link_expert_s * 1e6, 1), "vram_expert_us": round(self.costs.vram_expert_s * 1e6, 2),
+                      "handoff_us": round(self.costs.handoff_s * 1e6, 1), "sources": dict(self.costs.sources)},
+            "split": {"hits": hits, "misses": misses, "cpu_experts": experts, "cpu_picks": picks, "skipped_calls": self.skipped},
+            "device": self.producer.stats(),
+            "worker": self.worker.counters(),
+            "deadline_ms": self.deadline_s * 1000,
+            "outcomes": list(OUTCOMES),
+        }
+
+    def close(self) -> None:
+        self.producer.close()
+        self.worker.stop()
+        self.pool.stop()
+
+
+def _link_read_gbs(store, kernels, max_bytes: int = 1 << 29) -> float:
+    """SM reads of mapped host memory (the zero-copy miss path), 16 blocks, over one layer's arena."""
+    src = store.cuda_arena(0)[: min(max_bytes, store.cuda_arena(0).numel()) // 16 * 16]
+    out = torch.zeros(1, dtype=torch.int32, device=src.device)
+    kernels.read_probe(src, out, 16)  # warm-up
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    kernels.read_probe(src, out, 16)
+    end.record()
+    end.synchronize()
+    return src.numel() / (start.elapsed_time(end) / 1000.0) / 1e9
+
+
+def _vram_read_gbs(device: torch.device, nbytes: int = 1 << 28) -> float:
+    """Device memory copy rate, counted as bytes read plus written (a resident expert is read once per use)."""
+    a = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    b.copy_(a)
+    end.record()
+    end.synchronize()
+    return 2 * nbytes / (start.elapsed_time(end) / 1000.0) / 1e9
+
+
+def lost_jobs_reason(count: int, deadline_ms: float) -> str:
+    return (f"the CPU tier did not deliver {count} expert job(s) within {deadline_ms:g} ms (GLM53_CT_DEADLINE_MS); the "
+            "step computed without those experts, so its tokens are not returned")
+

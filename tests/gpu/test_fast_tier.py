@@ -1,0 +1,85 @@
+"""Fast mode's CPU tier wired into the engine (glm53.offload.fast_tier), on the tiny checkpoint with 11 % of the
+experts in VRAM: the CPU really takes experts, its answers stay close to exact mode's, nothing is lost, and a
+worker that misses the deadline fails the step's sequences loudly instead of dropping experts silently.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from glm53 import config
+from glm53.engine.interface import LogprobRequest, SamplingParams, SequenceFailure
+
+PROMPT = [154822, 154824, 154827] + list(range(300, 420)) + [154828, 154841]
+REQUEST = LogprobRequest(top_n=5)
+TOKENS = 24
+
+
+def _backend(ckpt, mode, extra=()):
+    from glm53.engine.exl3.backend import Exl3Backend
+
+    argv = ["--engine", "exl3", "--mode", mode, "-m", str(ckpt), "-cs", "4096", "--max-batch-size", "1", "-ambs", "1",
+            "-chunk_size", "2048", "--ec-cache-experts", "11%", "--prefill-last-page-split", "0", *extra]
+    return Exl3Backend(config.load(argv, {}))
+
+
+def _greedy(backend, seq_id=0):
+    backend.add(seq_id, PROMPT, SamplingParams(temperature=0.0), REQUEST)
+    got = []
+    for _ in range(4 * TOKENS):
+        step = backend.step().get(seq_id, [])
+        if isinstance(step, SequenceFailure):
+            backend.remove(seq_id)
+            return step
+        got += step
+        if len(got) >= TOKENS:
+            break
+    backend.remove(seq_id)
+    return got[:TOKENS]
+
+
+@pytest.fixture(scope="module")
+def exact(tiny_checkpoint):
+    backend = _backend(tiny_checkpoint, "exact")
+    try:
+        yield _greedy(backend)
+    finally:
+        backend.close()
+        torch.cuda.empty_cache()
+
+
+def test_the_cpu_tier_takes_experts_and_stays_close_to_exact_mode(tiny_checkpoint, exact):
+    backend = _backend(tiny_checkpoint, "fast", ["--ct-enable", "1", "--ct-threads", "4"])
+    try:
+        got = _greedy(backend)
+        stats = backend.offload.stats()["cpu_tier"]
+    finally:
+        backend.close()
+        torch.cuda.empty_cache()
+    print(f"cpu tier: {stats}")
+    assert not isinstance(got, SequenceFailure), got.reason
+    split, device, worker = stats["split"], stats["device"], stats["worker"]
+    assert split["cpu_experts"] > 0 and split["cpu_picks"] >= split["cpu_experts"]
+    assert device["done"] == device["published"] > 0 and worker["done"] == device["done"]
+    assert device["failed"] == device["taken_back_before_claim"] == device["taken_back_after_claim"] == 0
+    # the first token's distribution: same top-5 ids, log-probabilities within fp16-class noise
+    first_exact, first_fast = exact[0].logprobs, got[0].logprobs
+    assert [t for t, _ in first_exact.top] == [t for t, _ in first_fast.top]
+    assert max(abs(a - b) for (_, a), (_, b) in zip(first_exact.top, first_fast.top)) < 0.05
+    agree = sum(a.token_id == b.token_id for a, b in zip(exact, got))
+    assert agree >= TOKENS // 2, (agree, [t.token_id for t in exact], [t.token_id for t in got])
+
+
+def test_a_worker_past_the_deadline_fails_the_step_loudly(tiny_checkpoint):
+    backend = _backend(tiny_checkpoint, "fast", ["--ct-enable", "1", "--ct-threads", "2", "--ct-deadline-ms", "5"])
+    try:
+        backend.offload.fast.worker.debug_hold(True)
+        got = _greedy(backend)
+        backend.offload.fast.worker.debug_hold(False)
+        stats = backend.offload.stats()["cpu_tier"]["device"]
+    finally:
+        backend.close()
+        torch.cuda.empty_cache()
+    assert isinstance(got, SequenceFailure) and "GLM53_CT_DEADLINE_MS" in got.reason
+    assert stats["taken_back_before_claim"] + stats["taken_back_after_claim"] > 0
