@@ -16,10 +16,13 @@ Paths (``PATHS``, by name, ``name:ARG`` passes ARG):
   runs of an exact path show when they differ only by an error of the size of exllamav3's own kernel error.
   ``--a stock --b stock`` is the control (KL exactly 0).
 
-The project's modes are added to ``PATHS`` by the offload layer's owner: a factory ``(model, cache, vocab_size,
-arg) -> DecodePath`` that installs its offload on the loaded model and returns a path whose forwards run in that mode
-(``ModelPath(model, cache, vocab_size, mode=...)`` with a context manager that switches the model into the mode
-for the duration of one forward).
+The project's engine (``ENGINE_PATHS``; the checkpoint is then loaded once by ``Exl3Backend`` in fast mode with its
+CPU tier, options from ``--engine-args``, and both paths run on that one model, each in a cache of its own):
+
+- ``exact``: the offloaded model with the CPU tier paused (every expert on the GPU: exact mode's numerics);
+- ``fast``: the same model with the CPU tier computing the cold misses.
+
+``--a exact --b fast`` is fast mode's paired check; set it against ``--a stock --b perturbed:REL`` (the floor).
 
 Output JSON: ``{positions, kl_mean, kl_p99, kl_max, top1_agree, first_divergence[], disagreements,
 per_prompt[{i, prompt_len, positions, kl_mean, kl_p99, kl_max, top1_agree, first_divergence, disagreements,
@@ -235,17 +238,44 @@ def _perturbed(model, cache, vocab_size: int, arg: str | None) -> DecodePath:
     return PerturbedPath(model, cache, vocab_size, float(arg))
 
 
-# name -> factory(model, cache, vocab_size, arg) -> DecodePath. The project's "exact"/"fast" modes are registered here
-# by the offload layer (see the module docstring); a name that is not here is refused with the list of names.
+def _engine_exact(backend, cache, vocab_size: int, arg: str | None) -> DecodePath:
+    fast = backend.offload.fast
+    return ModelPath(backend.model, cache, vocab_size, mode=fast.paused if fast is not None else None)
+
+
+def _engine_fast(backend, cache, vocab_size: int, arg: str | None) -> DecodePath:
+    if backend.offload.fast is None:
+        raise ValueError("the fast path needs the engine's CPU tier (GLM53_CT_ENABLE), which is off")
+    return ModelPath(backend.model, cache, vocab_size)
+
+
+# name -> factory(model, cache, vocab_size, arg) -> DecodePath, over a stock exllamav3 load; a name that is in
+# neither table is refused with the list of names
 PATHS: dict[str, Callable[..., DecodePath]] = {"stock": _stock, "perturbed": _perturbed}
+# name -> factory(Exl3Backend, cache, vocab_size, arg) -> DecodePath, over the engine's load (see the docstring)
+ENGINE_PATHS: dict[str, Callable[..., DecodePath]] = {"exact": _engine_exact, "fast": _engine_fast}
 
 
 def make_path(spec: str, model, cache, vocab_size: int) -> DecodePath:
     """:raise ValueError: an unknown path name or a bad argument."""
     name, _, arg = spec.partition(":")
     if name not in PATHS:
-        raise ValueError(f"unknown path {name!r}; known: {', '.join(sorted(PATHS))}")
+        raise ValueError(f"unknown path {name!r}; known: {', '.join(sorted(PATHS | ENGINE_PATHS))}")
     return PATHS[name](model, cache, vocab_size, arg or None)
+
+
+def make_engine_path(spec: str, backend, cache) -> DecodePath:
+    """:raise ValueError: not an engine path, or a bad argument."""
+    name, _, arg = spec.partition(":")
+    if name not in ENGINE_PATHS:
+        raise ValueError(f"{name!r} is not an engine path ({', '.join(sorted(ENGINE_PATHS))}); stock paths need a stock load")
+    return ENGINE_PATHS[name](backend, cache, backend.info.vocab_size, arg or None)
+
+
+def engine_argv(model: Path, cache_tokens: int, engine_args: str) -> list[str]:
+    """The engine's settings for the paired check: fast mode with its CPU tier, one sequence, then ``engine_args``."""
+    return ["--engine", "exl3", "--mode", "fast", "--ct-enable", "1", "-m", str(model), "-cs", str(cache_tokens),
+            "--max-batch-size", "1", "-ambs", "1", *shlex.split(engine_args)]
 
 
 # ---- command line ----
@@ -259,9 +289,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--max-prompts", type=int, default=6, help="use the first N prompts (default 6, as the original)")
     ap.add_argument("--tokens", type=int, default=256, help="decode steps per prompt (default 256)")
     ap.add_argument("--out", type=Path, help="write the result JSON here (default: print it)")
+    ap.add_argument("--engine-args", default="--ec-cache-experts 11%",
+                    help="glm53 settings for the engine paths (default: --ec-cache-experts 11%%)")
     args = ap.parse_args(argv)
     if args.tokens < 1 or args.max_prompts < 1:
         ap.error("--tokens and --max-prompts take positive numbers")
+    kinds = {spec.partition(":")[0] in ENGINE_PATHS for spec in (args.a, args.b)}
+    if len(kinds) > 1:
+        ap.error("--a and --b must both be stock paths (stock, perturbed) or both engine paths (exact, fast)")
     return args
 
 
@@ -281,16 +316,25 @@ def run(args: argparse.Namespace) -> dict:
     tok = HFTokenizer(hf, hf.get_vocab_size(with_added_tokens=True))
     prompts = [prompt_ids(template, tok.encode, t) for t in texts]
     cache_tokens = -(-(max(map(len, prompts)) + args.tokens) // PAGE) * PAGE
-    stock = load_stock(args.model, cache_tokens=cache_tokens, caches=2)
-    a = make_path(args.a, stock.model, stock.caches[0], stock.vocab_size)
-    b = make_path(args.b, stock.model, stock.caches[1], stock.vocab_size)
+    if args.a.partition(":")[0] in ENGINE_PATHS:
+        from glm53 import config
+        from glm53.engine.exl3.backend import Exl3Backend
+
+        engine = Exl3Backend(config.load(engine_argv(args.model, cache_tokens, args.engine_args), {}), extra_caches=2)
+        a, b = (make_engine_path(spec, engine, cache) for spec, cache in zip((args.a, args.b), engine.extra_caches))
+        close = engine.close
+    else:
+        stock = load_stock(args.model, cache_tokens=cache_tokens, caches=2)
+        a = make_path(args.a, stock.model, stock.caches[0], stock.vocab_size)
+        b = make_path(args.b, stock.model, stock.caches[1], stock.vocab_size)
+        close = stock.close
     records = []
     for i, ids in enumerate(prompts):
         records.append(paired_decode(a, b, ids, args.tokens))
         s = records[-1].summary(i)
         print(f"prompt {i}: KL mean {s['kl_mean']:.3g}, p99 {s['kl_p99']:.3g}, top-1 {s['top1_agree']:.4f}, "
               f"first divergence {s['first_divergence']}", file=sys.stderr, flush=True)
-    stock.close()
+    close()
     return {**summarise(records), "a": args.a, "b": args.b, "checkpoint": str(args.model), "tokens": args.tokens,
             "seconds": round(time.monotonic() - started, 1), "command": shlex.join(["python3", "-m", "bench.decode_kl", *sys.argv[1:]])}
 

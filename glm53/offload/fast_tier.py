@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -63,6 +64,7 @@ class FastTier:
         self.skipped = 0  # routing calls the tier could not take (too many rows, other dtypes)
         self._pending: tuple[int, torch.Tensor, int] | None = None  # (layer row, job status, tokens) in flight
         self._lost_seen = 0
+        self.enabled = True  # off: every expert on the GPU, exact mode's numerics (paired checks, bench/decode_kl.py)
         self.setup_s = round(time.monotonic() - t0, 2)
         log.info("CPU tier: %d threads, costs per expert: CPU %s us, link %.0f us, VRAM %.1f us, handoff %.0f us (%s)",
                  self.pool.threads, {t: round(v * 1e6) for t, v in self.costs.cpu_expert_s.items()},
@@ -103,6 +105,8 @@ class FastTier:
 
     def on_routing(self, row: int, selected: torch.Tensor, weights: torch.Tensor, z: torch.Tensor) -> None:
         """After the layer's routing and the cache's step, before its experts run."""
+        if not self.enabled:
+            return
         T = selected.shape[0]
         if T > MAX_TOKENS or weights.dtype != torch.float16 or z.dtype != torch.float16 or not (
                 selected.is_contiguous() and weights.is_contiguous() and z.is_contiguous()):
@@ -125,6 +129,15 @@ class FastTier:
                                f"contiguous fp32 [tokens, {self.hidden}] (exllamav3's internals changed)")
         self.producer.collect(status, acc[:T], self.deadline_s)
         return final_hidden_states
+
+    @contextmanager
+    def paused(self):
+        """Within: every expert is computed on the GPU (exact mode's numerics), on the same loaded model."""
+        before, self.enabled = self.enabled, False
+        try:
+            yield
+        finally:
+            self.enabled = before
 
     # ---- per step and reporting
 

@@ -109,11 +109,33 @@ def test_summary_over_prompts():
 
 
 def test_path_registry():
-    with pytest.raises(ValueError, match="unknown path 'exactish'.*perturbed, stock"):
+    with pytest.raises(ValueError, match="unknown path 'exactish'.*exact, fast, perturbed, stock"):
         decode_kl.make_path("exactish", None, None, V)
     with pytest.raises(ValueError, match="relative size"):
         decode_kl.make_path("perturbed", None, None, V)
-    assert set(decode_kl.PATHS) == {"stock", "perturbed"}
+    assert set(decode_kl.PATHS) == {"stock", "perturbed"} and set(decode_kl.ENGINE_PATHS) == {"exact", "fast"}
+    with pytest.raises(ValueError, match="stock paths need a stock load"):
+        decode_kl.make_engine_path("stock", None, None)
+
+
+def test_engine_paths_pause_the_cpu_tier_for_exact_and_need_it_for_fast():
+    import contextlib
+
+    class Tier:
+        paused = staticmethod(contextlib.nullcontext)
+
+    def backend(fast):
+        return type("B", (), {"model": FakeModel(), "offload": type("O", (), {"fast": fast})(),
+                              "info": type("I", (), {"vocab_size": V})()})()
+
+    tier = Tier()
+    exact = decode_kl.make_engine_path("exact", backend(tier), FakeCache())
+    assert exact.mode is tier.paused and exact.vocab_size == V
+    assert decode_kl.make_engine_path("fast", backend(tier), FakeCache()).mode is contextlib.nullcontext
+    with pytest.raises(ValueError, match="CPU tier"):
+        decode_kl.make_engine_path("fast", backend(None), FakeCache())
+    argv = decode_kl.engine_argv("/ckpt", 2048, "--ec-cache-experts 50% --ct-threads 4")
+    assert argv[:6] == ["--engine", "exl3", "--mode", "fast", "--ct-enable", "1"] and argv[-4:] == ["--ec-cache-experts", "50%", "--ct-threads", "4"]
 
 
 def test_arguments():
@@ -121,6 +143,10 @@ def test_arguments():
     assert (args.a, args.b, args.tokens, args.max_prompts) == ("stock", "perturbed:0.001", 256, 6)
     with pytest.raises(SystemExit):
         decode_kl.parse_args(["-m", "/ckpt", "--b", "stock", "--tokens", "0"])
+    with pytest.raises(SystemExit):  # a stock path against an engine path: two different loads
+        decode_kl.parse_args(["-m", "/ckpt", "--a", "stock", "--b", "fast"])
+    args = decode_kl.parse_args(["-m", "/ckpt", "--a", "exact", "--b", "fast"])
+    assert args.engine_args == "--ec-cache-experts 11%"
 
 
 class FakeCache:

@@ -83,3 +83,27 @@ def test_a_worker_past_the_deadline_fails_the_step_loudly(tiny_checkpoint):
         torch.cuda.empty_cache()
     assert isinstance(got, SequenceFailure) and "GLM53_CT_DEADLINE_MS" in got.reason
     assert stats["taken_back_before_claim"] + stats["taken_back_after_claim"] > 0
+
+
+def test_paired_decode_of_fast_against_exact_and_the_noise_floor(tiny_checkpoint):
+    """Figures for the issue's quality goal (fast mode's KL within 2x the floor of an injected perturbation of
+    exllamav3's kernel-error size), on the tiny checkpoint; the assertion is only that both ran and are finite."""
+    import json
+    import math
+    import os
+    from pathlib import Path
+
+    from bench import decode_kl
+
+    common = ["-m", str(tiny_checkpoint), "--tokens", "32", "--max-prompts", "3"]
+    fast = decode_kl.run(decode_kl.parse_args([*common, "--a", "exact", "--b", "fast",
+                                               "--engine-args", "--ec-cache-experts 11% --ct-threads 4"]))
+    floor = decode_kl.run(decode_kl.parse_args([*common, "--a", "stock", "--b", "perturbed:0.001"]))
+    figures = {k: {f: r[f] for f in ("positions", "kl_mean", "kl_p99", "top1_agree", "first_divergence")}
+               for k, r in (("exact_vs_fast", fast), ("stock_vs_perturbed_1e-3", floor))}
+    print(f"paired decode: {figures}")
+    report = Path(os.environ.get("REPORT_DIR", "/tmp"))
+    report.mkdir(parents=True, exist_ok=True)
+    (report / "fast-mode-decode-kl.json").write_text(json.dumps(figures, indent=1) + "\n")
+    assert fast["positions"] == floor["positions"] == 96
+    assert all(math.isfinite(r["kl_mean"]) for r in (fast, floor)) and fast["kl_mean"] > 0

@@ -47,7 +47,9 @@ PAGE_ROUND_TOKENS = 2048
 
 
 class Exl3Backend:
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, extra_caches: int = 0):
+        """:param extra_caches: more caches of ``settings.cache_size`` tokens (one sequence each) for measurement
+        tools that drive the model directly (``bench/decode_kl.py``), as ``self.extra_caches``."""
         t0 = time.monotonic()
         if not torch.cuda.is_available():
             raise RuntimeError("no CUDA GPU is available to this process; use --engine tiny or run on a CUDA host")
@@ -65,6 +67,9 @@ class Exl3Backend:
         self._config = Config.from_directory(model_dir)
         self.model = Model.from_config(self._config)
         self.cache = Cache(self.model, max_num_tokens=settings.cache_size, layer_type=CacheLayer_fp16, max_batch_size=settings.ambs)
+        # created before the load, which allocates every attached cache's tensors
+        self.extra_caches = [Cache(self.model, max_num_tokens=settings.cache_size, layer_type=CacheLayer_fp16, max_batch_size=1)
+                             for _ in range(extra_caches)]
         split = [settings.vram_limit_gb] if settings.vram_limit_gb else None
         # Routed experts live in pinned host memory and a VRAM cache (glm53/offload), never loaded into VRAM whole
         self.offload = Offload(settings)
