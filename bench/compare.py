@@ -75,6 +75,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--decode-reps", type=int, default=2, help="decode jobs per arm (default 2; the median counts)")
     ap.add_argument("--long-context", type=int, default=0, help="project arms: also decode after a prompt of this many tokens, "
                     "first second against steady state (the elastic loan's return; default 0: off)")
+    ap.add_argument("--project-args", default="", help="more glm53 settings for the project arms, e.g. \"--ct-enable 1\" "
+                    "(recorded with the results)")
     ap.add_argument("--elastic", action="store_true", help="project arms: the expert cache fills the staging buffers' room too "
                     "and lends it back for each long prefill (the elastic loan; more slots, so a higher decode hit rate)")
     ap.add_argument("--warmup-tokens", type=int, default=32, help="tokens of the warm-up job (default 32)")
@@ -335,7 +337,7 @@ def measurement_spec(args, ckpt: Path) -> dict:
     return {"ckpt": str(ckpt), "cache_tokens": cache_tokens(args), "chunk_size": args.chunk_size, "seed": args.seed,
             "decode_tokens": args.decode_tokens, "decode_context": args.decode_context, "decode_reps": args.decode_reps,
             "warmup_tokens": args.warmup_tokens, "prefill_lengths": args.prefill, "prefill_reps": args.prefill_reps,
-            "mct": args.mct, "long_context": args.long_context}
+            "mct": args.mct, "long_context": args.long_context, "project_args": shlex.split(args.project_args)}
 
 
 def write_results(results: dict, path: Path) -> None:

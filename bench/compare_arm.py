@@ -143,6 +143,7 @@ def load_project(arm: str, spec: dict) -> Loaded:
         argv += ["--vram-limit-gb", f"{spec['vram_limit_gb']:.2f}"]
     if spec.get("cache_experts") is not None:
         argv += ["--ec-cache-experts", str(spec["cache_experts"])]
+    argv += spec.get("project_args", [])  # last: they win
     try:
         settings = config.load(argv, {})
         backend = Exl3Backend(settings)

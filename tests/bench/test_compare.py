@@ -216,3 +216,24 @@ def test_a_whole_run_with_stand_in_arms(tmp_path, monkeypatch, capsys):
     assert results["command"].startswith("source .gpu/prep.sh && python3 -m bench.compare --quick")
     out = capsys.readouterr().out
     assert "| exact | 49.0 |" in out and "exact (run 1): ok" in out
+
+
+def test_project_args_reach_the_project_arms_engine_last(monkeypatch):
+    from bench import compare_arm
+    from glm53.engine.exl3 import backend
+
+    args = compare.parse_args(["--project-args", "--ct-enable 1 --ec-cache-experts 50%"])
+    spec = {**compare.measurement_spec(args, Path("/ckpt")), "cache_experts": 384, "vram_limit_gb": 15.0}
+    assert spec["project_args"] == ["--ct-enable", "1", "--ec-cache-experts", "50%"]
+    seen = {}
+
+    class FakeBackend:
+        def __init__(self, settings):
+            seen["settings"] = settings
+            self.generator, self.info, self.stats, self.close = None, type("I", (), {"vocab_size": 10})(), dict, lambda: None
+
+    monkeypatch.setattr(backend, "Exl3Backend", FakeBackend)
+    loaded = compare_arm.load_project("fast", spec)
+    s = seen["settings"]
+    assert s.mode == "fast" and s.ct_enable is True and s.ec_cache_experts == "50%"  # given last: wins over the share
+    assert loaded.facts["engine_argv"][-4:] == spec["project_args"]

@@ -1,0 +1,95 @@
+"""glm53.offload.fast_tier's per-layer bookkeeping on the CPU, with stand-ins for the GPU pieces (the producer's
+kernels, the expert cache): what it hands the split and the collection, when it stays out of the way, how it
+counts lost jobs. The tier itself runs on the GPU (tests/gpu/test_fast_tier.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from glm53.offload.ct_cost import Costs
+from glm53.offload.fast_tier import FastTier, lost_jobs_reason
+
+H = 256
+
+
+class FakeProducer:
+    def __init__(self):
+        self.published, self.collected = [], []
+        self.counters = {"published": 0, "busy": 0, "done": 0, "failed": 0, "taken_back_before_claim": 0,
+                         "taken_back_after_claim": 0, "wait_s": 0.0, "native_host_atomics": False}
+
+    def split_publish(self, row, sel, rw, y, slot_of, freq, cube):
+        self.published.append((row, sel.shape, y.shape, slot_of.tolist(), freq.tolist()))
+        return torch.tensor([len(self.published)]), torch.tensor([1, 2, 1, 1], dtype=torch.int32)
+
+    def collect(self, status, acc, timeout_s):
+        self.collected.append((int(status), tuple(acc.shape), acc.data_ptr(), timeout_s))
+        acc += 1.0  # stands in for the partial
+        return torch.tensor([1], dtype=torch.int32)
+
+    def stats(self):
+        return dict(self.counters)
+
+
+def tier():
+    t = object.__new__(FastTier)
+    t.hidden, t.deadline_s, t.enabled, t.skipped, t._pending, t._lost_seen = H, 0.05, True, 0, None, 0
+    t.producer = FakeProducer()
+    t.cache = type("Cache", (), {"slot_of": torch.tensor([[0, -1, -1], [-1, 1, -1]], dtype=torch.int32),
+                                 "freq": torch.tensor([[3.0, 2.0, 1.0], [1.0, 2.0, 3.0]])})()
+    t.cube = torch.zeros((9, 65, 65), dtype=torch.uint8)
+    t.sent = torch.zeros(4, dtype=torch.int64)
+    t.costs = Costs({1: 1e-4}, 1e-5, 2e-4, 1e-6, sources={"cpu_expert_s": "test"})
+    t.worker = type("Worker", (), {"counters": lambda self: {"jobs": 0}})()
+    t.setup_s = 0.0
+    return t
+
+
+def routing(T=2, dtype=torch.float16):
+    return (torch.zeros((T, 8), dtype=torch.int64), torch.full((T, 8), 0.1, dtype=dtype),
+            torch.zeros((T, H), dtype=torch.float16))
+
+
+def test_a_decode_step_is_split_then_its_partial_added_to_the_layers_fp32_routed_sum():
+    t = tier()
+    t.on_routing(1, *routing(T=2))
+    row, sel_shape, y_shape, slot_of, freq = t.producer.published[0]
+    assert (row, tuple(sel_shape), tuple(y_shape)) == (1, (2, 8), (2, H))
+    assert slot_of == [-1, 1, -1] and freq == [1.0, 2.0, 3.0]  # the layer's own row of the cache
+    assert t.sent.tolist() == [1, 2, 1, 1]
+    routed = torch.zeros((2, 1, H), dtype=torch.float32)  # exllamav3's eshape: [tokens, 1, hidden]
+    assert t.on_routed_sum(0, routed) is routed and not t.producer.collected  # another layer's sum: untouched
+    assert t.on_routed_sum(1, routed) is routed
+    status, shape, ptr, timeout = t.producer.collected[0]
+    assert (status, shape, ptr, timeout) == (1, (2, H), routed.data_ptr(), 0.05) and bool((routed == 1).all())
+    assert t.on_routed_sum(1, routed) is routed and len(t.producer.collected) == 1  # collected once
+
+
+def test_the_tier_stays_out_of_steps_it_cannot_take_and_while_paused():
+    t = tier()
+    t.on_routing(0, *routing(T=9))  # more rows than a decode step
+    t.on_routing(0, *routing(T=1, dtype=torch.float32))  # router weights exllamav3's fused kernels do not read
+    assert t.skipped == 2 and not t.producer.published
+    with t.paused():
+        t.on_routing(0, *routing(T=1))
+    assert t.enabled and not t.producer.published and t._pending is None
+
+
+def test_a_routed_sum_that_is_not_fp32_fails_loudly():
+    t = tier()
+    t.on_routing(0, *routing(T=1))
+    with pytest.raises(RuntimeError, match="fp32"):
+        t.on_routed_sum(0, torch.zeros((1, 1, H), dtype=torch.float16))
+
+
+def test_lost_jobs_are_counted_once_each_and_explained():
+    t = tier()
+    assert t.lost_jobs() == 0
+    t.producer.counters.update(taken_back_before_claim=1, taken_back_after_claim=2)
+    assert t.lost_jobs() == 3 and t.lost_jobs() == 0
+    t.producer.counters["failed"] = 1
+    assert t.lost_jobs() == 1
+    assert "4 expert job" not in lost_jobs_reason(1, 50) and "within 50 ms" in lost_jobs_reason(1, 50)
+    stats = t.stats()
+    assert stats["split"]["cpu_experts"] == 0 and stats["costs"]["cpu_expert_us"] == {1: 100.0}
