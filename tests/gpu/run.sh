@@ -8,6 +8,7 @@
 #   folder) or /tmp/glm53-gpu-report
 # TEST_CHECKPOINT: where the tiny synthetic checkpoint is written; default /tmp/glm53-ckpt/tiny
 # SCALED_CHECKPOINT: unset by default; set, the exactness tests also run on the scaled checkpoint written there
+#   (the device's 64 GB disk holds one 36 GB copy: after bench/compare.py, name its /tmp/glm53-compare/scaled-*)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 KIT=${GPU_KIT:-.gpu}
