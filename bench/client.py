@@ -1,4 +1,5 @@
-"""HTTP plumbing shared by the bench tools: JSON requests, server-sent events, optional endpoints.
+"""HTTP plumbing shared by the bench tools: JSON requests, server-sent events, optional endpoints; and the
+summary statistics they share.
 
 Python standard library only, so the tools run on any machine with a Python 3.11 and nothing installed, against
 any server that speaks the same endpoints (glm53, the original glm53-flash-offload server, SGLang).
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 import urllib.error
@@ -130,3 +132,12 @@ def write_json(result: dict, out: str | None) -> None:
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
+
+
+def percentile(values, q: float) -> float:
+    """Linear-interpolation percentile (numpy's default)."""
+    ordered = sorted(values)
+    x = (len(ordered) - 1) * q / 100
+    lo = math.floor(x)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (x - lo)

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import shlex
 import sys
 import time
@@ -44,6 +43,8 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
+
+from bench.client import percentile
 
 PAGE = 256  # exllamav3's cache page
 
@@ -71,15 +72,6 @@ def margin(logits: torch.Tensor) -> float:
     """Log-probability gap (nats) between the first and second choice."""
     top = torch.log_softmax(logits.double(), dim=-1).topk(2).values
     return float(top[0] - top[1])
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolation percentile (numpy's default)."""
-    ordered = sorted(values)
-    x = (len(ordered) - 1) * q / 100
-    lo = math.floor(x)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (x - lo)
 
 
 @dataclass

@@ -51,7 +51,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from client import Client, ServerError, add_server_args, client_from_args, utc_now, write_json
+from client import Client, ServerError, add_server_args, client_from_args, percentile, utc_now, write_json
 
 FLOOR_LOGPROB = math.log(1e-30)
 TOP_K = 20
@@ -91,15 +91,6 @@ def kl_on_support(ref_lp: list[float], server_lp: list[float]) -> float:
     ref_norm, server_norm = logsumexp(ref_lp), logsumexp(server_lp)
     kl = sum(math.exp(r - ref_norm) * ((r - ref_norm) - (s - server_norm)) for r, s in zip(ref_lp, server_lp))
     return max(kl, 0.0)  # rounding can leave -1e-17 where the two agree
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Linear-interpolation percentile (numpy's default)."""
-    ordered = sorted(values)
-    x = (len(ordered) - 1) * q / 100
-    lo = math.floor(x)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (x - lo)
 
 
 def _as_map(entries) -> dict[int, float]:
