@@ -63,11 +63,8 @@ class DeviceProducer:
             raise ValueError(f"x must be contiguous fp16 [tokens, {self.ring.layout.hidden}], not {x.dtype} {tuple(x.shape)}")
         if picks.dtype != torch.int32 or picks.dim() != 2 or picks.shape[1] != 3:
             raise ValueError("picks must be int32 [n, 3] (pack_picks)")
-        if len(self._outstanding) >= self.ring.layout.slots:
-            raise RuntimeError(f"{len(self._outstanding)} jobs outstanding on a ring of {self.ring.layout.slots} slots: collect the oldest first")
-        status = torch.empty(1, dtype=torch.int64, device=self.device)
+        status = self._next_status()
         self.kernels.publish(self.c, self.next_seq, layer, x, picks, status, self.counters)
-        self._outstanding.append(status)
         return status
 
     def split_publish(self, layer: int, sel: torch.Tensor, rw: torch.Tensor, y: torch.Tensor, slot_of: torch.Tensor,
@@ -88,13 +85,19 @@ class DeviceProducer:
             raise ValueError(f"y must be contiguous fp16 [{sel.shape[0]}, {self.ring.layout.hidden}]")
         if slot_of.dtype != torch.int32 or freq.dtype != torch.float32 or table.dtype != torch.uint8 or table.dim() != 3:
             raise ValueError("slot_of must be int32, freq float32 and table a uint8 [tokens, experts, experts] cube")
+        status = self._next_status()
+        info = torch.zeros(4, dtype=torch.int32, device=self.device)
+        self.kernels.split_publish(self.c, self.next_seq, layer, sel, rw, y, slot_of, freq, table, status, self.counters, info)
+        return status, info
+
+    def _next_status(self) -> torch.Tensor:
+        """The device word a publish writes its job number to, queued for collection in publish order (at most one
+        job per slot outstanding: a slot's out must not be overwritten before it is read)."""
         if len(self._outstanding) >= self.ring.layout.slots:
             raise RuntimeError(f"{len(self._outstanding)} jobs outstanding on a ring of {self.ring.layout.slots} slots: collect the oldest first")
         status = torch.empty(1, dtype=torch.int64, device=self.device)
-        info = torch.zeros(4, dtype=torch.int32, device=self.device)
-        self.kernels.split_publish(self.c, self.next_seq, layer, sel, rw, y, slot_of, freq, table, status, self.counters, info)
         self._outstanding.append(status)
-        return status, info
+        return status
 
     def collect(self, status: torch.Tensor, acc: torch.Tensor, timeout_s: float) -> torch.Tensor:
         """Wait for the job up to ``timeout_s`` (then take it back); when it is DONE add its partial into ``acc``

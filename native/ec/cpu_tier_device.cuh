@@ -43,6 +43,37 @@ __device__ __forceinline__ char* ct_slot(const CtRing& r, uint64_t seq)
     return r.base + r.slots_offset + (seq % r.slots) * r.slot_bytes;
 }
 
+// The producer may fill job seq's slot: never used, or the worker has finished with the job it last held there
+// (its ACK carries that job's number in a final state). The caller has collected that job already.
+__device__ __forceinline__ bool ct_slot_free(const CtRing& r, uint64_t seq)
+{
+    const char* slot = ct_slot(r, seq);
+    uint64_t j = ct_load_acquire(reinterpret_cast<const uint64_t*>(slot));
+    uint64_t a = ct_load_acquire(reinterpret_cast<const uint64_t*>(slot + CT_ACK));
+    uint64_t as = a & 0xFF;
+    return (j >> 8) == 0 || ((a >> 8) == (j >> 8) && (as == CT_DONE || as == CT_FAILED || as == CT_SKIPPED));
+}
+
+// The block's last step of a publish: the T input rows into the slot (contiguous on both sides, row t at 2 * t *
+// hidden bytes; hidden a multiple of 128), every writer's fence, then thread 0 releases JOB = PUBLISHED(seq).
+__device__ void ct_publish_rows(const CtRing& r, uint64_t seq, const uint16_t* x, int n_tokens, uint64_t* next_seq,
+                                int64_t* status, int64_t* counters)
+{
+    char* slot = ct_slot(r, seq);
+    const int4* src_x = reinterpret_cast<const int4*>(x);
+    int4* dst_x = reinterpret_cast<int4*>(slot + r.x_offset);
+    const int vecs = n_tokens * (int) r.hidden / 8;
+    for (int i = threadIdx.x; i < vecs; i += blockDim.x) dst_x[i] = src_x[i];
+    __threadfence_system();  // this thread's payload stores, before JOB
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        ct_store_release(reinterpret_cast<uint64_t*>(slot), seq << 8 | CT_PUBLISHED);
+        *next_seq = seq + 1;
+        *status = (int64_t) seq;
+        counters[CT_C_PUBLISHED] += 1;
+    }
+}
+
 // One block. Publishes job *next_seq (layer, n_tokens rows of x, n_picks picks as int32 [n, 3]: token, expert,
 // float bits of the weight) into its slot when that slot is free (JOB never used, or ACK final for JOB's job);
 // *status = the job's number, or 0 when the slot was busy or the sizes do not fit (then nothing is published, no
@@ -57,12 +88,7 @@ __global__ void ct_publish_kernel(CtRing r, uint64_t* next_seq, int layer, int n
         uint64_t seq = *next_seq;
         bool fits = n_picks > 0 && n_tokens >= 1 && (uint32_t) n_tokens <= r.max_tokens &&
                     (uint64_t) n_picks <= (uint64_t) r.max_tokens * r.max_picks;
-        char* slot = ct_slot(r, seq);
-        uint64_t j = ct_load_acquire(reinterpret_cast<const uint64_t*>(slot));
-        uint64_t a = ct_load_acquire(reinterpret_cast<const uint64_t*>(slot + CT_ACK));
-        uint64_t as = a & 0xFF;
-        bool free = (j >> 8) == 0 || ((a >> 8) == (j >> 8) && (as == CT_DONE || as == CT_FAILED || as == CT_SKIPPED));
-        ok = fits && free;
+        ok = fits && ct_slot_free(r, seq);
         seq_s = seq;
         if (!ok) {
             *status = 0;
@@ -80,19 +106,7 @@ __global__ void ct_publish_kernel(CtRing r, uint64_t* next_seq, int layer, int n
     }
     int32_t* dst_p = reinterpret_cast<int32_t*>(slot + r.picks_offset);
     for (int i = threadIdx.x; i < 3 * n_picks; i += blockDim.x) dst_p[i] = picks[i];
-    // rows are contiguous on both sides (row t at 2 * t * hidden bytes); hidden is a multiple of 128
-    const int4* src_x = reinterpret_cast<const int4*>(x);
-    int4* dst_x = reinterpret_cast<int4*>(slot + r.x_offset);
-    int vecs = n_tokens * (int) r.hidden / 8;
-    for (int i = threadIdx.x; i < vecs; i += blockDim.x) dst_x[i] = src_x[i];
-    __threadfence_system();  // this thread's payload stores, before JOB (every writer fences)
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        ct_store_release(reinterpret_cast<uint64_t*>(slot), seq_s << 8 | CT_PUBLISHED);
-        *next_seq = seq_s + 1;
-        *status = (int64_t) seq_s;
-        counters[CT_C_PUBLISHED] += 1;
-    }
+    ct_publish_rows(r, seq_s, x, n_tokens, next_seq, status, counters);
 }
 
 // One thread. Waits for job *status until timeout_ns have passed since it started waiting, then takes it back.
@@ -221,13 +235,8 @@ __global__ void __launch_bounds__(CT_SPLIT_MAX_PICKS) ct_split_publish_kernel(
         for (int q = 0; q < n; ++q) s_pos[q] = s_cold[q] ? picks++ : -1;
         s_picks = picks;
         uint64_t seq = *next_seq;
-        char* slot = ct_slot(r, seq);
-        uint64_t j = ct_load_acquire(reinterpret_cast<const uint64_t*>(slot));
-        uint64_t a = ct_load_acquire(reinterpret_cast<const uint64_t*>(slot + CT_ACK));
-        uint64_t as = a & 0xFF;
-        bool free = (j >> 8) == 0 || ((a >> 8) == (j >> 8) && (as == CT_DONE || as == CT_FAILED || as == CT_SKIPPED));
         bool fits = T <= (int) r.max_tokens && (uint64_t) picks <= (uint64_t) r.max_tokens * r.max_picks;
-        s_publish = picks > 0 && fits && free;
+        s_publish = picks > 0 && fits && ct_slot_free(r, seq);
         s_seq = seq;
         if (!s_publish) {
             *status = 0;
@@ -252,18 +261,7 @@ __global__ void __launch_bounds__(CT_SPLIT_MAX_PICKS) ct_split_publish_kernel(
         dst[2] = __float_as_int(__half2float(rw[p]));
         rw[p] = __float2half(0.0f);
     }
-    const int4* src_x = reinterpret_cast<const int4*>(y);
-    int4* dst_x = reinterpret_cast<int4*>(slot + r.x_offset);
-    const int vecs = T * (int) r.hidden / 8;
-    for (int i = p; i < vecs; i += blockDim.x) dst_x[i] = src_x[i];
-    __threadfence_system();
-    __syncthreads();
-    if (p == 0) {
-        ct_store_release(reinterpret_cast<uint64_t*>(slot), s_seq << 8 | CT_PUBLISHED);
-        *next_seq = s_seq + 1;
-        *status = (int64_t) s_seq;
-        counters[CT_C_PUBLISHED] += 1;
-    }
+    ct_publish_rows(r, s_seq, y, T, next_seq, status, counters);
 }
 
 extern "C" {
