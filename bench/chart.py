@@ -40,7 +40,9 @@ def series(results: dict) -> dict:
     if b.get("available"):
         lines.append((f"exact bound ({b['hit_rate']:.0%} hits)", b["exact"]["tok_s"]))
         if "fast" in b:
-            lines.append(("fast upper bound", b["fast"]["tok_s"]))
+            lines.append((f"fast bound (CPU tier {b['fast']['cpu_tier_gbs']:.0f} GB/s)", b["fast"]["tok_s"]))
+        elif "fast_dram" in b:
+            lines.append(("fast upper bound (CPU at DRAM rate)", b["fast_dram"]["tok_s"]))
     return {"arms": rows, "bounds": lines}
 
 

@@ -79,6 +79,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     "(recorded with the results)")
     ap.add_argument("--elastic", action="store_true", help="project arms: the expert cache fills the staging buffers' room too "
                     "and lends it back for each long prefill (the elastic loan; more slots, so a higher decode hit rate)")
+    ap.add_argument("--streams", type=int, nargs="*", default=[2, 4], help="also decode this many streams at once, batched "
+                    "(-ambs), each count in turn; the aggregate rate is reported (default 2 4; none: leave it out)")
     ap.add_argument("--warmup-tokens", type=int, default=32, help="tokens of the warm-up job (default 32)")
     ap.add_argument("--prefill", type=int, nargs="+", default=list(scoreboard.PREFILL_LENGTHS), help="prefill lengths (default 512 4096)")
     ap.add_argument("--prefill-reps", type=int, default=2, help="prompts per prefill length (default 2; the median counts)")
@@ -115,8 +117,9 @@ def arm_sequence(arms: list[str], repeat: str) -> list[tuple[str, int]]:
 
 
 def cache_tokens(args) -> int:
+    per_stream = args.decode_context + args.decode_tokens + 256  # the cache's pages are shared by the streams
     need = max(max(args.prefill), args.decode_context + args.decode_tokens, 64 + args.warmup_tokens,
-               args.long_context + args.decode_tokens) + 256
+               args.long_context + args.decode_tokens, max([0, *args.streams]) * per_stream) + 256
     return -(-need // 256) * 256
 
 
@@ -337,7 +340,7 @@ def measurement_spec(args, ckpt: Path) -> dict:
     return {"ckpt": str(ckpt), "cache_tokens": cache_tokens(args), "chunk_size": args.chunk_size, "seed": args.seed,
             "decode_tokens": args.decode_tokens, "decode_context": args.decode_context, "decode_reps": args.decode_reps,
             "warmup_tokens": args.warmup_tokens, "prefill_lengths": args.prefill, "prefill_reps": args.prefill_reps,
-            "mct": args.mct, "long_context": args.long_context, "project_args": shlex.split(args.project_args)}
+            "mct": args.mct, "long_context": args.long_context, "streams": args.streams, "project_args": shlex.split(args.project_args)}
 
 
 def write_results(results: dict, path: Path) -> None:

@@ -16,7 +16,9 @@ Arms:
 Every arm is measured the same way through its exllamav3 generator (greedy, one sequence): a warm-up job; decode
 jobs (a fresh random prompt of ``decode_context`` tokens, then ``decode_tokens`` tokens; rate = (n - 1) / (time of
 the last token - time of the first)); prefill jobs (a fresh random prompt of each length, one new token; rate =
-length / time to the first token). Prompts are random ids from seeded generators, the same for every arm and
+length / time to the first token); with ``streams`` (e.g. [2, 4]), for each N, N decode jobs enqueued together
+(batched decode, the generator holding N sequences: ``-ambs``), rate = all streams' tokens per second while all of
+them decode. Prompts are random ids from seeded generators, the same for every arm and
 never a prefix of one another, so no arm gets a prefix-cache hit. The engine's statistics are read before and
 after the decode jobs: the decode hit rate is the change in hits over the change in picks.
 """
@@ -53,22 +55,39 @@ def random_prompt(seed: int, phase: int, rep: int, length: int, vocab: int) -> l
 
 def run_job(generator, ids: list[int], new_tokens: int) -> tuple[float, list[float]]:
     """(enqueue time, arrival time of every new token) of one greedy job."""
+    t0, [times] = run_jobs(generator, [ids], new_tokens)
+    return t0, times
+
+
+def run_jobs(generator, prompts: list[list[int]], new_tokens: int) -> tuple[float, list[list[float]]]:
+    """(enqueue time, per job the arrival time of every new token) of greedy jobs enqueued together: the
+    generator batches their decode steps (up to its max_batch_size)."""
     import torch
     from exllamav3 import ArgmaxSampler, Job
 
-    job = Job(input_ids=torch.tensor([ids], dtype=torch.long), max_new_tokens=new_tokens, sampler=ArgmaxSampler(),
-              decode_special_tokens=True)
-    times: list[float] = []
+    jobs = [Job(input_ids=torch.tensor([ids], dtype=torch.long), max_new_tokens=new_tokens, sampler=ArgmaxSampler(),
+                decode_special_tokens=True, identifier=i) for i, ids in enumerate(prompts)]
+    times: list[list[float]] = [[] for _ in jobs]
     t0 = time.perf_counter()
-    generator.enqueue(job)
+    for job in jobs:
+        generator.enqueue(job)
     while generator.num_remaining_jobs():
         for r in generator.iterate():
             if r.get("stage") == "error":
-                raise RuntimeError(f"the generator failed the job: {r.get('error')!r}")
+                raise RuntimeError(f"the generator failed a job: {r.get('error')!r}")
             if r.get("stage") == "streaming" and r.get("token_ids") is not None:
                 now = time.perf_counter()
-                times += [now] * r["token_ids"].numel()
+                times[r["identifier"]] += [now] * r["token_ids"].numel()
     return t0, times
+
+
+def aggregate_decode_rate(times: list[list[float]]) -> float:
+    """Tokens per second of all streams together while all of them were decoding: from the last stream's first
+    token to the first stream's last token (the prefills and the tails of a batch are left out)."""
+    start, end = max(t[0] for t in times), min(t[-1] for t in times)
+    if end <= start:
+        raise ValueError("the streams never decoded together (one ended before another began)")
+    return sum(start < x <= end for t in times for x in t) / (end - start)
 
 
 def decode_rate(times: list[float]) -> float:
@@ -114,13 +133,19 @@ class Loaded:
         self.facts = facts or {}
 
 
+def max_streams(spec: dict) -> int:
+    """Sequences the arm's generator must hold at once: 1, or the most concurrent decode streams measured."""
+    return max([1, *(spec.get("streams") or ())])
+
+
 def load_stock(arm: str, spec: dict) -> Loaded:
     from glm53.models.stock import load_stock as load
 
     split = spec["mcs"] if arm != "stock-vram" else 0
+    slots = max_streams(spec)
     stock = load(Path(spec["ckpt"]), cache_tokens=spec["cache_tokens"], chunk_size=spec["chunk_size"],
-                 moe_cpu_split=split, moe_cpu_threads=spec.get("mct"), pinned_arena=arm == "stock-mcs-pa")
-    generator = stock.generator()
+                 max_batch_size=slots, moe_cpu_split=split, moe_cpu_threads=spec.get("mct"), pinned_arena=arm == "stock-mcs-pa")
+    generator = stock.generator(max_batch_size=slots)
     facts = {"mcs": split or None, "pinned_arena": arm == "stock-mcs-pa"}
     if split:
         host = sys.modules.get("exllamav3.model.moe_cpu_host")
@@ -137,8 +162,9 @@ def load_project(arm: str, spec: dict) -> Loaded:
     from glm53 import config
     from glm53.engine.exl3.backend import Exl3Backend
 
+    slots = str(max_streams(spec))
     argv = ["--mode", arm, "--engine", "exl3", "-m", spec["ckpt"], "-cs", str(spec["cache_tokens"]),
-            "--max-batch-size", "1", "-ambs", "1", "-chunk_size", str(spec["chunk_size"])]
+            "--max-batch-size", slots, "-ambs", slots, "-chunk_size", str(spec["chunk_size"])]
     if spec.get("vram_limit_gb"):
         argv += ["--vram-limit-gb", f"{spec['vram_limit_gb']:.2f}"]
     if spec.get("cache_experts") is not None:
@@ -169,6 +195,11 @@ def measure(loaded: Loaded, spec: dict) -> dict:
             t0, times = run_job(gen, random_prompt(seed, 2, rep, length, vocab), 1)
             rates.append(length / (times[0] - t0))
         prefill_runs[str(length)] = rates
+    streams = {}
+    for n in spec.get("streams") or ():
+        prompts = [random_prompt(seed, 4, n * 100 + i, spec["decode_context"], vocab) for i in range(n)]
+        _, times = run_jobs(gen, prompts, spec["decode_tokens"])
+        streams[str(n)] = aggregate_decode_rate(times)
     final = loaded.stats()
     oracle = find_stats(after, ("oracle_hit_rate",))
     return {
@@ -176,6 +207,7 @@ def measure(loaded: Loaded, spec: dict) -> dict:
         "decode_runs": decode_runs,
         "prefill_tok_s": {k: statistics.median(v) for k, v in prefill_runs.items()},
         "prefill_runs": prefill_runs,
+        "decode_streams_tok_s": streams,
         "hit_rate": phase_hit_rate(before, after),
         "oracle_hit_rate": oracle["oracle_hit_rate"] if oracle else None,
         "pinned_bytes": pinned_bytes(final),

@@ -24,9 +24,14 @@ CPU tier, options from ``--engine-args``, and both paths run on that one model, 
 
 ``--a exact --b fast`` is fast mode's paired check; set it against ``--a stock --b perturbed:REL`` (the floor).
 
+Per routed MoE layer, at the same positions: the relative error ``|y_B - y_A| / |y_A|`` of the layer's output
+row (what the next layer reads). Both paths see the same tokens, but each layer's input carries the differences of
+the layers before it, so deep layers show the propagated error as well as their own; the floor pair measures the
+same thing, so the two are comparable layer by layer.
+
 Output JSON: ``{positions, kl_mean, kl_p99, kl_max, top1_agree, first_divergence[], disagreements,
-per_prompt[{i, prompt_len, positions, kl_mean, kl_p99, kl_max, top1_agree, first_divergence, disagreements,
-margins[]}], a, b, checkpoint, tokens, seconds, command}``.
+layer_rel_err{mean[], p99[], max[]}, per_prompt[{i, prompt_len, positions, kl_mean, kl_p99, kl_max, top1_agree,
+first_divergence, disagreements, margins[]}], a, b, checkpoint, tokens, seconds, command}``.
 """
 
 from __future__ import annotations
@@ -74,12 +79,25 @@ def margin(logits: torch.Tensor) -> float:
     return float(top[0] - top[1])
 
 
+def relative_errors(rows_a: Sequence[torch.Tensor], rows_b: Sequence[torch.Tensor]) -> list[float]:
+    """|b - a| / |a| per layer (0 where both are zero)."""
+    if len(rows_a) != len(rows_b):
+        raise ValueError(f"{len(rows_a)} layer outputs from A but {len(rows_b)} from B")
+    out = []
+    for ya, yb in zip(rows_a, rows_b):
+        ya, yb = ya.double(), yb.double()
+        norm, diff = float(ya.norm()), float((yb - ya).norm())
+        out.append(diff / norm if norm > 0 else (0.0 if diff == 0 else float("inf")))
+    return out
+
+
 @dataclass
 class PromptRecord:
     prompt_len: int
     kls: list[float] = field(default_factory=list)
     agree: list[bool] = field(default_factory=list)
     margins: list[float] = field(default_factory=list)  # A's margin at each disagreement
+    layer_errs: list[list[float]] = field(default_factory=list)  # per position: relative error per MoE layer
 
     @property
     def first_divergence(self) -> int | None:
@@ -95,14 +113,24 @@ class PromptRecord:
         }
 
 
-def paired_decode(a: DecodePath, b: DecodePath, prompt: Sequence[int], tokens: int) -> PromptRecord:
+def paired_decode(a: DecodePath, b: DecodePath, prompt: Sequence[int], tokens: int, tap: LayerTap | None = None) -> PromptRecord:
     """Greedy-decode ``tokens`` tokens with A; at every step compare B on the same prefix (B is fed A's tokens).
+    With ``tap`` (over the model both paths run), the MoE layers' outputs of the two are compared at every step too.
     Both paths are reset before and after (a path's sequence holds a recurrent-state slot of its cache)."""
     a.reset()
     b.reset()
     record = PromptRecord(len(prompt))
+
+    def both(ids):
+        la = a.logits(ids)
+        rows_a = tap.take() if tap else None
+        lb = b.logits(ids)
+        if tap:
+            record.layer_errs.append(relative_errors(rows_a, tap.take()))
+        return la, lb
+
     try:
-        la, lb = a.logits(prompt), b.logits(prompt)
+        la, lb = both(prompt)
         for step in range(tokens):
             ta, tb = int(la.argmax()), int(lb.argmax())
             record.kls.append(kl_full(la, lb))
@@ -110,11 +138,21 @@ def paired_decode(a: DecodePath, b: DecodePath, prompt: Sequence[int], tokens: i
             if ta != tb:
                 record.margins.append(margin(la))
             if step + 1 < tokens:
-                la, lb = a.logits([ta]), b.logits([ta])
+                la, lb = both([ta])
     finally:
         a.reset()
         b.reset()
     return record
+
+
+def layer_summary(records: list[PromptRecord]) -> dict | None:
+    """Mean, p99 and max over all positions of each MoE layer's relative error; None without a tap."""
+    rows = [e for r in records for e in r.layer_errs]
+    if not rows:
+        return None
+    layers = list(zip(*rows))
+    return {"mean": [sum(v) / len(v) for v in layers], "p99": [percentile(list(v), 99) for v in layers],
+            "max": [max(v) for v in layers]}
 
 
 def summarise(records: list[PromptRecord]) -> dict:
@@ -128,6 +166,7 @@ def summarise(records: list[PromptRecord]) -> dict:
         "top1_agree": sum(agree) / len(agree),
         "first_divergence": [r.first_divergence for r in records],
         "disagreements": len(agree) - sum(agree),
+        "layer_rel_err": layer_summary(records),
         "per_prompt": [r.summary(i) for i, r in enumerate(records)],
     }
 
@@ -170,12 +209,8 @@ class Perturbation:
     (deterministic: the generator is reseeded on ``reset``). Installed by wrapping each layer's ``forward``."""
 
     def __init__(self, model, rel: float, seed: int = 0):
-        from exllamav3.modules import BlockSparseMLP
-
         self.rel, self.seed, self.enabled = rel, seed, False
-        self.layers = [m for m in _walk(model.modules) if isinstance(m, BlockSparseMLP) and getattr(m, "routing_gate", None) is not None]
-        if not self.layers:
-            raise ValueError("the model has no routed MoE layers to perturb")
+        self.layers = routed_moe_layers(model)
         self.generator = torch.Generator(device=self.layers[0].device)
         for m in self.layers:
             original = m.forward
@@ -202,6 +237,40 @@ class Perturbation:
             yield
         finally:
             self.enabled = False
+
+
+class LayerTap:
+    """Keeps each routed MoE layer's output row for the last position of the latest forward (fp32, on the device),
+    whichever path ran it. Installed over the paths' own wrappers, so it sees what the next layer reads."""
+
+    def __init__(self, model):
+        self.layers = routed_moe_layers(model)
+        self.rows: list[torch.Tensor | None] = [None] * len(self.layers)
+        for i, m in enumerate(self.layers):
+            original = m.forward
+
+            def forward(x, params, out_dtype=None, _original=original, _i=i):
+                y = _original(x, params, out_dtype)
+                self.rows[_i] = y.reshape(-1, y.shape[-1])[-1].float().clone()
+                return y
+
+            m.forward = forward
+
+    def take(self) -> list[torch.Tensor]:
+        """The rows of the latest forward, then forgets them."""
+        rows, self.rows = self.rows, [None] * len(self.layers)
+        if any(r is None for r in rows):
+            raise RuntimeError("a routed MoE layer did not run in the latest forward")
+        return rows
+
+
+def routed_moe_layers(model) -> list:
+    from exllamav3.modules import BlockSparseMLP
+
+    layers = [m for m in _walk(model.modules) if isinstance(m, BlockSparseMLP) and getattr(m, "routing_gate", None) is not None]
+    if not layers:
+        raise ValueError("the model has no routed MoE layers")
+    return layers
 
 
 def _walk(modules):
@@ -314,15 +383,16 @@ def run(args: argparse.Namespace) -> dict:
 
         engine = Exl3Backend(config.load(engine_argv(args.model, cache_tokens, args.engine_args), {}), extra_caches=2)
         a, b = (make_engine_path(spec, engine, cache) for spec, cache in zip((args.a, args.b), engine.extra_caches))
-        close = engine.close
+        model, close = engine.model, engine.close
     else:
         stock = load_stock(args.model, cache_tokens=cache_tokens, caches=2)
         a = make_path(args.a, stock.model, stock.caches[0], stock.vocab_size)
         b = make_path(args.b, stock.model, stock.caches[1], stock.vocab_size)
-        close = stock.close
+        model, close = stock.model, stock.close
+    tap = LayerTap(model)  # after the paths: it wraps their wrappers (a perturbation's)
     records = []
     for i, ids in enumerate(prompts):
-        records.append(paired_decode(a, b, ids, args.tokens))
+        records.append(paired_decode(a, b, ids, args.tokens, tap))
         s = records[-1].summary(i)
         print(f"prompt {i}: KL mean {s['kl_mean']:.3g}, p99 {s['kl_p99']:.3g}, top-1 {s['top1_agree']:.4f}, "
               f"first divergence {s['first_divergence']}", file=sys.stderr, flush=True)
@@ -341,6 +411,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(text)
     print(f"{result['positions']} positions: KL mean {result['kl_mean']:.3g}, p99 {result['kl_p99']:.3g}, "
           f"max {result['kl_max']:.3g}, top-1 {result['top1_agree']:.4f}", file=sys.stderr)
+    if result["layer_rel_err"]:
+        means = ", ".join(f"{v:.2e}" for v in result["layer_rel_err"]["mean"])
+        print(f"MoE layer output relative error, mean per layer: {means}", file=sys.stderr)
     return 0
 
 

@@ -126,8 +126,10 @@ def bounds(results: Mapping) -> dict:
     - exact: misses read over PCIe (the zero-copy read rate, else the pinned copy rate) at the measured exact-mode
       hit rate, else at the routing profile's static hot-first hit rate;
     - exact_oracle: the same at the exact arm's oracle hit rate (an ideal cache of the same size);
-    - fast: an upper bound where the CPU tier takes part of the misses at the host's DRAM read rate, in parallel
-      with the PCIe reads.
+    - fast: the misses split between the link and the CPU tier, both busy all the time: the link's rate plus the
+      CPU tier's measured rate (``cpu_tier_gbs``), capped by the host's DRAM read rate, at the fast arm's hit rate
+      (else exact's);
+    - fast_dram: an upper bound where the CPU tier takes part of the misses at the host's whole DRAM read rate.
     """
     allvram = arm_value(results, "stock-vram", "decode_tok_s")
     ckpt, bw = results.get("checkpoint", {}), results.get("bandwidth", {})
@@ -156,9 +158,38 @@ def bounds(results: Mapping) -> dict:
     if oracle is not None:
         out["exact_oracle"] = {**decode_bound(1.0 / allvram, oracle, *shape, link), "hit_rate": oracle}
     if bw.get("dram_read_gbs"):
-        out["fast"] = {**decode_bound(1.0 / allvram, hit, *shape, link + bw["dram_read_gbs"]),
-                       "note": "upper bound: misses split between PCIe reads and the CPU tier at DRAM read speed"}
+        out["fast_dram"] = {**decode_bound(1.0 / allvram, hit, *shape, link + bw["dram_read_gbs"]),
+                            "note": "upper bound: misses split between PCIe reads and the CPU tier at DRAM read speed"}
+    cpu = cpu_tier_gbs(results)
+    if cpu is not None:
+        fast_hit = _decode_hit_rate(results, "fast", "hit_rate")
+        rate = min(link + cpu, bw["dram_read_gbs"]) if bw.get("dram_read_gbs") else link + cpu
+        out["fast"] = {**decode_bound(1.0 / allvram, hit if fast_hit is None else fast_hit, *shape, rate),
+                       "hit_rate": hit if fast_hit is None else fast_hit, "cpu_tier_gbs": cpu, "miss_gbs": rate}
     return out
+
+
+def cpu_tier_gbs(results: Mapping) -> float | None:
+    """The CPU tier's expert throughput on one token (an expert's bytes over its per-expert time, which the
+    engine measures at start with the worker's threads), from the fast arm's statistics; None without them."""
+    for run in ok_runs(results, "fast"):
+        tier = _find_key(run.get("engine_stats"), "cpu_tier")
+        per_token = ((tier or {}).get("costs") or {}).get("cpu_expert_us") or {}
+        us = per_token.get("1", per_token.get(1))
+        if us:
+            return results["checkpoint"]["expert_bytes"] / (us * 1e-6) / 1e9
+    return None
+
+
+def _find_key(tree, key: str):
+    """The value under ``key`` in the first dict (breadth first) of nested dicts that has it."""
+    level = [tree] if isinstance(tree, Mapping) else []
+    while level:
+        for d in level:
+            if key in d:
+                return d[key]
+        level = [v for d in level for v in d.values() if isinstance(v, Mapping)]
+    return None
 
 
 def spread(results: Mapping) -> dict:
@@ -193,8 +224,8 @@ def ratios(results: Mapping, arm: Mapping) -> dict:
 
 
 def goals(results: Mapping) -> list[dict]:
-    """The exact-mode goals of issue 5, each with its value, its target and whether it is met (None: not
-    measurable in this run)."""
+    """The exact-mode goals (issue 5) and the fast-mode goals (issue 6), each with its value, its target and
+    whether it is met (None: not measurable in this run)."""
     decode = arm_value(results, "exact", "decode_tok_s")
     best = best_stock_offload(results)
     best_512 = best_stock_offload(results, "prefill_tok_s", 512)
@@ -207,6 +238,13 @@ def goals(results: Mapping) -> list[dict]:
         ("exact prefill 512 / best stock offload prefill 512", arm_value(results, "exact", "prefill_tok_s", 512),
          best_512[1] if best_512 else None, 5.0),
     ]
+    fast = arm_value(results, "fast", "decode_tok_s")
+    if fast is not None:
+        rows += [
+            ("fast decode / best stock offload decode", fast, best[1] if best else None, 1.8),
+            ("fast decode / exact decode", fast, decode, 1.4),
+            ("fast decode / fast bound", fast, b["fast"]["tok_s"] if b.get("fast") else None, 0.75),
+        ]
     out = []
     for label, value, reference, target in rows:
         ratio = value / reference if value is not None and reference else None

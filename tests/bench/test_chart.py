@@ -24,7 +24,7 @@ def test_series(results):
     assert vram["decode"] == 205.0 and vram["decode_range"] == (203.0, 207.0) and vram["prefill"][4096] == 6470.0
     assert s["arms"][4] == {"name": "fast", "status": "not available", "decode": None, "decode_range": None,
                             "prefill": {512: None, 4096: None}}
-    assert [label for label, _ in s["bounds"]] == ["exact bound (42% hits)", "fast upper bound"]
+    assert [label for label, _ in s["bounds"]] == ["exact bound (42% hits)", "fast upper bound (CPU at DRAM rate)"]
     assert s["bounds"][0][1] == pytest.approx(results["bounds"]["exact"]["tok_s"])
 
 

@@ -46,8 +46,11 @@ def test_bad_arguments_are_refused(argv):
 def test_cache_holds_the_longest_job_in_whole_pages():
     args = compare.parse_args(["--prefill", "512", "4096", "--decode-context", "512", "--decode-tokens", "256"])
     assert compare.cache_tokens(args) == 4352  # 4096 + 256, rounded up to pages
-    args = compare.parse_args(["--prefill", "100", "--decode-context", "2000", "--decode-tokens", "300"])
+    args = compare.parse_args(["--prefill", "100", "--decode-context", "2000", "--decode-tokens", "300", "--streams"])
     assert compare.cache_tokens(args) == 2560
+    # four streams share the cache's pages: 4 x (2000 + 300 + 256) + 256
+    args = compare.parse_args(["--prefill", "100", "--decode-context", "2000", "--decode-tokens", "300", "--streams", "2", "4"])
+    assert compare.cache_tokens(args) == 10496
     args = compare.parse_args(["--prefill", "512", "--long-context", "32768", "--decode-tokens", "256"])
     assert compare.cache_tokens(args) == 33280
 

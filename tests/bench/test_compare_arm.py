@@ -15,8 +15,8 @@ from bench import compare_arm
 
 
 class FakeJob:
-    def __init__(self, input_ids, max_new_tokens, sampler, decode_special_tokens):
-        self.ids, self.left = input_ids, max_new_tokens
+    def __init__(self, input_ids, max_new_tokens, sampler, decode_special_tokens, identifier=None):
+        self.ids, self.left, self.identifier = input_ids, max_new_tokens, identifier
 
 
 class FakeGenerator:
@@ -36,14 +36,17 @@ class FakeGenerator:
         return len(self.jobs)
 
     def iterate(self):
-        job = self.jobs[0]
-        job.left -= 1
-        if job.left == 0:
-            self.jobs.pop(0)
-        cache = self.stats["offload"]["cache"]
-        cache["picks"] += 8
-        cache["hits"] += 6
-        return [{"stage": "streaming", "token_ids": torch.tensor([[7]])}]
+        """One decode step of every enqueued job (a batch), one token each."""
+        out = []
+        for job in list(self.jobs):
+            job.left -= 1
+            if job.left == 0:
+                self.jobs.remove(job)
+            cache = self.stats["offload"]["cache"]
+            cache["picks"] += 8
+            cache["hits"] += 6
+            out.append({"stage": "streaming", "token_ids": torch.tensor([[7]]), "identifier": job.identifier})
+        return out
 
 
 @pytest.fixture
@@ -67,6 +70,23 @@ def test_measure(fake_exllamav3):
     assert lengths == [64, 16, 16, 32, 32, 64, 64]  # warm-up, decode jobs, prefill jobs
     assert len({tuple(p) for p in gen.prompts}) == len(gen.prompts)  # fresh prompts: no prefix-cache hits
     assert all(1000 <= t < 150000 for p in gen.prompts for t in p)
+
+
+def test_streams_decode_together_and_report_their_aggregate_rate(fake_exllamav3):
+    gen = FakeGenerator()
+    result = compare_arm.measure(compare_arm.Loaded(gen, vocab=154880), {**SPEC, "streams": [2, 4]})
+    assert set(result["decode_streams_tok_s"]) == {"2", "4"} and all(v > 0 for v in result["decode_streams_tok_s"].values())
+    assert [len(p) for p in gen.prompts][7:] == [16] * 6  # after the single-stream phases: 2, then 4 fresh prompts
+    assert len({tuple(p) for p in gen.prompts}) == len(gen.prompts)
+    assert compare_arm.max_streams({"streams": [2, 4]}) == 4 and compare_arm.max_streams({}) == 1
+
+
+def test_aggregate_rate_counts_only_while_every_stream_decodes():
+    # stream 0: tokens at 0..10 s; stream 1 starts at 2 s and ends at 8 s: window (2, 8], 6 + 6 tokens
+    times = [[float(t) for t in range(11)], [float(t) for t in range(2, 9)]]
+    assert compare_arm.aggregate_decode_rate(times) == pytest.approx(12 / 6)
+    with pytest.raises(ValueError, match="never decoded together"):
+        compare_arm.aggregate_decode_rate([[0.0, 1.0], [2.0, 3.0]])
 
 
 def test_the_same_prompts_for_every_arm():

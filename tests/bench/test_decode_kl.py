@@ -223,3 +223,46 @@ def test_perturbation_has_the_requested_relative_size_and_repeats_after_reset():
     noise = (first.float() - y.float()).norm(dim=-1) / y.float().norm(dim=-1)
     assert first.dtype == y.dtype and first.shape == y.shape
     assert noise.mean().item() == pytest.approx(1e-2, rel=0.1)
+
+
+class FakeTap:
+    """Stands in for LayerTap: each path's forward leaves per-layer rows, as the real tap's wrappers do."""
+
+    def __init__(self):
+        self.rows = None
+
+    def take(self):
+        rows, self.rows = self.rows, None
+        assert rows is not None, "take() without a forward"
+        return rows
+
+
+class TappedPath(ScriptedPath):
+    def __init__(self, tap: FakeTap, layer_scale: list[float], **kw):
+        super().__init__(**kw)
+        self.tap, self.layer_scale = tap, layer_scale
+
+    def logits(self, token_ids):
+        row = super().logits(token_ids)
+        self.tap.rows = [torch.ones(8) * s for s in self.layer_scale]
+        return row
+
+
+def test_layer_outputs_of_the_two_paths_are_compared_at_every_position():
+    tap = FakeTap()
+    a, b = TappedPath(tap, [1.0, 2.0, 4.0]), TappedPath(tap, [1.0, 2.2, 3.0])
+    record = decode_kl.paired_decode(a, b, [5, 6], 6, tap)
+    assert len(record.layer_errs) == 6  # the prompt's forward, then one per decode step but the last
+    for errs in record.layer_errs:
+        assert errs == pytest.approx([0.0, 0.1, 0.25])
+    summary = decode_kl.summarise([record])["layer_rel_err"]
+    assert summary["mean"] == pytest.approx([0.0, 0.1, 0.25]) and summary["max"] == pytest.approx([0.0, 0.1, 0.25])
+    assert decode_kl.summarise([decode_kl.paired_decode(ScriptedPath(), ScriptedPath(), [1], 3)])["layer_rel_err"] is None
+
+
+def test_relative_errors():
+    a = [torch.tensor([3.0, 4.0]), torch.zeros(2), torch.zeros(2)]
+    b = [torch.tensor([3.0, 5.0]), torch.zeros(2), torch.ones(2)]
+    assert decode_kl.relative_errors(a, b) == [pytest.approx(0.2), 0.0, math.inf]
+    with pytest.raises(ValueError, match="2 layer outputs from A but 3"):
+        decode_kl.relative_errors(a[:2], b)

@@ -56,8 +56,35 @@ def test_bounds_use_the_exact_arm_hit_rate_and_the_zero_copy_link(results):
     assert b["t_allvram_ms"] == pytest.approx(1000 / allvram)
     assert b["exact"]["tok_s"] == pytest.approx(1 / (1 / allvram + 0.58 * 8 * 12 * EXPERT / 51e9))
     assert b["exact_oracle"]["tok_s"] == pytest.approx(1 / (1 / allvram + 0.53 * 8 * 12 * EXPERT / 51e9))
-    assert b["fast"]["tok_s"] == pytest.approx(1 / (1 / allvram + 0.58 * 8 * 12 * EXPERT / (51e9 + 93e9)))
-    assert b["exact"]["tok_s"] < b["exact_oracle"]["tok_s"] < b["fast"]["tok_s"]
+    assert b["fast_dram"]["tok_s"] == pytest.approx(1 / (1 / allvram + 0.58 * 8 * 12 * EXPERT / (51e9 + 93e9)))
+    assert b["exact"]["tok_s"] < b["exact_oracle"]["tok_s"] < b["fast_dram"]["tok_s"]
+    assert "fast" not in b  # the fast arm did not run: no CPU-tier figure
+
+
+def _with_fast_arm(results, decode: float, cpu_expert_us: float, hit_rate: float = 0.45) -> dict:
+    r = copy.deepcopy(results)
+    fast = next(a for a in r["arms"] if a["name"] == "fast")
+    exact = next(a for a in r["arms"] if a["name"] == "exact")
+    fast.clear()
+    fast.update({**copy.deepcopy(exact), "name": "fast", "decode_tok_s": decode, "decode_runs": [decode], "hit_rate": hit_rate,
+                 "engine_stats": {"offload": {"cpu_tier": {"costs": {"cpu_expert_us": {"1": cpu_expert_us, "2": 2 * cpu_expert_us}}}}}})
+    return scoreboard.finish(r)
+
+
+def test_the_fast_bound_adds_the_cpu_tiers_measured_rate_capped_by_dram(results):
+    allvram = (207.0 + 203.0) / 2
+    r = _with_fast_arm(results, 70.0, 600.0)
+    cpu = EXPERT / 600e-6 / 1e9  # 15.7 GB/s
+    b = r["bounds"]["fast"]
+    assert b["cpu_tier_gbs"] == pytest.approx(cpu) and b["miss_gbs"] == pytest.approx(51.0 + cpu) and b["hit_rate"] == 0.45
+    assert b["tok_s"] == pytest.approx(1 / (1 / allvram + 0.55 * 8 * 12 * EXPERT / ((51.0 + cpu) * 1e9)))
+    capped = _with_fast_arm(results, 70.0, 100.0)["bounds"]["fast"]  # 94 GB/s of CPU: the DRAM rate caps the sum
+    assert capped["miss_gbs"] == 93.0
+    goals = {g["goal"]: g for g in r["goals"]}
+    exact = scoreboard.arm_value(r, "exact", "decode_tok_s")
+    assert goals["fast decode / exact decode"]["ratio"] == pytest.approx(70.0 / exact)
+    assert goals["fast decode / fast bound"]["ratio"] == pytest.approx(70.0 / b["tok_s"])
+    assert goals["fast decode / best stock offload decode"]["target"] == 1.8
 
 
 def test_bounds_fall_back_to_the_profile_then_say_why_not(results):
