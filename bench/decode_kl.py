@@ -335,8 +335,9 @@ def make_engine_path(spec: str, backend, cache) -> DecodePath:
 
 def engine_argv(model: Path, cache_tokens: int, engine_args: str) -> list[str]:
     """The engine's settings for the paired check: fast mode with its CPU tier, one sequence, then ``engine_args``."""
+    # a prefill chunk no longer than the cache: exllamav3's load runs a chunk-sized forward over it
     return ["--engine", "exl3", "--mode", "fast", "--ct-enable", "1", "-m", str(model), "-cs", str(cache_tokens),
-            "--max-batch-size", "1", "-ambs", "1", *shlex.split(engine_args)]
+            "-chunk_size", str(min(2048, cache_tokens)), "--max-batch-size", "1", "-ambs", "1", *shlex.split(engine_args)]
 
 
 # ---- command line ----
@@ -352,6 +353,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, help="write the result JSON here (default: print it)")
     ap.add_argument("--engine-args", default="--ec-cache-experts 11%",
                     help="glm53 settings for the engine paths (default: --ec-cache-experts 11%%)")
+    ap.add_argument("--split", choices=("measured", "all"), default="measured",
+                    help="engine paths: the CPU tier takes the misses its measured cost model gives it, or all of them "
+                         "(the strongest check of its numerics; default measured)")
     args = ap.parse_args(argv)
     if args.tokens < 1 or args.max_prompts < 1:
         ap.error("--tokens and --max-prompts take positive numbers")
@@ -382,6 +386,10 @@ def run(args: argparse.Namespace) -> dict:
         from glm53.engine.exl3.backend import Exl3Backend
 
         engine = Exl3Backend(config.load(engine_argv(args.model, cache_tokens, args.engine_args), {}), extra_caches=2)
+        if args.split == "all" and engine.offload.fast is not None:
+            from glm53.offload.ct_cost import every_miss_to_the_cpu
+
+            engine.offload.fast.use_costs(every_miss_to_the_cpu(engine.offload.fast.costs))
         a, b = (make_engine_path(spec, engine, cache) for spec, cache in zip((args.a, args.b), engine.extra_caches))
         model, close = engine.model, engine.close
     else:
@@ -397,7 +405,7 @@ def run(args: argparse.Namespace) -> dict:
         print(f"prompt {i}: KL mean {s['kl_mean']:.3g}, p99 {s['kl_p99']:.3g}, top-1 {s['top1_agree']:.4f}, "
               f"first divergence {s['first_divergence']}", file=sys.stderr, flush=True)
     close()
-    return {**summarise(records), "a": args.a, "b": args.b, "checkpoint": str(args.model), "tokens": args.tokens,
+    return {**summarise(records), "a": args.a, "b": args.b, "split": args.split if args.a in ENGINE_PATHS else None, "checkpoint": str(args.model), "tokens": args.tokens,
             "seconds": round(time.monotonic() - started, 1), "command": shlex.join(["python3", "-m", "bench.decode_kl", *sys.argv[1:]])}
 
 

@@ -50,7 +50,8 @@ def _pct(value) -> str:
 
 def _arm_rows(results: dict) -> list[str]:
     lengths = list((results.get("settings") or {}).get("prefill_lengths") or scoreboard.PREFILL_LENGTHS)
-    head = ["arm", "decode tok/s"] + [f"prefill {n} tok/s" for n in lengths] + [
+    streams = list((results.get("settings") or {}).get("streams") or ())
+    head = ["arm", "decode tok/s"] + [f"{n} streams tok/s" for n in streams] + [f"prefill {n} tok/s" for n in lengths] + [
         "hit rate", "oracle hit rate", "host RSS peak GB", "VRAM GB", "decode / best stock offload", "decode / exact bound"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     repeated = {a["name"] for a in results.get("arms", []) if a.get("run", 1) > 1}
@@ -62,7 +63,8 @@ def _arm_rows(results: dict) -> list[str]:
             rows.append(f"| {name} | {arm['status']}: {why[:80]} |" + " |" * (len(head) - 2))
             continue
         r = scoreboard.ratios(results, arm)
-        cells = [name, _num(arm["decode_tok_s"])] + [_num((arm.get("prefill_tok_s") or {}).get(str(n)), "{:.0f}") for n in lengths] + [
+        cells = [name, _num(arm["decode_tok_s"])] + [_num((arm.get("decode_streams_tok_s") or {}).get(str(n))) for n in streams] + [
+            _num((arm.get("prefill_tok_s") or {}).get(str(n)), "{:.0f}") for n in lengths] + [
             _pct(arm.get("hit_rate")), _pct(arm.get("oracle_hit_rate")), _num(arm.get("host_rss_peak_gb")),
             _num(arm.get("vram_max_allocated_gb")), _num(r["vs_stock_offload"], "{:.2f}x"), _num(r["vs_bound"], "{:.0%}")]
         rows.append("| " + " | ".join(cells) + " |")
@@ -80,7 +82,12 @@ def _bounds_lines(results: dict) -> list[str]:
     if "exact_oracle" in b:
         lines.append(f"At the oracle hit rate ({b['exact_oracle']['hit_rate']:.1%}): {b['exact_oracle']['tok_s']:.1f} tok/s.")
     if "fast" in b:
-        lines.append(f"Fast-mode upper bound ({b['fast']['note']}): {b['fast']['tok_s']:.1f} tok/s.")
+        f = b["fast"]
+        lines.append(f"Fast-mode decode bound: **{f['tok_s']:.1f} tok/s**: misses at a {f['hit_rate']:.1%} hit rate over the link "
+                     f"and the CPU tier together, {f['miss_gbs']:.1f} GB/s (CPU tier {f['cpu_tier_gbs']:.1f} GB/s, measured by the "
+                     "engine at start; the sum capped by the DRAM read rate).")
+    elif "fast_dram" in b:
+        lines.append(f"Fast-mode upper bound ({b['fast_dram']['note']}): {b['fast_dram']['tok_s']:.1f} tok/s.")
     return lines
 
 

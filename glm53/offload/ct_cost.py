@@ -6,14 +6,16 @@ memory. The GPU computes the hits and every miss it keeps (reading it over the l
 worker computes the ``k`` coldest misses; the layer is done when both are:
 
     gpu(k) = hits * vram_expert_s + (misses - k) * link_expert_s
-    cpu(k) = 0 if k == 0 else handoff_s + k * cpu_expert_s[T]
+    cpu(k) = 0 if k == 0 else handoff_s + cpu_job_s[T] + k * cpu_expert_s[T]
     k*     = argmin_k max(gpu(k), cpu(k))       (ties: the fewest on the CPU)
 
-The constants come from measurements, never from a table in the source: ``cpu_expert_s`` by timing the expert
-kernel on the checkpoint's own experts with the pool the worker uses (:func:`measure_cpu`), the link and VRAM
-figures from the GPU's measured read rates (``bench/bandwidth.py``'s probes, at start-up), ``handoff_s`` from a
-round trip through the ring; :meth:`Costs.refreshed` folds live timings (the worker's busy time per expert) in.
-``GLM53_CT_B`` overrides the per-expert CPU time (ms) outright.
+The constants come from measurements, never from a table in the source: ``cpu_expert_s`` (the time each more
+expert adds to a job) and ``cpu_job_s`` (what a job costs beyond that: a one-expert job spreads worse over the
+pool's threads than a batch) by timing the expert kernel on the checkpoint's own experts with the pool the worker
+uses, in jobs of one expert and of a batch (:func:`measure_cpu`); the link and VRAM figures from the GPU's measured
+read rates (``bench/bandwidth.py``'s probes, at start-up); ``handoff_s`` from a round trip through the ring less
+the job's own time. :meth:`Costs.refreshed` folds live timings (the worker's busy time) in. ``GLM53_CT_B``
+overrides the per-expert CPU time (ms) outright.
 """
 
 from __future__ import annotations
@@ -33,11 +35,12 @@ TOKENS = (1, 2, 4, 8)  # token counts the CPU cost is measured at (others: the n
 class Costs:
     """Seconds per expert on each path, and the fixed cost of one CPU job."""
 
-    cpu_expert_s: Mapping[int, float]  # tokens -> one expert on the CPU tier (the worker's pool)
+    cpu_expert_s: Mapping[int, float]  # tokens -> each expert of a job on the CPU tier (the worker's pool)
     handoff_s: float  # publish, the worker's poll, the GPU's poll and the fp32 add
     link_expert_s: float  # a non-resident expert read by the GPU over the link
     vram_expert_s: float  # a resident expert
     sources: Mapping[str, str] = field(default_factory=dict)  # how each figure was obtained (for /stats)
+    cpu_job_s: Mapping[int, float] = field(default_factory=dict)  # tokens -> a job's CPU time beyond its experts' (none: 0)
 
     def __post_init__(self):
         for name in ("handoff_s", "link_expert_s", "vram_expert_s"):
@@ -46,6 +49,8 @@ class Costs:
                 raise ValueError(f"{name} must be a finite number >= 0 seconds, not {value!r}")
         if not self.cpu_expert_s or any(not (v > 0 and np.isfinite(v)) or t < 1 for t, v in self.cpu_expert_s.items()):
             raise ValueError(f"cpu_expert_s must map token counts >= 1 to seconds > 0, not {dict(self.cpu_expert_s)!r}")
+        if any(not (v >= 0 and np.isfinite(v)) or t < 1 for t, v in self.cpu_job_s.items()):
+            raise ValueError(f"cpu_job_s must map token counts >= 1 to seconds >= 0, not {dict(self.cpu_job_s)!r}")
 
     def cpu_per_expert(self, tokens: int) -> float:
         """The measured time at the smallest measured token count >= tokens (the largest one beyond them)."""
@@ -55,11 +60,16 @@ class Costs:
                 return self.cpu_expert_s[t]
         return self.cpu_expert_s[measured[-1]] * tokens / measured[-1]
 
+    def cpu_per_job(self, tokens: int) -> float:
+        """A job's CPU time beyond its experts', at the smallest measured token count >= tokens (0 if none)."""
+        return next((self.cpu_job_s[t] for t in sorted(self.cpu_job_s) if t >= tokens),
+                    self.cpu_job_s[max(self.cpu_job_s)] if self.cpu_job_s else 0.0)
+
     def gpu_seconds(self, hits: int, misses: int) -> float:
         return hits * self.vram_expert_s + misses * self.link_expert_s
 
     def cpu_seconds(self, k: int, tokens: int) -> float:
-        return 0.0 if k == 0 else self.handoff_s + k * self.cpu_per_expert(tokens)
+        return 0.0 if k == 0 else self.handoff_s + self.cpu_per_job(tokens) + k * self.cpu_per_expert(tokens)
 
     def best_split(self, hits: int, misses: int, tokens: int) -> int:
         """How many of the misses go to the CPU."""
@@ -75,21 +85,21 @@ class Costs:
         out = np.zeros((max_tokens + 1, max_experts + 1, max_experts + 1), np.uint8)
         k = np.arange(max_experts + 1)
         for tokens in range(1, max_tokens + 1):
-            cpu = np.where(k == 0, 0.0, self.handoff_s + k * self.cpu_per_expert(tokens))
+            cpu = np.where(k == 0, 0.0, self.handoff_s + self.cpu_per_job(tokens) + k * self.cpu_per_expert(tokens))
             for hits in range(max_experts + 1):
                 for misses in range(max_experts + 1 - hits):
                     gpu = hits * self.vram_expert_s + (misses - k[: misses + 1]) * self.link_expert_s
                     out[tokens, hits, misses] = int(np.argmin(np.maximum(gpu, cpu[: misses + 1])))
         return out
 
-    def refreshed(self, busy_s: float, experts: int, tokens: int, weight: float = 0.2) -> Costs:
-        """The CPU figure for ``tokens`` moved toward a live measurement (the worker's busy time over the experts
-        it computed since the last refresh, jobs of about ``tokens`` tokens) by ``weight``; a pinned figure
-        (``GLM53_CT_B``) stays."""
+    def refreshed(self, busy_s: float, experts: int, tokens: int, jobs: int = 0, weight: float = 0.2) -> Costs:
+        """The per-expert CPU figure for ``tokens`` moved toward a live measurement by ``weight``: the worker's busy
+        time since the last refresh, less the measured per-job part of its ``jobs`` jobs (of about ``tokens``
+        tokens), over the ``experts`` it computed. A pinned figure (``GLM53_CT_B``) stays."""
         if experts <= 0 or busy_s <= 0 or self.sources.get("cpu_expert_s") == "GLM53_CT_B":
             return self
         bucket = min((t for t in self.cpu_expert_s if t >= tokens), default=max(self.cpu_expert_s))
-        live = busy_s / experts
+        live = max(busy_s - jobs * self.cpu_per_job(tokens), 0.1 * busy_s) / experts
         cpu = dict(self.cpu_expert_s)
         cpu[bucket] = (1 - weight) * cpu[bucket] + weight * live
         return replace(self, cpu_expert_s=cpu, sources={**self.sources, "cpu_expert_s": "measured at start, refreshed from the worker"})
@@ -97,28 +107,45 @@ class Costs:
 
 def measure_cpu(experts: Sequence[tuple[ce.Linear, ce.Linear, ce.Linear]], *, act_limit: float, pool: ce.Pool | None,
                 tokens: Sequence[int] = TOKENS, batch: int = 8, repeats: int = 3, isa: str | None = None,
-                seed: int = 0) -> dict[int, float]:
-    """Seconds per expert of the CPU kernel on these experts (the checkpoint's own, read where the host store holds
-    them), ``batch`` experts per call as a job would have them, the best of ``repeats`` passes over all of them
-    (cycling through many experts keeps the reads coming from DRAM, as in decode)."""
-    if len(experts) < batch:
-        raise ValueError(f"need at least {batch} experts to time, got {len(experts)}")
+                seed: int = 0) -> tuple[dict[int, float], dict[int, float]]:
+    """``(cpu_expert_s, cpu_job_s)`` of the CPU kernel on these experts (the checkpoint's own, read where the host
+    store holds them) with ``pool``: per token count, jobs of one expert and jobs of ``batch`` experts are timed
+    (the best of ``repeats`` passes over all the experts: cycling through many keeps the reads coming from DRAM, as
+    in decode); each expert beyond the first adds ``(batch job - one-expert job) / (batch - 1)``, and a job costs
+    the rest. :raise ValueError: fewer experts than ``batch`` (at least 2)."""
+    if batch < 2 or len(experts) < batch:
+        raise ValueError(f"need a batch of at least 2 and at least that many experts, got {batch} and {len(experts)}")
     rng = np.random.default_rng(seed)
     hidden = experts[0][0].in_features
-    out: dict[int, float] = {}
+    per_expert: dict[int, float] = {}
+    per_job: dict[int, float] = {}
     for t in tokens:
         x = rng.standard_normal((t, hidden)).astype(np.float16)
-        weights = np.full((batch, t), 0.125, np.float32)
         acc = np.zeros((t, hidden), np.float32)
-        groups = [experts[i : i + batch] for i in range(0, len(experts) - batch + 1, batch)]
-        best = float("inf")
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            for group in groups:
-                ce.experts_forward(x, group, weights, acc, act_limit=act_limit, isa=isa, pool=pool)
-            best = min(best, (time.perf_counter() - t0) / (len(groups) * batch))
-        out[t] = best
-    return out
+
+        def job_seconds(size: int) -> float:
+            weights = np.full((size, t), 0.125, np.float32)
+            groups = [experts[i : i + size] for i in range(0, len(experts) - size + 1, size)]
+            best = float("inf")
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                for group in groups:
+                    ce.experts_forward(x, group, weights, acc, act_limit=act_limit, isa=isa, pool=pool)
+                best = min(best, (time.perf_counter() - t0) / len(groups))
+            return best
+
+        one, many = job_seconds(1), job_seconds(batch)
+        # a floor of a tenth of the batch's average: timing noise must not make an expert look free
+        per_expert[t] = max((many - one) / (batch - 1), 0.1 * many / batch)
+        per_job[t] = max(one - per_expert[t], 0.0)
+    return per_expert, per_job
+
+
+def every_miss_to_the_cpu(costs: Costs) -> Costs:
+    """Costs under which the split sends every missed expert to the CPU tier (a free CPU): for checks of the CPU
+    path's numerics (bench/decode_kl.py ``--split all``, the GPU tests), never for speed."""
+    return replace(costs, cpu_expert_s={t: 1e-12 for t in TOKENS}, cpu_job_s={}, handoff_s=0.0,
+                   sources={**costs.sources, "cpu_expert_s": "every miss to the CPU (a check, not a measurement)"})
 
 
 def pinned_cpu_cost(ms: float, tokens: Sequence[int] = TOKENS) -> dict[int, float]:

@@ -14,8 +14,11 @@ Per layer, on the compute stream, with no host synchronisation:
 A job taken back (or refused by the worker) means the step computed without those experts: never silent, the
 engine fails the step's sequences with the reason (:meth:`FastTier.lost_jobs`, read after the step's own sync).
 
-STATUS: built and tested piecewise (the handoff on the H200 in its first protocol version; the split kernel and
-this wiring not yet on a GPU), so ``GLM53_CT_ENABLE`` is off by default.
+Threads: the worker thread takes part in every job it runs, so it is pinned to the first of the tier's CPUs
+(``GLM53_CT_CPUS``) and the pool's threads to the others: one compute thread per CPU. (An unpinned worker thread
+shared a CPU with a pool thread on the H200 host, and every job then waited for the scheduler to switch them.)
+
+The cost table is rebuilt every ``REFRESH_STEPS`` steps from the worker's live busy time (:meth:`after_step`).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ log = logging.getLogger("glm53.offload.fast")
 MAX_TOKENS = 8  # decode rows per step the CPU tier takes (exllamav3's fused decode tier, MAX_BSZN)
 RING_SLOTS = 4  # a layer's job is collected before the next layer publishes; spare slots cover late workers
 TIMING_EXPERTS = 32  # experts the CPU figure is timed on at start
+REFRESH_STEPS = 64  # steps between refreshes of the cost table from live timings
 
 
 class FastTier:
@@ -53,12 +57,17 @@ class FastTier:
         act_limit = float(mlps[0].act_limit or 0.0)
         experts = host_store_experts(store, store.read_sign_scale(model_dir))
         self.table = ExpertTable(experts, store.num_layers, store.num_experts)
-        self.pool = ce.Pool.from_settings(settings).start()
+        cpus = ce.tier_cpus(settings.ct_cpus)
+        threads = settings.ct_threads or len(cpus)
+        worker_cpu, pool_cpus = (cpus[0], cpus[1:]) if len(cpus) > 1 else (None, cpus)
+        self.pool = ce.Pool(pool_cpus, max(1, threads - 1)).start()
         self.ring = Ring(RING_SLOTS, self.hidden, MAX_TOKENS, top_k)
-        self.worker = Worker(self.ring, self.table, act_limit=act_limit, pool=self.pool).start()
+        self.worker = Worker(self.ring, self.table, act_limit=act_limit, pool=self.pool, cpu=worker_cpu).start()
         self.producer = DeviceProducer(self.ring, device, kernels)
+        self.max_experts = min(255, MAX_TOKENS * top_k)
         self.costs = self._measure(settings, experts, act_limit, kernels)
-        self.cube = torch.from_numpy(self.costs.table(MAX_TOKENS, min(255, MAX_TOKENS * top_k))).to(device)
+        self.cube = torch.from_numpy(self.costs.table(MAX_TOKENS, self.max_experts)).to(device)
+        self._steps, self._seen = 0, self.worker.counters()
         self.deadline_s = settings.ct_deadline_ms / 1000.0
         self.sent = torch.zeros(4, dtype=torch.int64, device=device)  # hits, misses, experts, picks sent (decode steps)
         self.skipped = 0  # routing calls the tier could not take (too many rows, other dtypes)
@@ -66,8 +75,10 @@ class FastTier:
         self._lost_seen = 0
         self.enabled = True  # off: every expert on the GPU, exact mode's numerics (paired checks, bench/decode_kl.py)
         self.setup_s = round(time.monotonic() - t0, 2)
-        log.info("CPU tier: %d threads, costs per expert: CPU %s us, link %.0f us, VRAM %.1f us, handoff %.0f us (%s)",
-                 self.pool.threads, {t: round(v * 1e6) for t, v in self.costs.cpu_expert_s.items()},
+        log.info("CPU tier: %d threads (worker on CPU %s), costs per expert: CPU %s us (+ %s us a job), link %.0f us, VRAM "
+                 "%.1f us, handoff %.0f us (%s)", self.pool.threads + 1, worker_cpu,
+                 {t: round(v * 1e6) for t, v in self.costs.cpu_expert_s.items()},
+                 {t: round(v * 1e6) for t, v in self.costs.cpu_job_s.items()},
                  self.costs.link_expert_s * 1e6, self.costs.vram_expert_s * 1e6, self.costs.handoff_s * 1e6, self.costs.sources)
 
     # ---- start-up measurements (the cost model's constants, on this machine)
@@ -75,18 +86,25 @@ class FastTier:
     def _measure(self, settings, experts, act_limit: float, kernels) -> Costs:
         sources = {}
         if settings.ct_b is not None:
-            cpu, sources["cpu_expert_s"] = pinned_cpu_cost(settings.ct_b), "GLM53_CT_B"
+            cpu, job, sources["cpu_expert_s"] = pinned_cpu_cost(settings.ct_b), {}, "GLM53_CT_B"
         else:
             keys = sorted(experts)[:TIMING_EXPERTS]
-            cpu = measure_cpu([experts[k] for k in keys], act_limit=act_limit, pool=self.pool, batch=min(8, len(keys)))
-            sources["cpu_expert_s"] = f"timed on {len(keys)} experts at start"
+            cpu, job = measure_cpu([experts[k] for k in keys], act_limit=act_limit, pool=self.pool, batch=min(8, len(keys)))
+            sources["cpu_expert_s"] = f"timed on {len(keys)} experts at start, jobs of 1 and {min(8, len(keys))}"
         block = self.store.layout.block_bytes
         link_gbs = _link_read_gbs(self.store, kernels)
         vram_gbs = _vram_read_gbs(self.device)
-        handoff = max(0.0, self._round_trip_s() - cpu[min(cpu)])
+        one = min(cpu)
+        handoff = max(0.0, self._round_trip_s() - cpu[one] - job.get(one, 0.0))
         sources.update(link_expert_s=f"zero-copy read {link_gbs:.1f} GB/s", vram_expert_s=f"VRAM read {vram_gbs:.0f} GB/s",
                        handoff_s="one-expert round trip less its CPU time")
-        return Costs(cpu, handoff_s=handoff, link_expert_s=block / (link_gbs * 1e9), vram_expert_s=block / (vram_gbs * 1e9), sources=sources)
+        return Costs(cpu, handoff_s=handoff, link_expert_s=block / (link_gbs * 1e9), vram_expert_s=block / (vram_gbs * 1e9),
+                     sources=sources, cpu_job_s=job)
+
+    def use_costs(self, costs: Costs) -> None:
+        """Split by these costs from the next step on (the device's table is rewritten in place, on the stream)."""
+        self.costs = costs
+        self.cube.copy_(torch.from_numpy(costs.table(MAX_TOKENS, self.max_experts)))
 
     def _round_trip_s(self, jobs: int = 20) -> float:
         x = torch.zeros((1, self.hidden), dtype=torch.float16, device=self.device)
@@ -141,6 +159,24 @@ class FastTier:
 
     # ---- per step and reporting
 
+    def after_step(self) -> int:
+        """Once per engine step, after its synchronisation: refreshes the costs every ``REFRESH_STEPS`` steps, and
+        returns the jobs taken back or refused since the last call (their experts are missing from that step)."""
+        self._steps += 1
+        if self._steps % REFRESH_STEPS == 0:
+            self._refresh()
+        return self.lost_jobs()
+
+    def _refresh(self) -> None:
+        now = self.worker.counters()
+        jobs, experts = now["jobs"] - self._seen["jobs"], now["experts"] - self._seen["experts"]
+        busy, tokens = now["busy_s"] - self._seen["busy_s"], now["tokens"] - self._seen["tokens"]
+        self._seen = now
+        if jobs > 0:
+            fresh = self.costs.refreshed(busy, experts, -(-tokens // jobs), jobs)
+            if fresh is not self.costs:
+                self.use_costs(fresh)
+
     def lost_jobs(self) -> int:
         """Jobs taken back or refused since the last call (their experts are missing from that step). Synchronises:
         call after the step's own synchronisation."""
@@ -154,6 +190,7 @@ class FastTier:
         return {
             "setup_s": self.setup_s,
             "costs": {"cpu_expert_us": {t: round(v * 1e6, 1) for t, v in self.costs.cpu_expert_s.items()},
+                      "cpu_job_us": {t: round(v * 1e6, 1) for t, v in self.costs.cpu_job_s.items()},
                       "link_expert_us": round(self.costs.link_expert_s * 1e6, 1), "vram_expert_us": round(self.costs.vram_expert_s * 1e6, 2),
                       "handoff_us": round(self.costs.handoff_s * 1e6, 1), "sources": dict(self.costs.sources)},
             "split": {"hits": hits, "misses": misses, "cpu_experts": experts, "cpu_picks": picks, "skipped_calls": self.skipped},

@@ -29,7 +29,7 @@ class FakeFastTier:
     def __init__(self, lost):
         self.lost = list(lost)
 
-    def lost_jobs(self):
+    def after_step(self):
         return self.lost.pop(0)
 
 

@@ -3,8 +3,9 @@ experts in VRAM: the CPU really takes experts, its answers stay close to exact m
 worker that misses the deadline fails the step's sequences loudly instead of dropping experts silently.
 
 The tiny checkpoint's experts are so small that the measured cost model rightly keeps every miss on the GPU (a CPU
-job costs more than reading one over the link), so these tests pin the CPU's cost low (``--ct-b``): every miss then
-goes to the CPU, the path under test. The measured split is exercised on the scaled checkpoint by bench/compare.py.
+job costs more than reading one over the link), so these tests give the tier costs under which every miss goes to
+the CPU (``every_miss_to_the_cpu``), the path under test. The measured split runs on the scaled checkpoint in
+bench/compare.py.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import torch
 
 from glm53 import config
 from glm53.engine.interface import LogprobRequest, SamplingParams, SequenceFailure
+from glm53.offload.ct_cost import every_miss_to_the_cpu
 
-CPU_TAKES_THE_MISSES = ["--ct-enable", "1", "--ct-b", "0.001"]  # ms per expert: the cost model then sends them all
+CPU_TAKES_THE_MISSES = ["--ct-enable", "1"]
 
 PROMPT = [154822, 154824, 154827] + list(range(300, 420)) + [154828, 154841]
 REQUEST = LogprobRequest(top_n=5)
@@ -27,7 +29,10 @@ def _backend(ckpt, mode, extra=()):
 
     argv = ["--engine", "exl3", "--mode", mode, "-m", str(ckpt), "-cs", "4096", "--max-batch-size", "1", "-ambs", "1",
             "-chunk_size", "2048", "--ec-cache-experts", "11%", "--prefill-last-page-split", "0", *extra]
-    return Exl3Backend(config.load(argv, {}))
+    backend = Exl3Backend(config.load(argv, {}))
+    if backend.offload.fast is not None:
+        backend.offload.fast.use_costs(every_miss_to_the_cpu(backend.offload.fast.costs))
+    return backend
 
 
 def _greedy(backend, seq_id=0):
@@ -103,7 +108,7 @@ def test_paired_decode_of_fast_against_exact_and_the_noise_floor(tiny_checkpoint
 
     common = ["-m", str(tiny_checkpoint), "--tokens", "32", "--max-prompts", "3"]
     fast = decode_kl.run(decode_kl.parse_args([*common, "--a", "exact", "--b", "fast",
-                                               "--engine-args", "--ec-cache-experts 11% --ct-threads 4 --ct-b 0.001"]))
+                                               "--engine-args", "--ec-cache-experts 11% --ct-threads 4", "--split", "all"]))
     floor = decode_kl.run(decode_kl.parse_args([*common, "--a", "stock", "--b", "perturbed:0.001"]))
     figures = {k: {f: r[f] for f in ("positions", "kl_mean", "kl_p99", "top1_agree", "first_divergence")}
                for k, r in (("exact_vs_fast", fast), ("stock_vs_perturbed_1e-3", floor))}

@@ -82,10 +82,37 @@ def test_the_cpu_kernel_is_timed_on_the_experts_given(tier):
     _, _, experts = tier
     lins = [experts[key] for key in sorted(experts)]
     with ce.Pool(threads=1, spin_us=100) as pool:
-        figures = measure_cpu(lins, act_limit=LIMIT, pool=pool, tokens=(1, 4), batch=8, repeats=2)
-    assert sorted(figures) == [1, 4] and all(0 < v < 0.1 for v in figures.values())
-    with pytest.raises(ValueError, match="at least 8 experts"):
+        per_expert, per_job = measure_cpu(lins, act_limit=LIMIT, pool=pool, tokens=(1, 4), batch=8, repeats=2)
+    assert sorted(per_expert) == sorted(per_job) == [1, 4]
+    assert all(0 < v < 0.1 for v in per_expert.values()) and all(0 <= v < 0.1 for v in per_job.values())
+    with pytest.raises(ValueError, match="at least that many experts, got 8 and 3"):
         measure_cpu(lins[:3], act_limit=LIMIT, pool=None)
+
+
+def test_a_jobs_fixed_cpu_time_counts_once_per_job():
+    with_job = Costs({1: 200 * US}, handoff_s=10 * US, link_expert_s=190 * US, vram_expert_s=0.0, cpu_job_s={1: 500 * US})
+    assert with_job.cpu_seconds(0, 1) == 0.0
+    assert with_job.cpu_seconds(2, 1) == pytest.approx((10 + 500 + 2 * 200) * US)
+    assert with_job.cpu_per_job(8) == 500 * US and PCIE4.cpu_per_job(1) == 0.0  # beyond the measured: the largest
+    # 5 misses: without the job's part 2 go to the CPU (570 us); with it a job of 2 takes 910 us, of 1 710 (GPU 760)
+    assert PCIE4_like(with_job, job=0.0).best_split(0, 5, 1) == 2
+    assert with_job.best_split(0, 5, 1) == 1
+    table = with_job.table(1, 8)
+    assert all(table[1, 0, m] == with_job.best_split(0, m, 1) for m in range(9))
+    with pytest.raises(ValueError, match="cpu_job_s"):
+        Costs({1: 1e-4}, 0.0, 1e-4, 0.0, cpu_job_s={1: -1.0})
+
+
+def PCIE4_like(costs: Costs, job: float) -> Costs:
+    from dataclasses import replace
+
+    return replace(costs, cpu_job_s={1: job})
+
+
+def test_a_live_refresh_takes_the_jobs_fixed_part_out_first():
+    c = Costs({1: 200 * US}, 0.0, 1e-4, 0.0, cpu_job_s={1: 100 * US})
+    fresh = c.refreshed(busy_s=10 * 400 * US, experts=10, tokens=1, jobs=10, weight=1.0)  # 400 us a job of 1
+    assert fresh.cpu_expert_s[1] == pytest.approx(300 * US)
 
 
 def test_the_split_sends_the_coldest_missed_experts_and_zeroes_only_their_weights():
@@ -108,3 +135,11 @@ def test_the_split_sends_the_coldest_missed_experts_and_zeroes_only_their_weight
     assert split_reference(sel, rw, slot_of, freq, table)[2]["experts"] == 5
     none, same, info = split_reference(sel, rw, slot_of, freq, np.zeros((2, 9, 9), np.uint8))  # 2 tokens: off the table
     assert none == [] and np.array_equal(same, rw) and info["experts"] == 0
+
+
+def test_every_miss_to_the_cpu():
+    from glm53.offload.ct_cost import every_miss_to_the_cpu
+
+    c = every_miss_to_the_cpu(PCIE4)
+    assert all(c.best_split(h, m, t) == m for t in (1, 2, 8) for h in (0, 3) for m in range(9))
+    assert c.link_expert_s == PCIE4.link_expert_s and "a check" in c.sources["cpu_expert_s"]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from glm53.offload.ct_cost import Costs
-from glm53.offload.fast_tier import FastTier, lost_jobs_reason
+from glm53.offload.fast_tier import REFRESH_STEPS, FastTier, lost_jobs_reason
 
 H = 256
 
@@ -41,9 +41,17 @@ def tier():
     t.cube = torch.zeros((9, 65, 65), dtype=torch.uint8)
     t.sent = torch.zeros(4, dtype=torch.int64)
     t.costs = Costs({1: 1e-4}, 1e-5, 2e-4, 1e-6, sources={"cpu_expert_s": "test"})
-    t.worker = type("Worker", (), {"counters": lambda self: {"jobs": 0}})()
-    t.setup_s = 0.0
+    t.worker = FakeWorker()
+    t.setup_s, t.max_experts, t._steps, t._seen = 0.0, 64, 0, t.worker.counters()
     return t
+
+
+class FakeWorker:
+    def __init__(self):
+        self.live = {"jobs": 0, "experts": 0, "tokens": 0, "busy_s": 0.0}
+
+    def counters(self):
+        return dict(self.live)
 
 
 def routing(T=2, dtype=torch.float16):
@@ -93,3 +101,25 @@ def test_lost_jobs_are_counted_once_each_and_explained():
     assert "4 expert job" not in lost_jobs_reason(1, 50) and "within 50 ms" in lost_jobs_reason(1, 50)
     stats = t.stats()
     assert stats["split"]["cpu_experts"] == 0 and stats["costs"]["cpu_expert_us"] == {1: 100.0}
+
+
+def test_the_cost_table_follows_the_workers_live_timings():
+    t = tier()
+    t.costs = Costs({1: 100e-6}, 0.0, 190e-6, 0.0, sources={"cpu_expert_s": "timed"})
+    t.cube = torch.from_numpy(t.costs.table(8, 64)).clone()
+    before = t.cube.clone()
+    assert int(before[1, 0, 4]) == 3  # at 100 us an expert the CPU takes 3 of 4 misses (190 us each on the link)
+    # the worker turns out slower: 10 jobs of 1 token and 1 expert, 400 us each
+    t.worker.live = {"jobs": 10, "experts": 10, "tokens": 10, "busy_s": 10 * 400e-6}
+    for _ in range(REFRESH_STEPS - 1):
+        assert t.after_step() == 0
+    assert torch.equal(t.cube, before)  # not yet
+    t.after_step()
+    assert t.costs.cpu_expert_s[1] == pytest.approx(0.8 * 100e-6 + 0.2 * 400e-6)
+    assert "refreshed" in t.costs.sources["cpu_expert_s"]
+    assert torch.equal(t.cube, torch.from_numpy(t.costs.table(8, 64))) and int(t.cube[1, 0, 4]) == 2
+    # no new jobs: nothing changes
+    costs = t.costs
+    for _ in range(REFRESH_STEPS):
+        t.after_step()
+    assert t.costs is costs

@@ -160,7 +160,7 @@ class Exl3Backend:
             self._counters["decode_tokens"] += len(ids)
         self._counters["steps"] += 1
         fast = self.offload.fast
-        if fast is not None and (lost := fast.lost_jobs()):
+        if fast is not None and (lost := fast.after_step()):
             # experts of this step were never computed: its tokens are wrong, so they end their sequences, loudly
             reason = lost_jobs_reason(lost, fast.deadline_s * 1000)
             log.error("%s", reason)
