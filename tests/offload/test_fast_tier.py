@@ -4,11 +4,14 @@ counts lost jobs. The tier itself runs on the GPU (tests/gpu/test_fast_tier.py).
 
 from __future__ import annotations
 
+import os
+import threading
+
 import pytest
 import torch
 
 from glm53.offload.ct_cost import Costs
-from glm53.offload.fast_tier import REFRESH_STEPS, FastTier, lost_jobs_reason
+from glm53.offload.fast_tier import REFRESH_STEPS, FastTier, OtherThreads, lost_jobs_reason
 
 H = 256
 
@@ -43,6 +46,8 @@ def tier():
     t.costs = Costs({1: 1e-4}, 1e-5, 2e-4, 1e-6, sources={"cpu_expert_s": "test"})
     t.worker = FakeWorker()
     t.setup_s, t.max_experts, t._steps, t._seen = 0.0, 64, 0, t.worker.counters()
+    t.pool = type("Pool", (), {"threads": 3})()
+    t.others = type("Others", (), {"rest": {0}})()
     return t
 
 
@@ -123,3 +128,28 @@ def test_the_cost_table_follows_the_workers_live_timings():
     for _ in range(REFRESH_STEPS):
         t.after_step()
     assert t.costs is costs
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_other_threads_are_kept_off_the_tiers_cpus_while_it_runs():
+    allowed = sorted(os.sched_getaffinity(0))
+    tier_cpus = tuple(allowed[1:])
+    others = OtherThreads(tier_cpus)
+    seen = {}
+
+    def report(name):
+        seen[name] = os.sched_getaffinity(0)
+
+    try:
+        others.confine()
+        assert os.sched_getaffinity(0) == {allowed[0]}  # this thread too
+        t = threading.Thread(target=report, args=("started after",))
+        t.start()
+        t.join()
+        assert seen["started after"] == {allowed[0]}  # inherited
+    finally:
+        others.release()
+    assert os.sched_getaffinity(0) == set(allowed)
+    everything = OtherThreads(tuple(allowed))  # the tier takes every CPU: nothing moves
+    everything.confine()
+    assert os.sched_getaffinity(0) == set(allowed)
