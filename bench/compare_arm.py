@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import statistics
 import sys
@@ -179,16 +180,24 @@ def load_project(arm: str, spec: dict) -> Loaded:
                   facts={"engine_argv": argv, "settings": settings.public()})
 
 
+def phase(name: str) -> None:
+    """A timestamped line in the arm's log: how far an arm got when it is killed."""
+    print(f"{time.strftime('%H:%M:%S')} phase: {name}", flush=True)
+
+
 def measure(loaded: Loaded, spec: dict) -> dict:
     seed, vocab, gen = spec["seed"], loaded.vocab, loaded.generator
+    phase("warm-up")
     run_job(gen, random_prompt(seed, 0, 0, 64, vocab), spec["warmup_tokens"])
     before = loaded.stats()
     decode_runs = []
+    phase("decode")
     for rep in range(spec["decode_reps"]):
         _, times = run_job(gen, random_prompt(seed, 1, rep, spec["decode_context"], vocab), spec["decode_tokens"])
         decode_runs.append(decode_rate(times))
     after = loaded.stats()
     prefill_runs = {}
+    phase("prefill")
     for length in spec["prefill_lengths"]:
         rates = []
         for rep in range(spec["prefill_reps"]):
@@ -197,6 +206,7 @@ def measure(loaded: Loaded, spec: dict) -> dict:
         prefill_runs[str(length)] = rates
     streams = {}
     for n in spec.get("streams") or ():
+        phase(f"{n} streams")
         prompts = [random_prompt(seed, 4, n * 100 + i, spec["decode_context"], vocab) for i in range(n)]
         _, times = run_jobs(gen, prompts, spec["decode_tokens"])
         streams[str(n)] = aggregate_decode_rate(times)
@@ -280,6 +290,8 @@ def main(argv=None) -> int:
     ap.add_argument("--spec", required=True, type=Path, help="the measurement settings (JSON written by compare.py)")
     ap.add_argument("--result", required=True, type=Path, help="where to write the arm's JSON")
     args = ap.parse_args(argv)
+    # the engine's start-up figures (the CPU tier's measured costs) and warnings go to the arm's log
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stdout)
     spec = json.loads(args.spec.read_text())
     try:
         result = run_arm(args.arm, spec)

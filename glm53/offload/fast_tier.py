@@ -16,9 +16,8 @@ engine fails the step's sequences with the reason (:meth:`FastTier.lost_jobs`, r
 
 Threads: the worker thread takes part in every job it runs, so it is pinned to the first of the tier's CPUs
 (``GLM53_CT_CPUS``) and the pool's threads to the others: one compute thread per CPU; and while the tier runs, the
-process's other threads (the one feeding the GPU, torch's, the server's) are kept to the CPUs the tier leaves
-(:class:`OtherThreads`). A job waits for its slowest unit: a compute thread that shares its CPU with a busy thread
-loses whole scheduler slices (on the H200 host, unconfined, a one-expert job took 2.1 ms instead of 0.6).
+thread feeding the GPU keeps to the CPUs the tier leaves (:class:`FeedingThread`). A job waits for its slowest
+unit: a compute thread that shares its CPU with a busy thread loses whole scheduler slices.
 Between a token's layers (about a millisecond) the pool and the worker spin instead of sleeping.
 
 The cost table is rebuilt every ``REFRESH_STEPS`` steps from the worker's live busy time (:meth:`after_step`).
@@ -49,33 +48,32 @@ REFRESH_STEPS = 64  # steps between refreshes of the cost table from live timing
 SPIN_US = 2000  # the tier's threads spin this long after a job before sleeping: longer than a layer's step
 
 
-class OtherThreads:
-    """Keeps the process's threads off the CPU tier's CPUs while it runs: ``confine()`` moves every thread there is
-    to the CPUs this process may use less ``tier`` (threads started later inherit that), ``release()`` gives every
-    thread back the whole set. Nothing is moved when the tier takes every CPU (a warning says so)."""
+class FeedingThread:
+    """Keeps the thread that feeds the GPU (the one that starts the tier: the engine's) off the CPU tier's CPUs
+    while the tier runs: ``confine()`` moves it to the CPUs this process may use less ``tier``, and caps torch's
+    CPU threads at their count (torch starts its pool lazily, from this thread, inheriting its CPUs);
+    ``release()`` undoes both. Other threads, mostly idle, are left where they are. Nothing is moved when the tier
+    takes every CPU (a warning says so)."""
 
     def __init__(self, tier: tuple[int, ...]):
         self.allowed = set(os.sched_getaffinity(0))
         self.rest = self.allowed - set(tier)
+        self._torch_threads: int | None = None
 
     def confine(self) -> None:
         if not self.rest:
             log.warning("CPU tier: GLM53_CT_CPUS takes every CPU of this process; the thread feeding the GPU shares "
                         "them and slows the tier's jobs (leave one CPU out)")
             return
-        self._set(self.rest)
+        os.sched_setaffinity(0, self.rest)  # 0: the calling thread
+        self._torch_threads = torch.get_num_threads()
+        torch.set_num_threads(min(self._torch_threads, len(self.rest)))
 
     def release(self) -> None:
-        if self.rest:
-            self._set(self.allowed)
-
-    @staticmethod
-    def _set(cpus: set[int]) -> None:
-        for tid in os.listdir("/proc/self/task"):
-            try:
-                os.sched_setaffinity(int(tid), cpus)
-            except OSError:  # the thread has ended
-                pass
+        if self._torch_threads is not None:
+            os.sched_setaffinity(0, self.allowed)
+            torch.set_num_threads(self._torch_threads)
+            self._torch_threads = None
 
 
 class FastTier:
@@ -94,8 +92,8 @@ class FastTier:
         cpus = ce.tier_cpus(settings.ct_cpus)
         threads = settings.ct_threads or len(cpus)
         worker_cpu, pool_cpus = (cpus[0], cpus[1:]) if len(cpus) > 1 else (None, cpus)
-        self.others = OtherThreads(cpus)
-        self.others.confine()  # before the tier's threads start: they pin themselves to the tier's CPUs
+        self.feeding = FeedingThread(cpus)
+        self.feeding.confine()
         self.pool = ce.Pool(pool_cpus, max(1, threads - 1), spin_us=SPIN_US).start()
         self.ring = Ring(RING_SLOTS, self.hidden, MAX_TOKENS, top_k)
         self.worker = Worker(self.ring, self.table, act_limit=act_limit, pool=self.pool, cpu=worker_cpu, spin_us=SPIN_US).start()
@@ -225,7 +223,7 @@ class FastTier:
         hits, misses, experts, picks = self.sent.tolist()
         return {
             "setup_s": self.setup_s,
-            "threads": {"tier": self.pool.threads + 1, "others_on_cpus": sorted(self.others.rest)},
+            "threads": {"tier": self.pool.threads + 1, "feeding_thread_on_cpus": sorted(self.feeding.rest)},
             "costs": {"cpu_expert_us": {t: round(v * 1e6, 1) for t, v in self.costs.cpu_expert_s.items()},
                       "cpu_job_us": {t: round(v * 1e6, 1) for t, v in self.costs.cpu_job_s.items()},
                       "link_expert_us": round(self.costs.link_expert_s * 1e6, 1), "vram_expert_us": round(self.costs.vram_expert_s * 1e6, 2),
@@ -241,7 +239,7 @@ class FastTier:
         self.producer.close()
         self.worker.stop()
         self.pool.stop()
-        self.others.release()
+        self.feeding.release()
 
 
 def _link_read_gbs(store, kernels, max_bytes: int = 1 << 29) -> float:

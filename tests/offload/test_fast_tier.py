@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from glm53.offload.ct_cost import Costs
-from glm53.offload.fast_tier import REFRESH_STEPS, FastTier, OtherThreads, lost_jobs_reason
+from glm53.offload.fast_tier import REFRESH_STEPS, FastTier, FeedingThread, lost_jobs_reason
 
 H = 256
 
@@ -47,7 +47,7 @@ def tier():
     t.worker = FakeWorker()
     t.setup_s, t.max_experts, t._steps, t._seen = 0.0, 64, 0, t.worker.counters()
     t.pool = type("Pool", (), {"threads": 3})()
-    t.others = type("Others", (), {"rest": {0}})()
+    t.feeding = type("Feeding", (), {"rest": {0}})()
     return t
 
 
@@ -131,25 +131,31 @@ def test_the_cost_table_follows_the_workers_live_timings():
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
-def test_other_threads_are_kept_off_the_tiers_cpus_while_it_runs():
+def test_the_feeding_thread_keeps_off_the_tiers_cpus_while_it_runs():
     allowed = sorted(os.sched_getaffinity(0))
-    tier_cpus = tuple(allowed[1:])
-    others = OtherThreads(tier_cpus)
+    threads = torch.get_num_threads()
     seen = {}
 
     def report(name):
         seen[name] = os.sched_getaffinity(0)
 
-    try:
-        others.confine()
-        assert os.sched_getaffinity(0) == {allowed[0]}  # this thread too
+    def in_a_thread():  # the engine's thread; the test's own is left as it was
+        feeding = FeedingThread(tuple(allowed[1:]))
+        feeding.confine()
+        report("confined")
+        seen["torch threads"] = torch.get_num_threads()
         t = threading.Thread(target=report, args=("started after",))
         t.start()
         t.join()
-        assert seen["started after"] == {allowed[0]}  # inherited
-    finally:
-        others.release()
-    assert os.sched_getaffinity(0) == set(allowed)
-    everything = OtherThreads(tuple(allowed))  # the tier takes every CPU: nothing moves
-    everything.confine()
-    assert os.sched_getaffinity(0) == set(allowed)
+        feeding.release()
+        report("released")
+        everything = FeedingThread(tuple(allowed))  # the tier takes every CPU: nothing moves
+        everything.confine()
+        report("tier takes all")
+
+    t = threading.Thread(target=in_a_thread)
+    t.start()
+    t.join()
+    assert seen["confined"] == seen["started after"] == {allowed[0]} and seen["torch threads"] == 1
+    assert seen["released"] == seen["tier takes all"] == set(allowed)
+    assert torch.get_num_threads() == threads and os.sched_getaffinity(0) == set(allowed)
