@@ -25,15 +25,16 @@ SECTION = "## Measured"
 
 
 def latest_results(directory: Path = RESULTS_DIR) -> Path:
-    """The compare results with the latest ``date`` among full comparisons (a run with a successful stock-vram
-    arm: side runs of single arms give no ratios). :raise FileNotFoundError: there are none."""
+    """The compare results with the latest ``date`` among full comparisons (every arm run, stock-vram
+    successfully: side runs of a few arms give partial ratios). :raise FileNotFoundError: there are none."""
     found = []
     for path in Path(directory).glob("*.json"):
         try:
             doc = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if isinstance(doc, dict) and doc.get("schema") == scoreboard.SCHEMA and scoreboard.ok_runs(doc, "stock-vram"):
+        if isinstance(doc, dict) and doc.get("schema") == scoreboard.SCHEMA and scoreboard.ok_runs(doc, "stock-vram") \
+                and {a.get("name") for a in doc.get("arms") or []} >= set(scoreboard.ARMS):
             found.append((doc.get("date", ""), path.name, path))
     if not found:
         raise FileNotFoundError(f"no {scoreboard.SCHEMA} results in {directory}")
@@ -155,7 +156,7 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true", help="only report whether the README is up to date (exit 1 if not)")
     args = ap.parse_args(argv)
     path = args.results or latest_results()
-    results = json.loads(path.read_text())
+    results = scoreboard.finish(json.loads(path.read_text()))  # the derived sections by today's arithmetic
     new = rewrite(args.readme.read_text(), measured_block(results, path.name))
     if args.check:
         stale = new != args.readme.read_text()

@@ -239,7 +239,7 @@ def goals(results: Mapping) -> list[dict]:
          best_512[1] if best_512 else None, 5.0),
     ]
     fast = arm_value(results, "fast", "decode_tok_s")
-    if fast is not None:
+    if fast is not None and cpu_tier_gbs(results) is not None:  # a fast arm without its CPU tier decodes as exact
         rows += [
             ("fast decode / best stock offload decode", fast, best[1] if best else None, 1.8),
             ("fast decode / exact decode", fast, decode, 1.4),

@@ -64,6 +64,8 @@ def test_latest_results_and_the_command(results, tmp_path):
     (tmp_path / "d.json").write_text("[1, 2]")
     side = dict(results, date="2026-12-01T00:00:00+00:00", arms=[a for a in results["arms"] if a["name"] != "stock-vram"])
     (tmp_path / "e.json").write_text(json.dumps(side))  # later, but a side run without stock-vram: no ratios
+    fewer = dict(results, date="2026-12-02T00:00:00+00:00", arms=[a for a in results["arms"] if a["name"] != "stock-mcs"])
+    (tmp_path / "f.json").write_text(json.dumps(fewer))  # later, but not every arm ran
     assert readme_measured.latest_results(tmp_path).name == "a.json"
     readme = tmp_path / "README.md"
     readme.write_text("# x\n\n## Development\n")
