@@ -74,8 +74,8 @@ class Exl3Backend:
         # Routed experts live in pinned host memory and a VRAM cache (glm53/offload), never loaded into VRAM whole
         self.offload = Offload(settings)
         if settings.mode == "fast" and not settings.ct_enable:
-            log.warning("fast mode: the CPU tier is off (GLM53_CT_ENABLE=1 turns it on; it has not passed its GPU tests "
-                        "yet): experts are served as in exact mode, with the one-pass prefill")
+            log.info("fast mode: the CPU tier is off (GLM53_CT_ENABLE=1 turns it on; it pays off for batched decode, not "
+                     "yet for one stream): experts are served as in exact mode, with the one-pass prefill")
         with self.offload.loading(self.model):
             self.model.load(use_per_device=split, progressbar=False, max_batch_size=settings.ambs, max_chunk_size=settings.chunk_size)
         self.model.warmup(cache=self.cache, max_chunk_size=settings.chunk_size, progressbar=False)
