@@ -94,13 +94,18 @@ class FastTier:
         worker_cpu, pool_cpus = (cpus[0], cpus[1:]) if len(cpus) > 1 else (None, cpus)
         self.feeding = FeedingThread(cpus)
         self.feeding.confine()
-        self.pool = ce.Pool(pool_cpus, max(1, threads - 1), spin_us=SPIN_US).start()
-        self.ring = Ring(RING_SLOTS, self.hidden, MAX_TOKENS, top_k)
-        self.worker = Worker(self.ring, self.table, act_limit=act_limit, pool=self.pool, cpu=worker_cpu, spin_us=SPIN_US).start()
-        self.producer = DeviceProducer(self.ring, device, kernels)
-        self.max_experts = min(255, MAX_TOKENS * top_k)
-        self.costs = self._measure(settings, experts, act_limit, kernels)
-        self.cube = torch.from_numpy(self.costs.table(MAX_TOKENS, self.max_experts)).to(device)
+        self.pool = self.worker = self.producer = None
+        try:
+            self.pool = ce.Pool(pool_cpus, max(1, threads - 1), spin_us=SPIN_US).start()
+            self.ring = Ring(RING_SLOTS, self.hidden, MAX_TOKENS, top_k)
+            self.worker = Worker(self.ring, self.table, act_limit=act_limit, pool=self.pool, cpu=worker_cpu, spin_us=SPIN_US).start()
+            self.producer = DeviceProducer(self.ring, device, kernels)
+            self.max_experts = min(255, MAX_TOKENS * top_k)
+            self.costs = self._measure(settings, experts, act_limit, kernels)
+            self.cube = torch.from_numpy(self.costs.table(MAX_TOKENS, self.max_experts)).to(device)
+        except BaseException:
+            self.close()  # what started stops, and the feeding thread gets its CPUs back
+            raise
         self._steps, self._seen = 0, self.worker.counters()
         self.deadline_s = settings.ct_deadline_ms / 1000.0
         self.sent = torch.zeros(4, dtype=torch.int64, device=device)  # hits, misses, experts, picks sent (decode steps)
@@ -236,9 +241,10 @@ class FastTier:
         }
 
     def close(self) -> None:
-        self.producer.close()
-        self.worker.stop()
-        self.pool.stop()
+        """Stops what has started (also after a failed start)."""
+        for part, stop in ((self.producer, "close"), (self.worker, "stop"), (self.pool, "stop")):
+            if part is not None:
+                getattr(part, stop)()
         self.feeding.release()
 
 

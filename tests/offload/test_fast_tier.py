@@ -159,3 +159,42 @@ def test_the_feeding_thread_keeps_off_the_tiers_cpus_while_it_runs():
     assert seen["confined"] == seen["started after"] == {allowed[0]} and seen["torch threads"] == 1
     assert seen["released"] == seen["tier takes all"] == set(allowed)
     assert torch.get_num_threads() == threads and os.sched_getaffinity(0) == set(allowed)
+
+
+def test_a_failed_start_stops_what_started_and_gives_the_cpus_back(monkeypatch):
+    import glm53.offload.fast_tier as ft
+
+    stopped = []
+
+    class Started:
+        def __init__(self, name):
+            self.name = name
+
+        def start(self):
+            return self
+
+        def stop(self):
+            stopped.append(self.name)
+
+    feeding = []
+    monkeypatch.setattr(ft, "FeedingThread", lambda cpus: type("F", (), {
+        "confine": lambda self: feeding.append("confine"), "release": lambda self: feeding.append("release")})())
+    monkeypatch.setattr(ft.ce, "Pool", lambda *a, **k: Started("pool"))
+    monkeypatch.setattr(ft.ce, "tier_cpus", lambda spec: (1, 2, 3))
+    monkeypatch.setattr(ft, "Ring", lambda *a: object())
+    monkeypatch.setattr(ft, "Worker", lambda *a, **k: Started("worker"))
+    monkeypatch.setattr(ft, "ExpertTable", lambda *a: object())
+    monkeypatch.setattr(ft, "host_store_experts", lambda *a: {})
+    monkeypatch.setattr(ft.exl3_patch, "experts_see_the_router_input", lambda mlp: True)
+
+    def no_gpu(*a):
+        raise RuntimeError("cudaHostRegister failed")
+
+    monkeypatch.setattr(ft, "DeviceProducer", no_gpu)
+    store = type("Store", (), {"layout": type("L", (), {"shapes": [(16, 8)]})(), "num_layers": 1, "num_experts": 4,
+                               "read_sign_scale": lambda self, d: {}})()
+    mlp = type("Mlp", (), {"num_experts_per_tok": 2, "act_limit": 0.0, "key": "m"})()
+    settings = type("S", (), {"ct_cpus": "auto", "ct_threads": 0})()
+    with pytest.raises(RuntimeError, match="cudaHostRegister"):
+        FastTier(settings, None, store, None, [mlp], torch.device("cpu"), None)
+    assert stopped == ["worker", "pool"] and feeding == ["confine", "release"]
