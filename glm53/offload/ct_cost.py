@@ -119,22 +119,22 @@ def measure_cpu(experts: Sequence[tuple[ce.Linear, ce.Linear, ce.Linear]], *, ac
     hidden = experts[0][0].in_features
     per_expert: dict[int, float] = {}
     per_job: dict[int, float] = {}
+    def job_seconds(x: np.ndarray, size: int) -> float:
+        """The best of ``repeats`` passes over the experts in jobs of ``size``, per job."""
+        weights = np.full((size, x.shape[0]), 0.125, np.float32)
+        acc = np.zeros(x.shape, np.float32)
+        groups = [experts[i : i + size] for i in range(0, len(experts) - size + 1, size)]
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for group in groups:
+                ce.experts_forward(x, group, weights, acc, act_limit=act_limit, isa=isa, pool=pool)
+            best = min(best, (time.perf_counter() - t0) / len(groups))
+        return best
+
     for t in tokens:
         x = rng.standard_normal((t, hidden)).astype(np.float16)
-        acc = np.zeros((t, hidden), np.float32)
-
-        def job_seconds(size: int) -> float:
-            weights = np.full((size, t), 0.125, np.float32)
-            groups = [experts[i : i + size] for i in range(0, len(experts) - size + 1, size)]
-            best = float("inf")
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                for group in groups:
-                    ce.experts_forward(x, group, weights, acc, act_limit=act_limit, isa=isa, pool=pool)
-                best = min(best, (time.perf_counter() - t0) / len(groups))
-            return best
-
-        one, many = job_seconds(1), job_seconds(batch)
+        one, many = job_seconds(x, 1), job_seconds(x, batch)
         # a floor of a tenth of the batch's average: timing noise must not make an expert look free
         per_expert[t] = max((many - one) / (batch - 1), 0.1 * many / batch)
         per_job[t] = max(one - per_expert[t], 0.0)

@@ -11,7 +11,12 @@ import pytest
 import torch
 
 from glm53.offload.ct_cost import Costs
-from glm53.offload.fast_tier import REFRESH_STEPS, FastTier, FeedingThread, lost_jobs_reason
+from glm53.offload.fast_tier import (
+    REFRESH_STEPS,
+    FastTier,
+    FeedingThread,
+    lost_jobs_reason,
+)
 
 H = 256
 
