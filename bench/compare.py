@@ -356,9 +356,8 @@ def build_native_libraries() -> None:
     from glm53.offload import cpu_expert, ec_native, native_lib
 
     t0 = time.monotonic()
-    for name, locate in (("CPU tier", cpu_expert.locate), ("expert cache", ec_native.locate)):
-        if locate is ec_native.locate and not torch.cuda.is_available():
-            continue
+    libraries = [("CPU tier", cpu_expert.locate)] + ([("expert cache", ec_native.locate)] if torch.cuda.is_available() else [])
+    for name, locate in libraries:
         try:
             log(f"{name} library: {locate().name} ({time.monotonic() - t0:.1f} s)")
         except native_lib.NativeBuildError as exc:  # the arms that need it report it

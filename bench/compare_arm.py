@@ -36,6 +36,7 @@ import traceback
 from pathlib import Path
 
 from bench import procmem
+from bench.scoreboard import find_stats
 
 GB = 1e9
 STOCK_ARMS = ("stock-vram", "stock-mcs", "stock-mcs-pa")
@@ -93,18 +94,6 @@ def aggregate_decode_rate(times: list[list[float]]) -> float:
 
 def decode_rate(times: list[float]) -> float:
     return (len(times) - 1) / (times[-1] - times[0])
-
-
-def find_stats(stats, keys=("hits", "hit_rate")) -> dict | None:
-    """The shallowest dict in the engine's statistics that holds all of ``keys`` (lists are not searched: they
-    hold per-layer rows)."""
-    level = [stats] if isinstance(stats, dict) else []
-    while level:
-        for d in level:
-            if all(k in d for k in keys):
-                return d
-        level = [v for d in level for v in d.values() if isinstance(v, dict)]
-    return None
 
 
 def phase_hit_rate(before, after) -> float | None:

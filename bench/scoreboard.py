@@ -163,9 +163,10 @@ def bounds(results: Mapping) -> dict:
     cpu = cpu_tier_gbs(results)
     if cpu is not None:
         fast_hit = _decode_hit_rate(results, "fast", "hit_rate")
+        fast_hit = hit if fast_hit is None else fast_hit
         rate = min(link + cpu, bw["dram_read_gbs"]) if bw.get("dram_read_gbs") else link + cpu
-        out["fast"] = {**decode_bound(1.0 / allvram, hit if fast_hit is None else fast_hit, *shape, rate),
-                       "hit_rate": hit if fast_hit is None else fast_hit, "cpu_tier_gbs": cpu, "miss_gbs": rate}
+        out["fast"] = {**decode_bound(1.0 / allvram, fast_hit, *shape, rate), "hit_rate": fast_hit, "cpu_tier_gbs": cpu,
+                       "miss_gbs": rate}
     return out
 
 
@@ -173,22 +174,23 @@ def cpu_tier_gbs(results: Mapping) -> float | None:
     """The CPU tier's expert throughput on one token (an expert's bytes over its per-expert time, which the
     engine measures at start with the worker's threads), from the fast arm's statistics; None without them."""
     for run in ok_runs(results, "fast"):
-        tier = _find_key(run.get("engine_stats"), "cpu_tier")
-        per_token = ((tier or {}).get("costs") or {}).get("cpu_expert_us") or {}
+        tier = find_stats(run.get("engine_stats"), ("cpu_tier",))
+        per_token = ((tier or {}).get("cpu_tier", {}).get("costs") or {}).get("cpu_expert_us") or {}
         us = per_token.get("1", per_token.get(1))
         if us:
             return results["checkpoint"]["expert_bytes"] / (us * 1e-6) / 1e9
     return None
 
 
-def _find_key(tree, key: str):
-    """The value under ``key`` in the first dict (breadth first) of nested dicts that has it."""
-    level = [tree] if isinstance(tree, Mapping) else []
+def find_stats(stats, keys=("hits", "hit_rate")) -> dict | None:
+    """The shallowest dict in an engine's statistics that holds all of ``keys`` (lists are not searched: they
+    hold per-layer rows)."""
+    level = [stats] if isinstance(stats, dict) else []
     while level:
         for d in level:
-            if key in d:
-                return d[key]
-        level = [v for d in level for v in d.values() if isinstance(v, Mapping)]
+            if all(k in d for k in keys):
+                return d
+        level = [v for d in level for v in d.values() if isinstance(v, dict)]
     return None
 
 

@@ -236,8 +236,8 @@ def read_bytes(buf: np.ndarray, pool: Pool | None = None) -> int:
 class Pool:
     """The CPU tier's worker threads, pinned to ``cpus`` (thread i to ``cpus[i % len(cpus)]``; None: not pinned).
 
-    A thread that calls a kernel with the pool takes part in the work, so it should have a core of its own (the
-    first core, which ``tier_cpus("auto")`` leaves out); a caller sharing a worker's core slows both. Idle
+    A thread that calls a kernel with the pool takes part in the work, so it should have a core of its own
+    (:meth:`for_caller` gives it one); a caller sharing a worker's core slows both. Idle
     workers, and a caller waiting for the last units, spin ``spin_us`` microseconds, then sleep. One call at a
     time runs on a pool; calls from several threads queue. Use ``with Pool(...) as pool:`` or ``start()``/``stop()``.
     """
@@ -249,10 +249,15 @@ class Pool:
         self.handle: int | None = None
 
     @classmethod
-    def from_settings(cls, settings) -> Pool:
-        """The pool ``GLM53_CT_CPUS`` and ``GLM53_CT_THREADS`` ask for (not started)."""
+    def for_caller(cls, settings, spin_us: int = 100) -> tuple[Pool, int | None]:
+        """``(pool, caller_cpu)`` for the threads ``GLM53_CT_CPUS`` and ``GLM53_CT_THREADS`` ask for, counting the
+        thread that calls the kernels with the pool (it takes part in the work): that one gets the first CPU, the
+        pool (not started) the others, one compute thread per CPU. With one CPU they share it (caller_cpu None)."""
         cpus = tier_cpus(settings.ct_cpus)
-        return cls(cpus, settings.ct_threads or len(cpus))
+        threads = max(1, (settings.ct_threads or len(cpus)) - 1)
+        if len(cpus) > 1:
+            return cls(cpus[1:], threads, spin_us), cpus[0]
+        return cls(cpus, threads, spin_us), None
 
     def start(self) -> Self:
         """:raise KernelError: a thread could not be started or pinned (e.g. a CPU outside this process's set)."""

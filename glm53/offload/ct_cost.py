@@ -41,6 +41,7 @@ class Costs:
     vram_expert_s: float  # a resident expert
     sources: Mapping[str, str] = field(default_factory=dict)  # how each figure was obtained (for /stats)
     cpu_job_s: Mapping[int, float] = field(default_factory=dict)  # tokens -> a job's CPU time beyond its experts' (none: 0)
+    cpu_pinned: bool = False  # the CPU figures are given (GLM53_CT_B, a check), so live timings do not move them
 
     def __post_init__(self):
         for name in ("handoff_s", "link_expert_s", "vram_expert_s"):
@@ -53,17 +54,13 @@ class Costs:
             raise ValueError(f"cpu_job_s must map token counts >= 1 to seconds >= 0, not {dict(self.cpu_job_s)!r}")
 
     def cpu_per_expert(self, tokens: int) -> float:
-        """The measured time at the smallest measured token count >= tokens (the largest one beyond them)."""
-        measured = sorted(self.cpu_expert_s)
-        for t in measured:
-            if t >= tokens:
-                return self.cpu_expert_s[t]
-        return self.cpu_expert_s[measured[-1]] * tokens / measured[-1]
+        """The measured time at the smallest measured token count >= tokens (beyond them: scaled from the largest)."""
+        t = _measured_at(self.cpu_expert_s, tokens)
+        return self.cpu_expert_s[t] * (max(tokens, t) / t)
 
     def cpu_per_job(self, tokens: int) -> float:
         """A job's CPU time beyond its experts', at the smallest measured token count >= tokens (0 if none)."""
-        return next((self.cpu_job_s[t] for t in sorted(self.cpu_job_s) if t >= tokens),
-                    self.cpu_job_s[max(self.cpu_job_s)] if self.cpu_job_s else 0.0)
+        return self.cpu_job_s[_measured_at(self.cpu_job_s, tokens)] if self.cpu_job_s else 0.0
 
     def gpu_seconds(self, hits: int, misses: int) -> float:
         return hits * self.vram_expert_s + misses * self.link_expert_s
@@ -83,26 +80,34 @@ class Costs:
         if not 1 <= max_tokens <= ce.MAX_ROWS or not 1 <= max_experts <= 255:
             raise ValueError(f"max_tokens must be in 1..{ce.MAX_ROWS} and max_experts in 1..255")
         out = np.zeros((max_tokens + 1, max_experts + 1, max_experts + 1), np.uint8)
-        k = np.arange(max_experts + 1)
+        n = np.arange(max_experts + 1)
+        hits, misses, k = n[:, None, None], n[None, :, None], n[None, None, :]  # axes: hits, misses, k on the CPU
+        possible = (k <= misses) & (hits + misses <= max_experts)
+        # an impossible k costs more than any possible one; float64 keeps ties (the fewest on the CPU) exact
+        gpu = np.where(possible, hits * self.vram_expert_s + (misses - k) * self.link_expert_s, np.inf)
         for tokens in range(1, max_tokens + 1):
             cpu = np.where(k == 0, 0.0, self.handoff_s + self.cpu_per_job(tokens) + k * self.cpu_per_expert(tokens))
-            for hits in range(max_experts + 1):
-                for misses in range(max_experts + 1 - hits):
-                    gpu = hits * self.vram_expert_s + (misses - k[: misses + 1]) * self.link_expert_s
-                    out[tokens, hits, misses] = int(np.argmin(np.maximum(gpu, cpu[: misses + 1])))
+            cost = np.maximum(gpu, cpu)
+            # argmin: the first minimum, the fewest on the CPU; a cell with no possible k (hits + misses too many) is 0
+            out[tokens] = np.where(possible[..., 0], np.argmin(cost, axis=-1), 0)
         return out
 
     def refreshed(self, busy_s: float, experts: int, tokens: int, jobs: int = 0, weight: float = 0.2) -> Costs:
         """The per-expert CPU figure for ``tokens`` moved toward a live measurement by ``weight``: the worker's busy
         time since the last refresh, less the measured per-job part of its ``jobs`` jobs (of about ``tokens``
-        tokens), over the ``experts`` it computed. A pinned figure (``GLM53_CT_B``) stays."""
-        if experts <= 0 or busy_s <= 0 or self.sources.get("cpu_expert_s") == "GLM53_CT_B":
+        tokens), over the ``experts`` it computed. Pinned figures (``cpu_pinned``) stay."""
+        if experts <= 0 or busy_s <= 0 or self.cpu_pinned:
             return self
-        bucket = min((t for t in self.cpu_expert_s if t >= tokens), default=max(self.cpu_expert_s))
+        bucket = _measured_at(self.cpu_expert_s, tokens)
         live = max(busy_s - jobs * self.cpu_per_job(tokens), 0.1 * busy_s) / experts
         cpu = dict(self.cpu_expert_s)
         cpu[bucket] = (1 - weight) * cpu[bucket] + weight * live
         return replace(self, cpu_expert_s=cpu, sources={**self.sources, "cpu_expert_s": "measured at start, refreshed from the worker"})
+
+
+def _measured_at(figures: Mapping[int, float], tokens: int) -> int:
+    """The smallest measured token count >= ``tokens``, else the largest measured."""
+    return min((t for t in figures if t >= tokens), default=max(figures))
 
 
 def measure_cpu(experts: Sequence[tuple[ce.Linear, ce.Linear, ce.Linear]], *, act_limit: float, pool: ce.Pool | None,
@@ -144,7 +149,7 @@ def measure_cpu(experts: Sequence[tuple[ce.Linear, ce.Linear, ce.Linear]], *, ac
 def every_miss_to_the_cpu(costs: Costs) -> Costs:
     """Costs under which the split sends every missed expert to the CPU tier (a free CPU): for checks of the CPU
     path's numerics (bench/decode_kl.py ``--split all``, the GPU tests), never for speed."""
-    return replace(costs, cpu_expert_s={t: 1e-12 for t in TOKENS}, cpu_job_s={}, handoff_s=0.0,
+    return replace(costs, cpu_expert_s={t: 1e-12 for t in TOKENS}, cpu_job_s={}, handoff_s=0.0, cpu_pinned=True,
                    sources={**costs.sources, "cpu_expert_s": "every miss to the CPU (a check, not a measurement)"})
 
 

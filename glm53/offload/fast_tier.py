@@ -89,14 +89,12 @@ class FastTier:
         act_limit = float(mlps[0].act_limit or 0.0)
         experts = host_store_experts(store, store.read_sign_scale(model_dir))
         self.table = ExpertTable(experts, store.num_layers, store.num_experts)
-        cpus = ce.tier_cpus(settings.ct_cpus)
-        threads = settings.ct_threads or len(cpus)
-        worker_cpu, pool_cpus = (cpus[0], cpus[1:]) if len(cpus) > 1 else (None, cpus)
-        self.feeding = FeedingThread(cpus)
+        pool, worker_cpu = ce.Pool.for_caller(settings, spin_us=SPIN_US)  # the worker thread is the caller
+        self.feeding = FeedingThread(pool.cpus if worker_cpu is None else (worker_cpu, *pool.cpus))
         self.feeding.confine()
         self.pool = self.worker = self.producer = None
         try:
-            self.pool = ce.Pool(pool_cpus, max(1, threads - 1), spin_us=SPIN_US).start()
+            self.pool = pool.start()
             self.ring = Ring(RING_SLOTS, self.hidden, MAX_TOKENS, top_k)
             self.worker = Worker(self.ring, self.table, act_limit=act_limit, pool=self.pool, cpu=worker_cpu, spin_us=SPIN_US).start()
             self.producer = DeviceProducer(self.ring, device, kernels)
@@ -138,7 +136,7 @@ class FastTier:
         sources.update(link_expert_s=f"zero-copy read {link_gbs:.1f} GB/s", vram_expert_s=f"VRAM read {vram_gbs:.0f} GB/s",
                        handoff_s="one-expert round trip less its CPU time")
         return Costs(cpu, handoff_s=handoff, link_expert_s=block / (link_gbs * 1e9), vram_expert_s=block / (vram_gbs * 1e9),
-                     sources=sources, cpu_job_s=job)
+                     sources=sources, cpu_job_s=job, cpu_pinned=settings.ct_b is not None)
 
     def use_costs(self, costs: Costs) -> None:
         """Split by these costs from the next step on (the device's table is rewritten in place, on the stream)."""

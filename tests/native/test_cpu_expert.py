@@ -235,14 +235,18 @@ def test_pool_refuses_a_cpu_it_cannot_use():
         ce.Pool([100000]).start()
 
 
-def test_pool_from_settings():
+def test_pool_for_caller_from_settings():
     from glm53 import config
 
+    # one CPU: the caller and the pool share it; 2 threads in all, the caller one of them
     settings = config.load([], {"GLM53_CT_CPUS": "0", "GLM53_CT_THREADS": "2"})
-    pool = ce.Pool.from_settings(settings)
-    assert (pool.cpus, pool.threads) == ((0,), 2)
+    pool, caller_cpu = ce.Pool.for_caller(settings)
+    assert (pool.cpus, pool.threads, caller_cpu) == ((0,), 1, None)
     with pool:
-        assert ce.library().glm53_ce_pool_threads(pool.handle) == 2
+        assert ce.library().glm53_ce_pool_threads(pool.handle) == 1
+    # several: the caller gets the first, the pool one thread on each of the others (not started here)
+    pool, caller_cpu = ce.Pool.for_caller(config.load([], {"GLM53_CT_CPUS": "3-5"}), spin_us=2000)
+    assert (pool.cpus, pool.threads, pool.spin_us, caller_cpu) == ((4, 5), 2, 2000, 3)
 
 
 def test_tier_cpus_auto_takes_one_cpu_per_core_and_leaves_the_first(tmp_path):

@@ -73,7 +73,7 @@ def test_live_timings_move_the_cpu_figure_and_a_pinned_one_stays():
     assert fresh.cpu_expert_s[1] == pytest.approx(0.8 * 250 * US + 0.2 * 300 * US)
     assert fresh.cpu_expert_s[8] == PCIE4.cpu_expert_s[8] and "refreshed" in fresh.sources["cpu_expert_s"]
     assert PCIE4.refreshed(0.0, 0, 1) is PCIE4
-    pinned = Costs(pinned_cpu_cost(0.25), 0.0, 1e-4, 0.0, sources={"cpu_expert_s": "GLM53_CT_B"})
+    pinned = Costs(pinned_cpu_cost(0.25), 0.0, 1e-4, 0.0, sources={"cpu_expert_s": "GLM53_CT_B"}, cpu_pinned=True)
     assert pinned.cpu_expert_s == {1: 0.00025, 2: 0.00025, 4: 0.00025, 8: 0.00025}
     assert pinned.refreshed(1.0, 10, 1) is pinned
 
@@ -143,3 +143,4 @@ def test_every_miss_to_the_cpu():
     c = every_miss_to_the_cpu(PCIE4)
     assert all(c.best_split(h, m, t) == m for t in (1, 2, 8) for h in (0, 3) for m in range(9))
     assert c.link_expert_s == PCIE4.link_expert_s and "a check" in c.sources["cpu_expert_s"]
+    assert c.refreshed(busy_s=1.0, experts=10, tokens=1, jobs=10) is c  # live timings do not undo a check's costs

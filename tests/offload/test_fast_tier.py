@@ -184,8 +184,9 @@ def test_a_failed_start_stops_what_started_and_gives_the_cpus_back(monkeypatch):
     feeding = []
     monkeypatch.setattr(ft, "FeedingThread", lambda cpus: type("F", (), {
         "confine": lambda self: feeding.append("confine"), "release": lambda self: feeding.append("release")})())
-    monkeypatch.setattr(ft.ce, "Pool", lambda *a, **k: Started("pool"))
-    monkeypatch.setattr(ft.ce, "tier_cpus", lambda spec: (1, 2, 3))
+    pool = Started("pool")
+    pool.cpus = (2, 3)
+    monkeypatch.setattr(ft.ce.Pool, "for_caller", classmethod(lambda cls, settings, spin_us: (pool, 1)))
     monkeypatch.setattr(ft, "Ring", lambda *a: object())
     monkeypatch.setattr(ft, "Worker", lambda *a, **k: Started("worker"))
     monkeypatch.setattr(ft, "ExpertTable", lambda *a: object())
