@@ -16,6 +16,7 @@ best of ``--reps`` passes (a capacity: the best pass is the least disturbed one)
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -64,7 +65,7 @@ def best_pass(fn, reps: int) -> float:
     return best
 
 
-def expert_rate(experts, pool: ce.Pool | None, isa: str, tokens: int, per_call: int, reps: int) -> float:
+def expert_rate(experts, pool: ce.Pool | None, isa: str, tokens: int, per_call: int, reps: int, codebook: str) -> float:
     """GB/s of trellis bytes over passes through all experts, ``per_call`` experts per call."""
     rng = np.random.default_rng(0)
     x = rng.normal(size=(tokens, HIDDEN)).astype(np.float16)
@@ -74,7 +75,7 @@ def expert_rate(experts, pool: ce.Pool | None, isa: str, tokens: int, per_call: 
 
     def one_pass():
         for group in calls:
-            ce.experts_forward(x, group, weights, out, act_limit=10.0, isa=isa, pool=pool)
+            ce.experts_forward(x, group, weights, out, act_limit=10.0, isa=isa, pool=pool, codebook=codebook)
 
     return len(calls) * per_call * EXPERT_BYTES / best_pass(one_pass, reps) / 1e9
 
@@ -97,6 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cpus", type=CPUS.parse, default=None, help="CPUs to use (default: all this process may run on)")
     ap.add_argument("--isa", action="append", choices=ce.ISAS, help="kernel variant (repeatable; default: all vector ones)")
+    ap.add_argument("--codebook", action="append", choices=ce.CODEBOOKS,
+                    help="codebook (repeatable; default both: fp16, the GPU's weights, and fma, the CPU tier's)")
     ap.add_argument("--per-call", type=int, default=8, help="experts per call (default 8)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", type=Path, help="write the results as JSON here")
@@ -104,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
 
     cpus = sorted(os.sched_getaffinity(0)) if args.cpus in (None, "auto") else list(args.cpus)
     isas = args.isa or [isa for isa in ce.available_isas() if isa != "scalar"]
+    codebooks = args.codebook or list(ce.CODEBOOKS)
     llc = last_level_cache()
     n_experts = max(2 * args.per_call, args.per_call * math.ceil(4 * llc / EXPERT_BYTES / args.per_call))
     print(f"{cpu_model()}; CPUs {cpus}; last-level cache {llc >> 20} MiB; {n_experts} experts "
@@ -119,16 +123,16 @@ def main(argv: list[str] | None = None) -> int:
         pool = ce.Pool(cpus[1:cores], cores - 1).start() if cores > 1 else None
         try:
             dram[cores] = dram_rate(buf, pool, args.reps + 2)
-            for isa in isas:
-                for tokens in (1, 4):
-                    gbs = expert_rate(experts, pool, isa, tokens, args.per_call, args.reps)
-                    rows.append({"isa": isa, "cores": cores, "tokens": tokens, "experts_per_call": args.per_call,
-                                 "gbs": gbs, "gbs_per_core": gbs / cores, "ms_per_expert": EXPERT_BYTES / gbs / 1e6,
-                                 "dram_gbs": dram[cores], "ratio_to_dram": gbs / dram[cores]})
-                    r = rows[-1]
-                    print(f"{isa:11s} cores {cores:3d} tokens {tokens}: {gbs:6.2f} GB/s ({r['gbs_per_core']:5.2f} per core, "
-                          f"{r['ms_per_expert']:5.2f} ms per expert), {100 * r['ratio_to_dram']:5.1f} % of DRAM read "
-                          f"{dram[cores]:.1f} GB/s", flush=True)
+            for isa, codebook, tokens in itertools.product(isas, codebooks, (1, 4)):
+                gbs = expert_rate(experts, pool, isa, tokens, args.per_call, args.reps, codebook)
+                rows.append({"isa": isa, "codebook": codebook, "cores": cores, "tokens": tokens,
+                             "experts_per_call": args.per_call, "gbs": gbs, "gbs_per_core": gbs / cores,
+                             "ms_per_expert": EXPERT_BYTES / gbs / 1e6, "dram_gbs": dram[cores],
+                             "ratio_to_dram": gbs / dram[cores]})
+                r = rows[-1]
+                print(f"{isa:11s} {codebook:4s} cores {cores:3d} tokens {tokens}: {gbs:6.2f} GB/s ({r['gbs_per_core']:5.2f} "
+                      f"per core, {r['ms_per_expert']:5.2f} ms per expert), {100 * r['ratio_to_dram']:5.1f} % of DRAM "
+                      f"read {dram[cores]:.1f} GB/s", flush=True)
         finally:
             if pool is not None:
                 pool.stop()

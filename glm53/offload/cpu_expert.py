@@ -6,10 +6,17 @@ each projection an EXL3 linear with the mul1 codebook read from its on-disk tens
 1.6.5's reading of GLM's ``swiglu_limit`` (the activated gate clamped from above, the up projection both ways).
 Results are identical bit for bit on every ISA and for any number of threads.
 
-Codebook values are the fp16 weights exllamav3's GPU kernels (and its quantiser) decode, bit for bit:
-``fp16(fma(1024 + byte sum, fp16 0x1eee, fp16 0xc931))``, which sit 476 / 2^18 (1.8e-3) below the exact
-``(byte sum - 510) * fp16(0x1eee)`` of ``models/synth/exl3_reference.mul1_values`` and exllamav3's own CPU kernel,
-plus their fp16 rounding (``native/cpu_expert/format.h`` has the derivation; :func:`mul1_values` exposes them).
+Codebook values (``codebook``, :data:`CODEBOOKS`):
+
+- ``fp16`` (the default): the fp16 weights exllamav3's GPU kernels (and its quantiser) decode, bit for bit,
+  ``fp16(fma(1024 + byte sum, fp16 0x1eee, fp16 0xc931))``, which sit 476 / 2^18 (1.8e-3) below the exact
+  ``(byte sum - 510) * fp16(0x1eee)`` of ``models/synth/exl3_reference.mul1_values`` and exllamav3's own CPU
+  kernel, plus their fp16 rounding;
+- ``fma``: that fused multiply-add before its rounding to fp16 (relative RMS 2.1e-4 from the fp16 weights, without
+  bias), which spares the rounding's three of the ten vector operations a weight costs at one token: the CPU
+  tier's choice (``GLM53_CT_CODEBOOK``).
+
+``native/cpu_expert/format.h`` has the derivation; :func:`mul1_values` exposes the values.
 
 Arrays are NumPy arrays or CPU torch tensors, C-contiguous. Outputs are passed in (destination passing). The
 shared library comes from ``$GLM53_NATIVE_BUILD``, the installed package or the source tree's ``native/build/``
@@ -34,6 +41,7 @@ NativeBuildError = native_lib.NativeBuildError  # what library() raises when it 
 NATIVE = native_lib.SOURCE
 LIBRARY = NATIVE / "build" / native_lib.CPU_LIBRARY  # where `make -C native` puts it
 ISAS = ("scalar", "avx2", "avx512", "avx512vbmi")  # ids 0.. of cpu_expert.h
+CODEBOOKS = ("fp16", "fma")  # ids 0.. of cpu_expert.h (GLM53_CE_CODEBOOK_*)
 MAX_ROWS = 8
 SYS_CPU = Path("/sys/devices/system/cpu")
 F16, F32, I16, U16 = (np.dtype(t) for t in (np.float16, np.float32, np.int16, np.uint16))
@@ -103,8 +111,9 @@ def library() -> ctypes.CDLL:
         "glm53_ce_pool_start": (ptr, [ptr, i32, i32, i32]),
         "glm53_ce_pool_stop": (None, [ptr]),
         "glm53_ce_pool_threads": (i32, [ptr]),
-        "glm53_ce_experts": (i32, [ptr, ptr, i32, ptr, i32, i32, ptr, ctypes.c_float, ptr, i32]),
-        "glm53_ce_linear_forward": (i32, [ptr, ptr, i32, ptr, i32]),
+        "glm53_ce_experts": (i32, [ptr, ptr, i32, ptr, i32, i32, ptr, ctypes.c_float, ptr, i32, i32]),
+        "glm53_ce_linear_forward": (i32, [ptr, ptr, i32, ptr, i32, i32]),
+        "glm53_ce_mul1_values": (i32, [ptr, i32, ptr, i32, i32]),
         "glm53_ce_read_bytes": (ctypes.c_uint64, [ptr, ptr, ctypes.c_uint64]),
     }
     for name, (restype, argtypes) in signatures.items():
@@ -128,6 +137,12 @@ def _isa_id(isa: str | None) -> int:
     if isa not in available_isas():
         raise ValueError(f"this CPU cannot run isa {isa!r}; available: {', '.join(available_isas())}")
     return ISAS.index(isa)
+
+
+def codebook_id(codebook: str) -> int:
+    if codebook not in CODEBOOKS:
+        raise ValueError(f"codebook must be one of {', '.join(CODEBOOKS)}, got {codebook!r}")
+    return CODEBOOKS.index(codebook)
 
 
 def _array(a) -> np.ndarray:
@@ -171,7 +186,7 @@ def _call(rc: int) -> None:
 
 
 def experts_forward(x, experts: Sequence[tuple[Linear, Linear, Linear]], weights, out, *, act_limit: float,
-                    isa: str | None = None, pool: Pool | None = None) -> None:
+                    isa: str | None = None, pool: Pool | None = None, codebook: str = "fp16") -> None:
     """``out[t] += sum_e weights[e, t] * expert_e(x[t])``; a zero weight skips that token for that expert.
 
     :param x: fp16 or fp32 ``[T, hidden]``, T in 1..8.
@@ -181,6 +196,7 @@ def experts_forward(x, experts: Sequence[tuple[Linear, Linear, Linear]], weights
     :param act_limit: GLM's ``swiglu_limit``; 0 for no clamp.
     :param isa: a name from :func:`available_isas`; None for the fastest.
     :param pool: run on this started :class:`Pool`; None for the calling thread.
+    :param codebook: a name from :data:`CODEBOOKS` (see the module's docstring).
     :raise ValueError: a wrong dtype, shape or layout (the message names the argument); KernelError from the kernel.
     """
     xa = _checked(x, "x", (F16, F32))
@@ -196,17 +212,17 @@ def experts_forward(x, experts: Sequence[tuple[Linear, Linear, Linear]], weights
                             _c_linear(down, f"experts[{i}].down", keep))
     handle = pool.handle if pool is not None else None
     _call(library().glm53_ce_experts(handle, table, len(experts), xa.ctypes.data, int(xa.dtype == F16), rows,
-                                     w.ctypes.data, float(act_limit), o.ctypes.data, _isa_id(isa)))
+                                     w.ctypes.data, float(act_limit), o.ctypes.data, _isa_id(isa), codebook_id(codebook)))
 
 
 def expert_forward(x, gate: Linear, up: Linear, down: Linear, weights, out, *, act_limit: float,
-                   isa: str | None = None, pool: Pool | None = None) -> None:
+                   isa: str | None = None, pool: Pool | None = None, codebook: str = "fp16") -> None:
     """One expert: ``out[t] += weights[t] * expert(x[t])`` (weights fp32 ``[T]``); see :func:`experts_forward`."""
     w = _checked(weights, "weights", (F32,))
-    experts_forward(x, [(gate, up, down)], w.reshape(1, -1), out, act_limit=act_limit, isa=isa, pool=pool)
+    experts_forward(x, [(gate, up, down)], w.reshape(1, -1), out, act_limit=act_limit, isa=isa, pool=pool, codebook=codebook)
 
 
-def linear_forward(x, linear: Linear, out, *, isa: str | None = None) -> None:
+def linear_forward(x, linear: Linear, out, *, isa: str | None = None, codebook: str = "fp16") -> None:
     """One projection on the calling thread: ``out = x @ W`` (x fp32 ``[rows, in]``, out fp32 ``[rows, out]``)."""
     keep: list = []
     lin = _c_linear(linear, "linear", keep)
@@ -214,16 +230,15 @@ def linear_forward(x, linear: Linear, out, *, isa: str | None = None) -> None:
     if xa.ndim != 2 or xa.shape[1] != lin.in_features or xa.shape[0] < 1:
         raise ValueError(f"x must be [rows, {lin.in_features}], got {xa.shape}")
     o = _checked(out, "out", (F32,), (xa.shape[0], lin.out_features), writable=True)
-    _call(library().glm53_ce_linear_forward(ctypes.byref(lin), xa.ctypes.data, xa.shape[0], o.ctypes.data, _isa_id(isa)))
+    _call(library().glm53_ce_linear_forward(ctypes.byref(lin), xa.ctypes.data, xa.shape[0], o.ctypes.data, _isa_id(isa),
+                                            codebook_id(codebook)))
 
 
-def mul1_values(states, *, isa: str | None = None) -> np.ndarray:
+def mul1_values(states, *, isa: str | None = None, codebook: str = "fp16") -> np.ndarray:
     """The codebook value (fp32) the kernel's projections give each 16-bit state (uint16 array), for tests."""
     s = np.ascontiguousarray(_array(states), dtype=U16)
     out = np.empty(s.shape, F32)
-    fn = library().glm53_ce_mul1_values
-    fn.restype, fn.argtypes = ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32]
-    _call(fn(s.ctypes.data, s.size, out.ctypes.data, _isa_id(isa)))
+    _call(library().glm53_ce_mul1_values(s.ctypes.data, s.size, out.ctypes.data, _isa_id(isa), codebook_id(codebook)))
     return out
 
 

@@ -57,7 +57,7 @@ def library() -> ctypes.CDLL:
         "glm53_ct_ring_layout": (i32, [i32, i32, i32, i32, ptr]),
         "glm53_ct_ring_init": (i32, [ptr, u64, i32, i32, i32, i32]),
         "glm53_ct_slot_word": (u64, [ptr, i32, i32]),
-        "glm53_ct_worker_start": (ptr, [ptr, ptr, i32, i32, ctypes.c_float, ptr, i32, i32, i32, i32]),
+        "glm53_ct_worker_start": (ptr, [ptr, ptr, i32, i32, ctypes.c_float, ptr, i32, i32, i32, i32, i32]),
         "glm53_ct_worker_stop": (None, [ptr]),
         "glm53_ct_worker_counters": (None, [ptr, ptr]),
         "glm53_ct_worker_debug_hold": (None, [ptr, i32]),
@@ -182,19 +182,22 @@ class Worker:
     """The host thread that serves a ring. ``pool``: a started ``cpu_expert.Pool`` (None: this thread alone).
     ``cpu``: pin the worker thread (None: not pinned); it should have a core of its own, since it takes part in
     the pool's work. Idle, it spins ``spin_us`` after its last job, then naps, 50 us doubling up to ``nap_us``
-    (the worst wake-up latency after a long idle)."""
+    (the worst wake-up latency after a long idle). ``codebook``: ``cpu_expert.CODEBOOKS``."""
 
     def __init__(self, ring: Ring, table: ExpertTable, *, act_limit: float, pool: ce.Pool | None = None,
-                 isa: str | None = None, cpu: int | None = None, spin_us: int = 2000, nap_us: int = 1000) -> None:
+                 isa: str | None = None, cpu: int | None = None, spin_us: int = 2000, nap_us: int = 1000,
+                 codebook: str = "fp16") -> None:
+        ce.codebook_id(codebook)  # a bad name fails here, not at start()
         self.ring, self.table, self.pool = ring, table, pool
         self.act_limit, self.isa, self.cpu, self.spin_us, self.nap_us = act_limit, isa, cpu, spin_us, nap_us
+        self.codebook = codebook
         self.handle: int | None = None
 
     def start(self) -> Self:
         if self.handle is None:
             handle = library().glm53_ct_worker_start(
                 self.ring.address, self.table.c, self.table.num_layers, self.table.num_experts, float(self.act_limit),
-                self.pool.handle if self.pool is not None else None, ce._isa_id(self.isa),
+                self.pool.handle if self.pool is not None else None, ce._isa_id(self.isa), ce.codebook_id(self.codebook),
                 -1 if self.cpu is None else self.cpu, self.spin_us, self.nap_us)
             if not handle:
                 raise ce.KernelError(library().glm53_ct_error().decode())

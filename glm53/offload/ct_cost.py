@@ -112,7 +112,7 @@ def _measured_at(figures: Mapping[int, float], tokens: int) -> int:
 
 def measure_cpu(experts: Sequence[tuple[ce.Linear, ce.Linear, ce.Linear]], *, act_limit: float, pool: ce.Pool | None,
                 tokens: Sequence[int] = TOKENS, batch: int = 8, repeats: int = 3, isa: str | None = None,
-                seed: int = 0) -> tuple[dict[int, float], dict[int, float]]:
+                codebook: str = "fp16", seed: int = 0) -> tuple[dict[int, float], dict[int, float]]:
     """``(cpu_expert_s, cpu_job_s)`` of the CPU kernel on these experts (the checkpoint's own, read where the host
     store holds them) with ``pool``: per token count, jobs of one expert and jobs of ``batch`` experts are timed
     (the best of ``repeats`` passes over all the experts: cycling through many keeps the reads coming from DRAM, as
@@ -133,7 +133,7 @@ def measure_cpu(experts: Sequence[tuple[ce.Linear, ce.Linear, ce.Linear]], *, ac
         for _ in range(repeats):
             t0 = time.perf_counter()
             for group in groups:
-                ce.experts_forward(x, group, weights, acc, act_limit=act_limit, isa=isa, pool=pool)
+                ce.experts_forward(x, group, weights, acc, act_limit=act_limit, isa=isa, pool=pool, codebook=codebook)
             best = min(best, (time.perf_counter() - t0) / len(groups))
         return best
 

@@ -84,6 +84,7 @@ class FastTier:
                 raise RuntimeError(f"{mlp.key}: the experts' input is not the router's (a pre-norm or latent projection); "
                                    "the CPU tier does not support this model")
         self.store, self.cache, self.device = store, cache, device
+        self.codebook = settings.ct_codebook
         self.hidden = store.layout.shapes[0][0] * 16
         top_k = int(mlps[0].num_experts_per_tok)
         act_limit = float(mlps[0].act_limit or 0.0)
@@ -96,7 +97,8 @@ class FastTier:
         try:
             self.pool = pool.start()
             self.ring = Ring(RING_SLOTS, self.hidden, MAX_TOKENS, top_k)
-            self.worker = Worker(self.ring, self.table, act_limit=act_limit, pool=self.pool, cpu=worker_cpu, spin_us=SPIN_US).start()
+            self.worker = Worker(self.ring, self.table, act_limit=act_limit, pool=self.pool, cpu=worker_cpu, spin_us=SPIN_US,
+                                 codebook=settings.ct_codebook).start()
             self.producer = DeviceProducer(self.ring, device, kernels)
             self.max_experts = min(255, MAX_TOKENS * top_k)
             self.costs = self._measure(settings, experts, act_limit, kernels)
@@ -112,8 +114,8 @@ class FastTier:
         self._lost_seen = 0
         self.enabled = True  # off: every expert on the GPU, exact mode's numerics (paired checks, bench/decode_kl.py)
         self.setup_s = round(time.monotonic() - t0, 2)
-        log.info("CPU tier: %d threads (worker on CPU %s), costs per expert: CPU %s us (+ %s us a job), link %.0f us, VRAM "
-                 "%.1f us, handoff %.0f us (%s)", self.pool.threads + 1, worker_cpu,
+        log.info("CPU tier: %d threads (worker on CPU %s), %s codebook, costs per expert: CPU %s us (+ %s us a job), link %.0f us, VRAM "
+                 "%.1f us, handoff %.0f us (%s)", self.pool.threads + 1, worker_cpu, settings.ct_codebook,
                  {t: round(v * 1e6) for t, v in self.costs.cpu_expert_s.items()},
                  {t: round(v * 1e6) for t, v in self.costs.cpu_job_s.items()},
                  self.costs.link_expert_s * 1e6, self.costs.vram_expert_s * 1e6, self.costs.handoff_s * 1e6, self.costs.sources)
@@ -126,7 +128,8 @@ class FastTier:
             cpu, job, sources["cpu_expert_s"] = pinned_cpu_cost(settings.ct_b), {}, "GLM53_CT_B"
         else:
             keys = sorted(experts)[:TIMING_EXPERTS]
-            cpu, job = measure_cpu([experts[k] for k in keys], act_limit=act_limit, pool=self.pool, batch=min(8, len(keys)))
+            cpu, job = measure_cpu([experts[k] for k in keys], act_limit=act_limit, pool=self.pool, batch=min(8, len(keys)),
+                                   codebook=settings.ct_codebook)
             sources["cpu_expert_s"] = f"timed on {len(keys)} experts at start, jobs of 1 and {min(8, len(keys))}"
         block = self.store.layout.block_bytes
         link_gbs = _link_read_gbs(self.store, kernels)
@@ -227,6 +230,7 @@ class FastTier:
         return {
             "setup_s": self.setup_s,
             "threads": {"tier": self.pool.threads + 1, "feeding_thread_on_cpus": sorted(self.feeding.rest)},
+            "codebook": self.codebook,
             "costs": {"cpu_expert_us": {t: round(v * 1e6, 1) for t, v in self.costs.cpu_expert_s.items()},
                       "cpu_job_us": {t: round(v * 1e6, 1) for t, v in self.costs.cpu_job_s.items()},
                       "link_expert_us": round(self.costs.link_expert_s * 1e6, 1), "vram_expert_us": round(self.costs.vram_expert_s * 1e6, 2),

@@ -35,6 +35,11 @@ enum { GLM53_CE_ISA_BEST = -1, GLM53_CE_ISA_SCALAR = 0, GLM53_CE_ISA_AVX2 = 1, G
 
 enum { GLM53_CE_MAX_ROWS = 8 };  /* tokens per expert call */
 
+/* The codebook value a weight is decoded to (format.h). FP16: exllamav3's GPU kernels' fp16 weight, bit for bit.
+ * FMA: the same fused multiply-add before its rounding to fp16 (relative RMS 2.1e-4 from the fp16 weights, no
+ * bias), three vector operations fewer of the ten a weight costs at one token. */
+enum { GLM53_CE_CODEBOOK_FP16 = 0, GLM53_CE_CODEBOOK_FMA = 1, GLM53_CE_CODEBOOK_COUNT = 2 };
+
 /* One EXL3 linear in the on-disk layout. in_features and out_features are multiples of 128. */
 typedef struct glm53_ce_linear {
     const int16_t* trellis;  /* [in/16][out/16][16 * bits] */
@@ -71,15 +76,15 @@ GLM53_CE_API int32_t glm53_ce_pool_threads(const glm53_ce_pool* pool);
  * [rows][hidden]. Experts are added in list order. pool NULL runs on the calling thread. */
 GLM53_CE_API int32_t glm53_ce_experts(glm53_ce_pool* pool, const glm53_ce_expert* experts, int32_t n_experts,
                                       const void* x, int32_t x_fp16, int32_t rows, const float* weights,
-                                      float act_limit, float* out, int32_t isa);
+                                      float act_limit, float* out, int32_t isa, int32_t codebook);
 
 /* One projection, for comparisons: y[t] = x[t] @ W, x fp32 [rows][in], y fp32 [rows][out] (overwritten). */
 GLM53_CE_API int32_t glm53_ce_linear_forward(const glm53_ce_linear* linear, const float* x, int32_t rows, float* y,
-                                             int32_t isa);
+                                             int32_t isa, int32_t codebook);
 
-/* The mul1 codebook value of n 16-bit states as the projections decode them with this ISA: the fp16 weight of
- * exllamav3's GPU kernels, as fp32 (see format.h). For tests. */
-GLM53_CE_API int32_t glm53_ce_mul1_values(const uint16_t* states, int32_t n, float* out, int32_t isa);
+/* The mul1 codebook value of n 16-bit states as the projections decode them with this ISA and codebook, as fp32
+ * (see format.h). For tests. */
+GLM53_CE_API int32_t glm53_ce_mul1_values(const uint16_t* states, int32_t n, float* out, int32_t isa, int32_t codebook);
 
 /* Reads bytes of buf once, split over the pool's threads (or the calling thread): a DRAM bandwidth probe.
  * Returns a checksum so that the reads cannot be optimised away. */

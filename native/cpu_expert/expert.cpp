@@ -1,14 +1,15 @@
 // The C API: argument checks, ISA choice, and an expert call as five parallel phases over independent units:
 //
 //   rotate   (expert, gate|up)                       x rows * suh, Hadamard: the projections' rotated inputs
-//   bands    (expert, gate|up, 128-block of I)       the gate and up products with W_hat
+//   bands    (expert, gate|up, span of I)            the gate and up products with W_hat
 //   act      (expert, 128-block of I)                output rotations, clamped SwiGLU, down's input rotation
-//   down     (expert, 128-block of the hidden)       the down product and its output rotation
-//   sum      (128-block of the hidden)               out += w * y, experts in list order
+//   down     (expert, span of the hidden)            the down product
+//   sum      (128-block of the hidden)               down's output rotation, out += w * y, experts in list order
 //
 // A unit's result depends on nothing but its inputs, and every output block belongs to one unit, so neither the
-// thread count nor the order in which threads take units changes a single bit. Units are small (one band of
-// 128 columns) so that a call with a single expert still spreads over a dozen or more threads.
+// thread count nor the order in which threads take units changes a single bit. A span is 128 output columns (one
+// Hadamard block) or, when a call has too few experts to keep every thread busy, a half or a quarter of one
+// (spans_per_block): a column's sum is the same in any span, so this changes no bit either.
 #include "cpu_expert.h"
 
 #include <cpuid.h>
@@ -16,6 +17,7 @@
 #include <sched.h>
 #include <string.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -113,11 +115,33 @@ std::string check_linear(const glm53_ce_linear& l, const std::string& name)
     return "";
 }
 
-// The band of output columns 128 * band .. of l, written to acc (rows of acc_stride) at those columns.
-BandArgs band_args(const glm53_ce_linear& l, int band, const float* x, int rows, float* acc, int acc_stride)
+int check_codebook(int codebook)
 {
+    if (codebook < 0 || codebook >= GLM53_CE_CODEBOOK_COUNT)
+        return fail(GLM53_CE_EINVAL, "codebook must be GLM53_CE_CODEBOOK_FP16 (0) or GLM53_CE_CODEBOOK_FMA (1), got " +
+                                         std::to_string(codebook));
+    return GLM53_CE_OK;
+}
+
+// Span `span` of l's output columns, BAND_TILES / spans_per_block tiles each, written to acc (rows of acc_stride)
+// at those columns.
+BandArgs span_args(const glm53_ce_linear& l, int span, int spans_per_block, const float* x, int rows, float* acc,
+                   int acc_stride, bool fp16_codebook)
+{
+    const int tiles = BAND_TILES / spans_per_block;
     return BandArgs{reinterpret_cast<const uint8_t*>(l.trellis), l.bits, l.in_features / 16, l.out_features / 16,
-                    band, x, l.in_features, rows, acc + band * 128, acc_stride};
+                    span * tiles, tiles, x, l.in_features, rows, acc + span * tiles * 16, acc_stride, fp16_codebook};
+}
+
+// Spans per 128-column block (1, 2 or 4) for a projection phase of `blocks` blocks: the fewest that give every
+// thread four units (a phase waits for its slowest thread; a quarter block of a 4096-input projection still
+// holds 48 kB of 3-bit weights).
+int spans_per_block(int blocks, int threads)
+{
+    int spans = 1;
+    while (spans < 4 && blocks * spans < 4 * threads)
+        spans *= 2;
+    return spans;
 }
 
 // One expert's share of a call: the tokens routed to it and its scratch rows.
@@ -137,6 +161,7 @@ constexpr int SCRATCH_ROWS_INTER = 3;   // gate_up[2], act
 
 struct Call {
     const IsaOps* ops;
+    bool fp16_codebook;  // the GPU's fp16 weights, else its FMA unrounded
     std::vector<Slot> slots;
     const uint8_t* x;
     int x_fp16;
@@ -145,6 +170,7 @@ struct Call {
     int inter;
     float limit;
     float* out;
+    int spans;  // per 128-column block in the bands and down phases (spans_per_block)
 };
 
 void rotate_unit(void* ctx, int unit)
@@ -160,11 +186,12 @@ void rotate_unit(void* ctx, int unit)
 void band_unit(void* ctx, int unit)
 {
     const Call& call = *static_cast<const Call*>(ctx);
-    const int blocks = call.inter / 128;
-    const Slot& s = call.slots[unit / (2 * blocks)];
-    const int p = unit / blocks % 2;
+    const int spans = call.inter / 128 * call.spans;
+    const Slot& s = call.slots[unit / (2 * spans)];
+    const int p = unit / spans % 2;
     const glm53_ce_linear& lin = p ? s.expert->up : s.expert->gate;
-    call.ops->band(band_args(lin, unit % blocks, s.rotated[p], s.rows, s.gate_up[p], call.inter));
+    call.ops->band(span_args(lin, unit % spans, call.spans, s.rotated[p], s.rows, s.gate_up[p], call.inter,
+                             call.fp16_codebook));
 }
 
 void act_unit(void* ctx, int unit)
@@ -184,12 +211,10 @@ void act_unit(void* ctx, int unit)
 void down_unit(void* ctx, int unit)
 {
     const Call& call = *static_cast<const Call*>(ctx);
-    const int blocks = call.hidden / 128;
-    const Slot& s = call.slots[unit / blocks];
-    const int block = unit % blocks;
-    call.ops->band(band_args(s.expert->down, block, s.act, s.rows, s.y, call.hidden));
-    for (int i = 0; i < s.rows; ++i)
-        call.ops->out_block(s.y + static_cast<size_t>(i) * call.hidden + block * 128, s.expert->down.svh + block * 128);
+    const int spans = call.hidden / 128 * call.spans;
+    const Slot& s = call.slots[unit / spans];
+    call.ops->band(span_args(s.expert->down, unit % spans, call.spans, s.act, s.rows, s.y, call.hidden,
+                             call.fp16_codebook));
 }
 
 void sum_unit(void* ctx, int block)
@@ -198,7 +223,8 @@ void sum_unit(void* ctx, int block)
     for (const Slot& s : call.slots)
         for (int i = 0; i < s.rows; ++i) {
             float* out = call.out + static_cast<size_t>(s.token[i]) * call.hidden + block * 128;
-            const float* y = s.y + static_cast<size_t>(i) * call.hidden + block * 128;
+            float* y = s.y + static_cast<size_t>(i) * call.hidden + block * 128;
+            call.ops->out_block(y, s.expert->down.svh + block * 128);
             for (int c = 0; c < 128; ++c)
                 out[c] = out[c] + s.weight[i] * y[c];
         }
@@ -319,7 +345,8 @@ void glm53_ce_pool_stop(glm53_ce_pool* pool)
 int32_t glm53_ce_pool_threads(const glm53_ce_pool* pool) { return pool ? pool->pool->threads() : 0; }
 
 int32_t glm53_ce_experts(glm53_ce_pool* pool, const glm53_ce_expert* experts, int32_t n_experts, const void* x,
-                         int32_t x_fp16, int32_t rows, const float* weights, float act_limit, float* out, int32_t isa)
+                         int32_t x_fp16, int32_t rows, const float* weights, float act_limit, float* out, int32_t isa,
+                         int32_t codebook)
 {
     if (n_experts < 1 || !experts || !x || !weights || !out)
         return fail(GLM53_CE_EINVAL, "experts: need at least one expert and non-null x, weights and out");
@@ -332,9 +359,12 @@ int32_t glm53_ce_experts(glm53_ce_pool* pool, const glm53_ce_expert* experts, in
     if (!problem.empty())
         return fail(GLM53_CE_EINVAL, problem);
     Call call;
-    const int rc = resolve_isa(isa, &call.ops);
+    int rc = resolve_isa(isa, &call.ops);
+    if (rc == GLM53_CE_OK)
+        rc = check_codebook(codebook);
     if (rc != GLM53_CE_OK)
         return rc;
+    call.fp16_codebook = codebook == GLM53_CE_CODEBOOK_FP16;
     call.hidden = experts[0].gate.in_features;
     call.inter = experts[0].gate.out_features;
     call.x = static_cast<const uint8_t*>(x);
@@ -375,15 +405,18 @@ int32_t glm53_ce_experts(glm53_ce_pool* pool, const glm53_ce_expert* experts, in
     }
     const int n = static_cast<int>(call.slots.size());
     const int inter_blocks = call.inter / 128, hidden_blocks = call.hidden / 128;
+    // the smaller of the two projection phases sets the spans (the caller takes part: threads + 1)
+    call.spans = spans_per_block(std::min(2 * n * inter_blocks, n * hidden_blocks), workers ? workers->threads() + 1 : 1);
     run_units(workers, 2 * n, rotate_unit, &call);
-    run_units(workers, 2 * n * inter_blocks, band_unit, &call);
+    run_units(workers, 2 * n * inter_blocks * call.spans, band_unit, &call);
     run_units(workers, n * inter_blocks, act_unit, &call);
-    run_units(workers, n * hidden_blocks, down_unit, &call);
+    run_units(workers, n * hidden_blocks * call.spans, down_unit, &call);
     run_units(workers, hidden_blocks, sum_unit, &call);
     return GLM53_CE_OK;
 }
 
-int32_t glm53_ce_linear_forward(const glm53_ce_linear* linear, const float* x, int32_t rows, float* y, int32_t isa)
+int32_t glm53_ce_linear_forward(const glm53_ce_linear* linear, const float* x, int32_t rows, float* y, int32_t isa,
+                                int32_t codebook)
 {
     if (!linear || !x || !y || rows < 1)
         return fail(GLM53_CE_EINVAL, "linear: need non-null linear, x and y and rows >= 1");
@@ -391,9 +424,12 @@ int32_t glm53_ce_linear_forward(const glm53_ce_linear* linear, const float* x, i
     if (!problem.empty())
         return fail(GLM53_CE_EINVAL, problem);
     const IsaOps* ops = nullptr;
-    const int rc = resolve_isa(isa, &ops);
+    int rc = resolve_isa(isa, &ops);
+    if (rc == GLM53_CE_OK)
+        rc = check_codebook(codebook);
     if (rc != GLM53_CE_OK)
         return rc;
+    const bool fp16 = codebook == GLM53_CE_CODEBOOK_FP16;
     const int n_in = linear->in_features, n_out = linear->out_features;
     float* rotated = scratch(local_scratch, static_cast<size_t>(GLM53_CE_MAX_ROWS) * n_in);
     for (int r0 = 0; r0 < rows; r0 += GLM53_CE_MAX_ROWS) {
@@ -402,7 +438,7 @@ int32_t glm53_ce_linear_forward(const glm53_ce_linear* linear, const float* x, i
         for (int i = 0; i < n; ++i)
             ops->rotate(x + static_cast<size_t>(r0 + i) * n_in, 0, n_in, linear->suh, rotated + static_cast<size_t>(i) * n_in);
         for (int block = 0; block < n_out / 128; ++block) {
-            ops->band(band_args(*linear, block, rotated, n, yr, n_out));
+            ops->band(span_args(*linear, block, 1, rotated, n, yr, n_out, fp16));
             for (int i = 0; i < n; ++i)
                 ops->out_block(yr + static_cast<size_t>(i) * n_out + block * 128, linear->svh + block * 128);
         }
@@ -410,12 +446,14 @@ int32_t glm53_ce_linear_forward(const glm53_ce_linear* linear, const float* x, i
     return GLM53_CE_OK;
 }
 
-int32_t glm53_ce_mul1_values(const uint16_t* states, int32_t n, float* out, int32_t isa)
+int32_t glm53_ce_mul1_values(const uint16_t* states, int32_t n, float* out, int32_t isa, int32_t codebook)
 {
     if (!states || !out || n < 0)
         return fail(GLM53_CE_EINVAL, "mul1_values: need non-null states and out and n >= 0");
     const IsaOps* ops = nullptr;
-    const int rc = resolve_isa(isa, &ops);
+    int rc = resolve_isa(isa, &ops);
+    if (rc == GLM53_CE_OK)
+        rc = check_codebook(codebook);
     if (rc != GLM53_CE_OK)
         return rc;
     constexpr int CHUNK = 256;  // a multiple of every variant's vector width
@@ -425,7 +463,7 @@ int32_t glm53_ce_mul1_values(const uint16_t* states, int32_t n, float* out, int3
         const int m = n - i < CHUNK ? n - i : CHUNK;
         memset(in, 0, sizeof in);
         memcpy(in, states + i, sizeof(uint16_t) * m);
-        ops->mul1_values(in, CHUNK, values);
+        ops->mul1_values(in, CHUNK, codebook == GLM53_CE_CODEBOOK_FP16, values);
         for (int j = 0; j < m; ++j)
             out[i + j] = values[j] * MUL1_W_SCALE;  // exact
     }

@@ -39,16 +39,22 @@ constexpr uint32_t MUL1_MULT = 0x83DCD12Du;
 constexpr int MUL1_MAX_SUM = 1020;
 constexpr int32_t MUL1_N_OFFSET = -905216;  // N = 1774 s + MUL1_N_OFFSET
 
-// How the kernel computes it. A projection works with W = 2^18 w = fp16_rne(N / 2^18) 2^18, which is N rounded to
-// 11 significant bits, ties to even (an integer; in fp32 exactly); OUT_SCALE (transforms.h) takes the 2^18 back
-// out, exactly, at the end. The vector paths form N as an fp32 (exact, |N| < 2^20):
+// How the kernel computes it. A projection works with W = 2^18 w, w the codebook value. Two codebooks
+// (cpu_expert.h, GLM53_CE_CODEBOOK_*):
+//   - FP16, the GPU's weight: W = fp16_rne(N / 2^18) 2^18, which is N rounded to 11 significant bits, ties to
+//     even (an integer; in fp32 exactly);
+//   - FMA, the GPU's fused multiply-add before that rounding: W = N. It differs from the fp16 weight by at most
+//     half an fp16 ulp (relative RMS 2.1e-4 over the states, mean 3e-6 of the RMS: no bias) and saves the
+//     rounding's three vector operations of the ten a weight costs at one token (the kernel is compute-bound).
+// OUT_SCALE (transforms.h) takes the 2^18 back out, exactly, at the end. The vector paths form N as an fp32 (exact,
+// |N| < 2^20):
 //   - AVX2 and AVX-512: the byte sum's last step, a multiply-add of 16-bit pairs, multiplies by 1774 instead of 1;
 //     add MUL1_N_OFFSET and convert.
 //   - VBMI: vpdpbusd, starting from MUL1_SUM_BITS, leaves the bits of the float 2^23 + s; one fused multiply-add
 //     (2^23 + s) 1774 + MUL1_SUM_OFFSET is N exactly (its one rounding has nothing to round).
-// and round it to 11 significant bits with Veltkamp's split, c = N * 8193, W = c - (c - N), which rounds to
-// nearest with ties to even on every one of the 1021 values (tests/native check all 65536 states on every path).
-// The scalar path reads a table built by mul1_gpu_weight. fp16 conversions (vcvtps2ph, vcvtph2ps) do the same
+// and for FP16 round it to 11 significant bits with Veltkamp's split, c = N * 8193, W = c - (c - N), which rounds
+// to nearest with ties to even on every one of the 1021 values (tests/native check all 65536 states on every
+// path). The scalar path reads a table built by mul1_gpu_weight (FP16) or converts N. fp16 conversions (vcvtps2ph, vcvtph2ps) do the same
 // rounding but measured slower on Zen 4.
 constexpr int32_t MUL1_SUM_BITS = 0x4B000000;  // the float 2^23
 constexpr float MUL1_SUM_OFFSET = -(8388608.0f * 1774.0f) + static_cast<float>(MUL1_N_OFFSET);

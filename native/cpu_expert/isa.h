@@ -7,21 +7,24 @@
 
 namespace glm53ce {
 
-// One band of a projection: the 8 tiles of output columns 128 * band .. 128 * band + 127, over all input tiles,
-// for 1..8 rows. acc gets, per row and column, the sum over the input of x * W, W = 2^18 w with w the GPU's fp16
-// codebook value (format.h): the product with W_hat before its 2^-18 scale. Each 16-row tile is summed from zero
+// A span of a projection: `tiles` tiles (an even number up to 8) of output columns from 16 * first_tile on, over
+// all input tiles, for 1..8 rows. A column's sum does not depend on the span it is computed in. acc gets, per row and column, the sum over the input of x * W, W = 2^18 w with w the codebook
+// value (format.h: the GPU's fp16 weight, or with fp16 false its fused multiply-add before that rounding): the
+// product with W_hat before its 2^-18 scale. Each 16-row tile is summed from zero
 // with one fused multiply-add per weight, in row order, and added to the running total, tiles in input order.
 struct BandArgs {
     const uint8_t* trellis;  // tile (0, 0)
     int bits;
     int tiles_k;             // in_features / 16
     int tiles_n;             // out_features / 16
-    int band;
+    int first_tile;          // output tile column
+    int tiles;               // 2, 4, 6 or 8
     const float* x;          // rotated input rows [rows][x_stride]
     int x_stride;
     int rows;
-    float* acc;              // row 0, column 0 of the band in a [rows][acc_stride] buffer; 128 columns a row written
+    float* acc;              // row 0, column 0 of the span in a [rows][acc_stride] buffer; 16 * tiles columns a row written
     int acc_stride;
+    bool fp16_codebook;      // the codebook: GLM53_CE_CODEBOOK_FP16 (true) or GLM53_CE_CODEBOOK_FMA
 };
 
 struct IsaOps {
@@ -34,8 +37,8 @@ struct IsaOps {
                           float limit, float* dst);
     // One 128-block of a projection's output, in place: y = svh * H(band sum) * 2^-18 / sqrt(128).
     void (*out_block)(float* y, const uint16_t* svh);
-    // W = 2^18 w of n states (n a multiple of 16) as band computes it, for tests.
-    void (*mul1_values)(const uint16_t* states, int n, float* dst);
+    // W = 2^18 w of n states (n a multiple of 16) as band computes it with that codebook, for tests.
+    void (*mul1_values)(const uint16_t* states, int n, bool fp16, float* dst);
 };
 
 extern const IsaOps OPS_SCALAR;

@@ -58,29 +58,32 @@ inline __m256i row_states(const __m256i* planes)
     }
 }
 
-// W = 2^18 w, the GPU's codebook value (format.h): N = 1774 s - 905216 from the byte sum's last step, converted
-// (exact), rounded to 11 significant bits by Veltkamp's split.
+// W = 2^18 w (format.h): N = 1774 s - 905216 from the byte sum's last step, converted (exact); FP16: the GPU's
+// codebook value, N rounded to 11 significant bits by Veltkamp's split.
+template <bool FP16>
 inline __m256 codebook(__m256i states)
 {
     const __m256i x = _mm256_mullo_epi32(states, _mm256_set1_epi32(static_cast<int>(MUL1_MULT)));
     const __m256i pairs = _mm256_maddubs_epi16(x, _mm256_set1_epi8(1));
     const __m256i n1774 = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1774));
     const __m256 exact = _mm256_cvtepi32_ps(_mm256_add_epi32(n1774, _mm256_set1_epi32(MUL1_N_OFFSET)));
+    if constexpr (!FP16)
+        return exact;
     const __m256 split = _mm256_mul_ps(exact, _mm256_set1_ps(MUL1_SPLIT));
     return _mm256_sub_ps(split, _mm256_sub_ps(split, exact));
 }
 
 // Rows R..15 of one tile, for column halves H0 .. H0 + HI - 1 (interleaved: independent chains of multiply-adds).
-template <int K, int T, int H0, int HI, int R>
+template <int K, int T, int H0, int HI, int R, bool FP16>
 inline void rows(const __m256i* planes, const float* x, int x_stride, __m256 (*acc)[T])
 {
     if constexpr (R < 16) {
         for (int h = 0; h < HI; ++h) {
-            const __m256 w = codebook(h == 0 ? row_states<K, R, H0>(planes) : row_states<K, R, 1>(planes));
+            const __m256 w = codebook<FP16>(h == 0 ? row_states<K, R, H0>(planes) : row_states<K, R, 1>(planes));
             for (int t = 0; t < T; ++t)
                 acc[h][t] = _mm256_fmadd_ps(w, _mm256_broadcast_ss(x + t * x_stride + R), acc[h][t]);
         }
-        rows<K, T, H0, HI, R + 1>(planes, x, x_stride, acc);
+        rows<K, T, H0, HI, R + 1, FP16>(planes, x, x_stride, acc);
     }
 }
 
@@ -101,14 +104,14 @@ inline void load_planes(const uint8_t* tile, __m256i* planes)
 template <int T>
 constexpr int halves_interleaved() { return T <= 2 ? 2 : 1; }
 
-template <int K, int T, int H0, int HI>
+template <int K, int T, int H0, int HI, bool FP16>
 inline void half_tile(const __m256i* planes, const float* x, int x_stride, float* acc_mem, int acc_stride)
 {
     __m256 acc[HI][T];  // this tile's sums
     for (int h = 0; h < HI; ++h)
         for (int t = 0; t < T; ++t)
             acc[h][t] = _mm256_setzero_ps();
-    rows<K, T, H0, HI, 0>(planes, x, x_stride, acc);
+    rows<K, T, H0, HI, 0, FP16>(planes, x, x_stride, acc);
     for (int h = 0; h < HI; ++h)
         for (int t = 0; t < T; ++t) {
             float* total = acc_mem + t * acc_stride + 8 * (H0 + h);
@@ -116,28 +119,28 @@ inline void half_tile(const __m256i* planes, const float* x, int x_stride, float
         }
 }
 
-template <int K, int T>
+template <int K, int T, bool FP16>
 void band_kt(const BandArgs& b)
 {
     constexpr int bytes = tile_bytes(K);
     constexpr int HI = halves_interleaved<T>();
     const size_t row_stride = static_cast<size_t>(b.tiles_n) * bytes;
-    const uint8_t* first = b.trellis + static_cast<size_t>(b.band) * BAND_TILES * bytes;
+    const uint8_t* first = b.trellis + static_cast<size_t>(b.first_tile) * bytes;
     for (int t = 0; t < T; ++t)
-        for (int c = 0; c < BAND_COLS; c += 8)
+        for (int c = 0; c < 16 * b.tiles; c += 8)
             _mm256_storeu_ps(b.acc + t * b.acc_stride + c, _mm256_setzero_ps());
     for (int kt = 0; kt < b.tiles_k; ++kt) {
         const uint8_t* row = first + kt * row_stride;
         if (kt + PREFETCH_ROWS < b.tiles_k)
-            for (int off = 0; off < BAND_TILES * bytes; off += 64)
+            for (int off = 0; off < b.tiles * bytes; off += 64)
                 _mm_prefetch(reinterpret_cast<const char*>(row + PREFETCH_ROWS * row_stride + off), _MM_HINT_T0);
         const float* x = b.x + kt * 16;
-        for (int j = 0; j < BAND_TILES; ++j) {
+        for (int j = 0; j < b.tiles; ++j) {
             __m256i planes[K];
             load_planes<K>(row + j * bytes, planes);
-            half_tile<K, T, 0, HI>(planes, x, b.x_stride, b.acc + j * 16, b.acc_stride);
+            half_tile<K, T, 0, HI, FP16>(planes, x, b.x_stride, b.acc + j * 16, b.acc_stride);
             if constexpr (HI == 1)
-                half_tile<K, T, 1, 1>(planes, x, b.x_stride, b.acc + j * 16, b.acc_stride);
+                half_tile<K, T, 1, 1, FP16>(planes, x, b.x_stride, b.acc + j * 16, b.acc_stride);
         }
     }
 }
@@ -145,30 +148,32 @@ void band_kt(const BandArgs& b)
 using BandFn = void (*)(const BandArgs&);
 
 template <int K, int T = 1>
-BandFn pick_rows(int rows)
+BandFn pick_rows(int rows, bool fp16)
 {
     if constexpr (T > MAX_ROWS)
         return nullptr;
+    else if (rows != T)
+        return pick_rows<K, T + 1>(rows, fp16);
     else
-        return rows == T ? &band_kt<K, T> : pick_rows<K, T + 1>(rows);
+        return fp16 ? &band_kt<K, T, true> : &band_kt<K, T, false>;
 }
 
 template <int K = 1>
-BandFn pick(int bits, int rows)
+BandFn pick(int bits, int rows, bool fp16)
 {
     if constexpr (K > 8)
         return nullptr;
     else
-        return bits == K ? pick_rows<K>(rows) : pick<K + 1>(bits, rows);
+        return bits == K ? pick_rows<K>(rows, fp16) : pick<K + 1>(bits, rows, fp16);
 }
 
-void band(const BandArgs& b) { pick(b.bits, b.rows)(b); }
+void band(const BandArgs& b) { pick(b.bits, b.rows, b.fp16_codebook)(b); }
 
-void mul1_values(const uint16_t* states, int n, float* dst)
+void mul1_values(const uint16_t* states, int n, bool fp16, float* dst)
 {
     for (int i = 0; i < n; i += 8) {
-        const __m128i s = _mm_loadu_si128(reinterpret_cast<const __m128i*>(states + i));
-        _mm256_storeu_ps(dst + i, codebook(_mm256_cvtepu16_epi32(s)));
+        const __m256i s = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(states + i)));
+        _mm256_storeu_ps(dst + i, fp16 ? codebook<true>(s) : codebook<false>(s));
     }
 }
 

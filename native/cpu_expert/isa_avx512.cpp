@@ -164,10 +164,14 @@ inline __m512 exact_n(__m512i states)
 
 #endif
 
-// W = 2^18 w, the GPU's codebook value (format.h): N rounded to 11 significant bits by Veltkamp's split.
+// W = 2^18 w (format.h). FP16: the GPU's codebook value, N rounded to 11 significant bits by Veltkamp's split;
+// else N itself (three vector operations fewer of the ten a weight takes at one token).
+template <bool FP16>
 inline __m512 codebook(__m512i states)
 {
     const __m512 exact = exact_n(states);
+    if constexpr (!FP16)
+        return exact;
     const __m512 split = _mm512_mul_ps(exact, _mm512_set1_ps(MUL1_SPLIT));
     return _mm512_sub_ps(split, _mm512_sub_ps(split, exact));
 }
@@ -190,23 +194,23 @@ inline void load_ring(const uint8_t* tile, __m512i* ring)
 template <int T>
 constexpr int tile_group() { return T <= 3 ? 2 : 1; }
 
-template <int K, int T>
+template <int K, int T, bool FP16>
 void band_kt(const BandArgs& b)
 {
     constexpr int bytes = tile_bytes(K);
     constexpr int G = tile_group<T>();
     const size_t row_stride = static_cast<size_t>(b.tiles_n) * bytes;
-    const uint8_t* first = b.trellis + static_cast<size_t>(b.band) * BAND_TILES * bytes;
+    const uint8_t* first = b.trellis + static_cast<size_t>(b.first_tile) * bytes;
     for (int t = 0; t < T; ++t)
-        for (int c = 0; c < BAND_COLS; c += 16)
+        for (int c = 0; c < 16 * b.tiles; c += 16)
             _mm512_storeu_ps(b.acc + t * b.acc_stride + c, _mm512_setzero_ps());
     for (int kt = 0; kt < b.tiles_k; ++kt) {
         const uint8_t* row = first + kt * row_stride;
         if (kt + PREFETCH_ROWS < b.tiles_k)
-            for (int off = 0; off < BAND_TILES * bytes; off += 64)
+            for (int off = 0; off < b.tiles * bytes; off += 64)
                 _mm_prefetch(reinterpret_cast<const char*>(row + PREFETCH_ROWS * row_stride + off), _MM_HINT_T0);
         const float* x = b.x + kt * 16;
-        for (int j = 0; j < BAND_TILES; j += G) {
+        for (int j = 0; j < b.tiles; j += G) {
             __m512i ring[G][4];
             __m512 acc[G][T];  // this tile's sums
             for (int g = 0; g < G; ++g) {
@@ -217,7 +221,7 @@ void band_kt(const BandArgs& b)
 #pragma GCC unroll 2
             for (int r = 0; r < 16; ++r)
                 for (int g = 0; g < G; ++g) {
-                    const __m512 w = codebook(row_states<K>(ring[g], r));
+                    const __m512 w = codebook<FP16>(row_states<K>(ring[g], r));
                     for (int t = 0; t < T; ++t)
                         acc[g][t] = _mm512_fmadd_ps(w, _mm512_set1_ps(x[t * b.x_stride + r]), acc[g][t]);
                 }
@@ -233,30 +237,32 @@ void band_kt(const BandArgs& b)
 using BandFn = void (*)(const BandArgs&);
 
 template <int K, int T = 1>
-BandFn pick_rows(int rows)
+BandFn pick_rows(int rows, bool fp16)
 {
     if constexpr (T > MAX_ROWS)
         return nullptr;
+    else if (rows != T)
+        return pick_rows<K, T + 1>(rows, fp16);
     else
-        return rows == T ? &band_kt<K, T> : pick_rows<K, T + 1>(rows);
+        return fp16 ? &band_kt<K, T, true> : &band_kt<K, T, false>;
 }
 
 template <int K = 1>
-BandFn pick(int bits, int rows)
+BandFn pick(int bits, int rows, bool fp16)
 {
     if constexpr (K > 8)
         return nullptr;
     else
-        return bits == K ? pick_rows<K>(rows) : pick<K + 1>(bits, rows);
+        return bits == K ? pick_rows<K>(rows, fp16) : pick<K + 1>(bits, rows, fp16);
 }
 
-void band(const BandArgs& b) { pick(b.bits, b.rows)(b); }
+void band(const BandArgs& b) { pick(b.bits, b.rows, b.fp16_codebook)(b); }
 
-void mul1_values(const uint16_t* states, int n, float* dst)
+void mul1_values(const uint16_t* states, int n, bool fp16, float* dst)
 {
     for (int i = 0; i < n; i += 16) {
-        const __m256i s = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(states + i));
-        _mm512_storeu_ps(dst + i, codebook(_mm512_cvtepu16_epi32(s)));
+        const __m512i s = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(states + i)));
+        _mm512_storeu_ps(dst + i, fp16 ? codebook<true>(s) : codebook<false>(s));
     }
 }
 

@@ -46,24 +46,28 @@ namespace {
 
 constexpr Mul1Table MUL1_TABLE = make_mul1_table();
 
-inline float codebook(uint32_t state) { return MUL1_TABLE.weight[mul1_sum(state)]; }
+inline float codebook(uint32_t state, bool fp16)
+{
+    const int s = mul1_sum(state);
+    return fp16 ? MUL1_TABLE.weight[s] : static_cast<float>(1774 * s + MUL1_N_OFFSET);  // exact: |N| < 2^20
+}
 
 void band(const BandArgs& b)
 {
     const int bytes = tile_bytes(b.bits);
     const size_t row_stride = static_cast<size_t>(b.tiles_n) * bytes;
-    const uint8_t* first = b.trellis + static_cast<size_t>(b.band) * BAND_TILES * bytes;
+    const uint8_t* first = b.trellis + static_cast<size_t>(b.first_tile) * bytes;
     for (int t = 0; t < b.rows; ++t)
-        for (int c = 0; c < BAND_COLS; ++c)
+        for (int c = 0; c < 16 * b.tiles; ++c)
             b.acc[t * b.acc_stride + c] = 0.0f;
     for (int kt = 0; kt < b.tiles_k; ++kt)
-        for (int j = 0; j < BAND_TILES; ++j) {
+        for (int j = 0; j < b.tiles; ++j) {
             uint32_t ring[8 * 8];
             memcpy(ring, first + kt * row_stride + j * bytes, bytes);
             float w[256];
             for (int r = 0; r < 16; ++r)
                 for (int c = 0; c < 16; ++c)
-                    w[r * 16 + c] = codebook(state_at(ring, b.bits, state_of(r, c)));
+                    w[r * 16 + c] = codebook(state_at(ring, b.bits, state_of(r, c)), b.fp16_codebook);
             for (int t = 0; t < b.rows; ++t) {
                 float tile[16] = {};
                 for (int r = 0; r < 16; ++r) {
@@ -78,10 +82,10 @@ void band(const BandArgs& b)
         }
 }
 
-void mul1_values(const uint16_t* states, int n, float* dst)
+void mul1_values(const uint16_t* states, int n, bool fp16, float* dst)
 {
     for (int i = 0; i < n; ++i)
-        dst[i] = codebook(states[i]);
+        dst[i] = codebook(states[i], fp16);
 }
 
 }  // namespace

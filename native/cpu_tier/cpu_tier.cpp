@@ -109,7 +109,7 @@ struct glm53_ct_worker {
     int n_layers = 0, n_experts = 0;
     float act_limit = 0.0f;
     glm53_ce_pool* pool = nullptr;
-    int isa = GLM53_CE_ISA_BEST, spin_us = 0, nap_us = 0;
+    int isa = GLM53_CE_ISA_BEST, codebook = GLM53_CE_CODEBOOK_FP16, spin_us = 0, nap_us = 0;
     std::atomic<bool> stop{false};
     std::atomic<int> hold{0};
     std::thread thread;
@@ -180,7 +180,7 @@ uint32_t glm53_ct_worker::compute(uint8_t* slot)
     while (hold.load(std::memory_order_acquire) && !stop.load(std::memory_order_acquire))
         nap(200);
     const int rc = glm53_ce_experts(pool, list.data(), static_cast<int32_t>(list.size()), slot + L.x_offset, 1, T,
-                                    weights.data(), act_limit, out, isa);
+                                    weights.data(), act_limit, out, isa, codebook);
     if (rc != GLM53_CE_OK)
         return GLM53_CT_FAILED;
     COUNT(experts, list.size());
@@ -302,15 +302,16 @@ uint64_t glm53_ct_slot_word(const void* ring, int32_t slot, int32_t which)
 }
 
 glm53_ct_worker* glm53_ct_worker_start(void* ring, const glm53_ce_expert* table, int32_t n_layers, int32_t n_experts,
-                                       float act_limit, glm53_ce_pool* pool, int32_t isa, int32_t cpu, int32_t spin_us,
-                                       int32_t nap_us)
+                                       float act_limit, glm53_ce_pool* pool, int32_t isa, int32_t codebook, int32_t cpu,
+                                       int32_t spin_us, int32_t nap_us)
 {
     if (check_ring(ring) != GLM53_CE_OK)
         return nullptr;
     const glm53_ct_layout& L = layout_of(ring);
-    if (!table || n_layers < 1 || n_experts < 1 || !(act_limit >= 0.0f) || spin_us < 0 || nap_us < 1) {
-        fail(GLM53_CE_EINVAL, "worker_start: need a table, n_layers and n_experts >= 1, act_limit >= 0, spin_us >= 0 "
-                              "and nap_us >= 1");
+    if (!table || n_layers < 1 || n_experts < 1 || !(act_limit >= 0.0f) || spin_us < 0 || nap_us < 1 ||
+        codebook < 0 || codebook >= GLM53_CE_CODEBOOK_COUNT) {
+        fail(GLM53_CE_EINVAL, "worker_start: need a table, n_layers and n_experts >= 1, act_limit >= 0, spin_us >= 0, "
+                              "nap_us >= 1 and a GLM53_CE_CODEBOOK_* codebook");
         return nullptr;
     }
     const size_t n = static_cast<size_t>(n_layers) * n_experts;
@@ -343,6 +344,7 @@ glm53_ct_worker* glm53_ct_worker_start(void* ring, const glm53_ce_expert* table,
     w->act_limit = act_limit;
     w->pool = pool;
     w->isa = isa;
+    w->codebook = codebook;
     w->spin_us = spin_us;
     w->nap_us = nap_us;
     w->index_of.assign(n_experts, -1);

@@ -35,15 +35,17 @@ def w_hat64(trellis: np.ndarray, values=ref.mul1_values_gpu) -> np.ndarray:
 
 
 class Reference:
-    """float64 projections with the GPU's codebook values, the decoded weights kept per linear."""
+    """float64 projections with a codebook (by default the GPU's fp16 values; see w_hat64), the decoded weights kept
+    per linear."""
 
-    def __init__(self) -> None:
+    def __init__(self, values=ref.mul1_values_gpu) -> None:
+        self.values = values
         self._w: dict[int, np.ndarray] = {}
         self._h = ref.hadamard_128().astype(np.float64) / np.sqrt(128.0)
 
     def linear(self, x: np.ndarray, lin: ce.Linear) -> np.ndarray:
         if id(lin.trellis) not in self._w:
-            self._w[id(lin.trellis)] = w_hat64(lin.trellis)
+            self._w[id(lin.trellis)] = w_hat64(lin.trellis, self.values)
         return self.rotated(x, self._w[id(lin.trellis)], lin.suh, lin.svh)
 
     def rotated(self, x: np.ndarray, w_hat: np.ndarray, suh: np.ndarray, svh: np.ndarray) -> np.ndarray:

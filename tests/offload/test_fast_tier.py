@@ -50,7 +50,7 @@ def tier():
     t.sent = torch.zeros(4, dtype=torch.int64)
     t.costs = Costs({1: 1e-4}, 1e-5, 2e-4, 1e-6, sources={"cpu_expert_s": "test"})
     t.worker = FakeWorker()
-    t.setup_s, t.max_experts, t._steps, t._seen = 0.0, 64, 0, t.worker.counters()
+    t.setup_s, t.max_experts, t._steps, t._seen, t.codebook = 0.0, 64, 0, t.worker.counters(), "fma"
     t.pool = type("Pool", (), {"threads": 3})()
     t.feeding = type("Feeding", (), {"rest": {0}})()
     return t
@@ -200,7 +200,7 @@ def test_a_failed_start_stops_what_started_and_gives_the_cpus_back(monkeypatch):
     store = type("Store", (), {"layout": type("L", (), {"shapes": [(16, 8)]})(), "num_layers": 1, "num_experts": 4,
                                "read_sign_scale": lambda self, d: {}})()
     mlp = type("Mlp", (), {"num_experts_per_tok": 2, "act_limit": 0.0, "key": "m"})()
-    settings = type("S", (), {"ct_cpus": "auto", "ct_threads": 0})()
+    settings = type("S", (), {"ct_cpus": "auto", "ct_threads": 0, "ct_codebook": "fma"})()
     with pytest.raises(RuntimeError, match="cudaHostRegister"):
         FastTier(settings, None, store, None, [mlp], torch.device("cpu"), None)
     assert stopped == ["worker", "pool"] and feeding == ["confine", "release"]
