@@ -222,7 +222,7 @@ class Settings:
     # --- offload: CPU tier (fast mode)
     ct_cpus: Any = setting(CPUS, "auto", "CPUs of the CPU tier; auto: one per physical core, leaving cores for the GPU-feeding thread")
     ct_threads: int = setting(_number(int, 0, 4096), 0, "CPU-tier threads; 0: one per CPU of GLM53_CT_CPUS")
-    ct_enable: bool = setting(BOOL, False, "fast mode: compute the coldest decode misses on the CPU tier (off by default: on the H200 test host it gains nothing for one stream and ~7 % at four, see bench/results/2026-11-29-fast-mode-h200.md; off, fast mode runs as exact with the one-pass prefill)")
+    ct_enable: bool = setting(BOOL, False, "fast mode: compute the coldest decode misses on the CPU tier (off by default: on the H200 test host it adds 8-11 % to one stream while its threads spin through decode, and a late job fails its request, see bench/results/2026-11-29-fast-mode-h200.md; off, fast mode runs as exact with the one-pass prefill)")
     ct_codebook: str = setting(_choice("fma", "fp16"), "fma", "CPU-tier weights: fma, exllamav3's GPU codebook before its fp16 rounding (2.1e-4 relative RMS from the fp16 weights, ~4e-4 per expert output; a third less vector work); fp16, the GPU's fp16 weights bit for bit")
     ct_deadline_ms: float = setting(_number(float, 0.1, 10000, " ms"), 50.0, "how long the GPU waits for a CPU-tier job before taking it back (the step's sequences then fail, never silently)")
     ct_b: float | None = setting(_optional(_number(float, 0.0001, None, " ms"), "measured at start"), None, "CPU-tier cost per expert in ms; overrides the value measured at start", show_default="unset (measured)")
