@@ -15,10 +15,11 @@ Each figure is the best of a few repetitions (bandwidth is a capacity; the best 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+
+from bench.output import emit_json
 
 GIB = 1 << 30
 
@@ -148,12 +149,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="write the JSON here (default: print it)")
     args = ap.parse_args(argv)
     result = measure(args.gib, args.dram_gib, args.threads)
-    text = json.dumps(result, indent=1)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    else:
-        print(text)
+    emit_json(result, args.out)
     return 0
 
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import shlex
 import sys
 import time
@@ -50,6 +49,7 @@ from typing import Protocol
 import torch
 
 from bench.client import percentile
+from bench.output import emit_json
 
 PAGE = 256  # exllamav3's cache page
 
@@ -412,11 +412,7 @@ def run(args: argparse.Namespace) -> dict:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     result = run(args)
-    text = json.dumps(result, indent=1)
-    if args.out:
-        args.out.write_text(text + "\n")
-    else:
-        print(text)
+    emit_json(result, args.out)
     print(f"{result['positions']} positions: KL mean {result['kl_mean']:.3g}, p99 {result['kl_p99']:.3g}, "
           f"max {result['kl_max']:.3g}, top-1 {result['top1_agree']:.4f}", file=sys.stderr)
     if result["layer_rel_err"]:

@@ -26,7 +26,6 @@ The events cost host time (about 4 microseconds each, 4 a layer); both modes pay
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 import time
@@ -37,6 +36,7 @@ import numpy as np
 import torch
 
 from bench.decode_kl import PAGE, ModelPath, engine_argv
+from bench.output import emit_json
 
 POINTS = ("routed", "split", "summed", "combined")
 
@@ -222,11 +222,7 @@ class LayerClockOff:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     result = run(args)
-    text = json.dumps(result, indent=1)
-    if args.out:
-        args.out.write_text(text + "\n")
-    else:
-        print(text)
+    emit_json(result, args.out)
     for mode, s in result["modes"].items():
         print(f"{mode}: step {s['step_us']} us, MoE {s['moe_us']} us, misses {s['misses_mean']}/layer, CPU experts "
               f"{s['cpu_experts_mean']}/layer, fit {s['fit']}", file=sys.stderr)
