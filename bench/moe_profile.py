@@ -20,7 +20,7 @@ the CPU) and the experts the split sent to the CPU. From them:
 
     python3 -m bench.moe_profile -m CKPT --tokens 128 --out profile.json [--engine-args "--ec-cache-experts 11%"]
 
-The events cost host time (about 4 microseconds each, 4 a layer); both modes pay it alike.
+The events cost a few microseconds of host time each (4 a layer); both modes pay it alike.
 """
 
 from __future__ import annotations
