@@ -73,7 +73,8 @@ GLM53_CE_API int32_t glm53_ce_pool_threads(const glm53_ce_pool* pool);
 
 /* Routed experts for 1..8 tokens: out[t] += sum over e of weights[e * rows + t] * expert_e(x[t]). A token whose
  * weight for an expert is 0 is not computed for it. x: [rows][hidden], fp16 when x_fp16 else fp32. out: fp32
- * [rows][hidden]. Experts are added in list order. pool NULL runs on the calling thread. */
+ * [rows][hidden]. Experts are added in list order. pool NULL runs on the calling thread. codebook: a
+ * GLM53_CE_CODEBOOK_* value (the other functions take it likewise). */
 GLM53_CE_API int32_t glm53_ce_experts(glm53_ce_pool* pool, const glm53_ce_expert* experts, int32_t n_experts,
                                       const void* x, int32_t x_fp16, int32_t rows, const float* weights,
                                       float act_limit, float* out, int32_t isa, int32_t codebook);
