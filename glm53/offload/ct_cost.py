@@ -5,7 +5,7 @@ A MoE layer's decode step with T tokens touches ``hits`` experts resident in VRA
 memory. The GPU computes the hits and every miss it keeps (reading it over the link, zero-copy) while the host
 worker computes the ``k`` coldest misses; the layer is done when both are:
 
-    gpu(k) = hits * vram_expert_s + (misses - k) * link_expert_s
+    gpu(k) = gpu_fixed_s + hits * vram_expert_s + (misses - k) * link_expert_s
     cpu(k) = 0 if k == 0 else handoff_s + cpu_job_s[T] + k * cpu_expert_s[T]
     k*     = argmin_k max(gpu(k), cpu(k))       (ties: the fewest on the CPU)
 
@@ -14,8 +14,10 @@ expert adds to a job) and ``cpu_job_s`` (what a job costs beyond that: a one-exp
 pool's threads than a batch) by timing the expert kernel on the checkpoint's own experts with the pool the worker
 uses, in jobs of one expert and of a batch (:func:`measure_cpu`); the link and VRAM figures from the GPU's measured
 read rates (``bench/bandwidth.py``'s probes, at start-up); ``handoff_s`` from a round trip through the ring less
-the job's own time. :meth:`Costs.refreshed` folds live timings (the worker's busy time) in. ``GLM53_CT_B``
-overrides the per-expert CPU time (ms) outright.
+the job's own time. Live timings replace them as decode runs: :meth:`Costs.refreshed` folds in the worker's busy
+time, and :meth:`Costs.with_gpu_line` the GPU's own time for its part of sampled layers (:func:`fit_gpu_line`:
+one more zero-copy miss costs ``link_expert_s``; ``gpu_fixed_s`` is the part that does not grow with the misses,
+which the CPU's job can hide behind too). ``GLM53_CT_B`` overrides the per-expert CPU time (ms) outright.
 """
 
 from __future__ import annotations
@@ -42,9 +44,10 @@ class Costs:
     sources: Mapping[str, str] = field(default_factory=dict)  # how each figure was obtained (for /stats)
     cpu_job_s: Mapping[int, float] = field(default_factory=dict)  # tokens -> a job's CPU time beyond its experts' (none: 0)
     cpu_pinned: bool = False  # the CPU figures are given (GLM53_CT_B, a check), so live timings do not move them
+    gpu_fixed_s: float = 0.0  # the GPU's time for its part of a layer beyond its experts' (live, fit_gpu_line)
 
     def __post_init__(self):
-        for name in ("handoff_s", "link_expert_s", "vram_expert_s"):
+        for name in ("handoff_s", "link_expert_s", "vram_expert_s", "gpu_fixed_s"):
             value = getattr(self, name)
             if not (value >= 0 and np.isfinite(value)):
                 raise ValueError(f"{name} must be a finite number >= 0 seconds, not {value!r}")
@@ -63,7 +66,7 @@ class Costs:
         return self.cpu_job_s[_measured_at(self.cpu_job_s, tokens)] if self.cpu_job_s else 0.0
 
     def gpu_seconds(self, hits: int, misses: int) -> float:
-        return hits * self.vram_expert_s + misses * self.link_expert_s
+        return self.gpu_fixed_s + hits * self.vram_expert_s + misses * self.link_expert_s
 
     def cpu_seconds(self, k: int, tokens: int) -> float:
         return 0.0 if k == 0 else self.handoff_s + self.cpu_per_job(tokens) + k * self.cpu_per_expert(tokens)
@@ -84,7 +87,7 @@ class Costs:
         hits, misses, k = n[:, None, None], n[None, :, None], n[None, None, :]  # axes: hits, misses, k on the CPU
         possible = (k <= misses) & (hits + misses <= max_experts)
         # an impossible k costs more than any possible one; float64 keeps ties (the fewest on the CPU) exact
-        gpu = np.where(possible, hits * self.vram_expert_s + (misses - k) * self.link_expert_s, np.inf)
+        gpu = np.where(possible, self.gpu_fixed_s + hits * self.vram_expert_s + (misses - k) * self.link_expert_s, np.inf)
         for tokens in range(1, max_tokens + 1):
             cpu = np.where(k == 0, 0.0, self.handoff_s + self.cpu_per_job(tokens) + k * self.cpu_per_expert(tokens))
             cost = np.maximum(gpu, cpu)
@@ -103,6 +106,33 @@ class Costs:
         cpu = dict(self.cpu_expert_s)
         cpu[bucket] = (1 - weight) * cpu[bucket] + weight * live
         return replace(self, cpu_expert_s=cpu, sources={**self.sources, "cpu_expert_s": "measured at start, refreshed from the worker"})
+
+
+    def with_gpu_line(self, fixed_s: float, per_miss_s: float) -> Costs:
+        """The GPU's figures from a live line (:func:`fit_gpu_line`): ``per_miss_s`` becomes the link's cost of an
+        expert, ``fixed_s`` the rest of the GPU's part of a layer."""
+        return replace(self, link_expert_s=per_miss_s, gpu_fixed_s=fixed_s,
+                       sources={**self.sources, "link_expert_s": f"live: {per_miss_s * 1e6:.0f} us a zero-copy miss + "
+                                                                 f"{fixed_s * 1e6:.0f} us a layer, on the GPU's clock"})
+
+
+GPU_LINE_MIN_SAMPLES = 48  # sampled layers before a line is trusted
+
+
+def fit_gpu_line(samples: Sequence[tuple[int, float]], probe_s: float) -> tuple[float, float] | None:
+    """(fixed_s, per_miss_s): the least-squares line through ``(GPU misses, seconds)`` samples of the GPU's part of
+    a layer. None while the samples cannot tell (fewer than ``GPU_LINE_MIN_SAMPLES``, a single miss count) or when
+    the slope is not within 0.25x..4x of ``probe_s``, the link figure the start-up probe measured (a stalled step
+    must not steer the split)."""
+    if len(samples) < GPU_LINE_MIN_SAMPLES:
+        return None
+    n, s = (np.array(v, dtype=np.float64) for v in zip(*samples))
+    if np.unique(n).size < 2:
+        return None
+    per_miss, fixed = np.polyfit(n, s, 1)
+    if not (0.25 * probe_s <= per_miss <= 4 * probe_s) or not np.isfinite(fixed):
+        return None
+    return max(float(fixed), 0.0), float(per_miss)
 
 
 def _measured_at(figures: Mapping[int, float], tokens: int) -> int:

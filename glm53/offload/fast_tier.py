@@ -20,7 +20,9 @@ thread feeding the GPU keeps to the CPUs the tier leaves (:class:`FeedingThread`
 unit: a compute thread that shares its CPU with a busy thread loses whole scheduler slices.
 Between a token's layers (about a millisecond) the pool and the worker spin instead of sleeping.
 
-The cost table is rebuilt every ``REFRESH_STEPS`` steps from the worker's live busy time (:meth:`after_step`).
+The cost table is rebuilt every ``REFRESH_STEPS`` steps from live timings (:meth:`after_step`): the worker's busy
+time, and the GPU's own time for its part of every layer of one step in ``SAMPLE_STEPS`` (two CUDA events a layer,
+read after the step's synchronisation), against the misses it computed.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import deque
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -36,7 +39,7 @@ import torch
 from . import cpu_expert as ce
 from . import exl3_patch
 from .cpu_tier import ExpertTable, Ring, Worker, host_store_experts
-from .ct_cost import Costs, measure_cpu, pinned_cpu_cost
+from .ct_cost import Costs, fit_gpu_line, measure_cpu, pinned_cpu_cost
 from .ct_device import OUTCOMES, DeviceProducer, pack_picks
 
 log = logging.getLogger("glm53.offload.fast")
@@ -45,6 +48,8 @@ MAX_TOKENS = 8  # decode rows per step the CPU tier takes (exllamav3's fused dec
 RING_SLOTS = 4  # a layer's job is collected before the next layer publishes; spare slots cover late workers
 TIMING_EXPERTS = 32  # experts the CPU figure is timed on at start
 REFRESH_STEPS = 64  # steps between refreshes of the cost table from live timings
+SAMPLE_STEPS = 8  # one decode step in this many has its layers' GPU part timed
+GPU_SAMPLES = 768  # the latest timed layers the GPU's line is fitted to
 SPIN_US = 2000  # the tier's threads spin this long after a job before sleeping: longer than a layer's step
 
 
@@ -107,6 +112,11 @@ class FastTier:
             self.close()  # what started stops, and the feeding thread gets its CPUs back
             raise
         self._steps, self._seen = 0, self.worker.counters()
+        self._probe_link_s = self.costs.link_expert_s  # the start-up probe's figure, a live line's sanity range
+        self._sampling = False  # this step's layers are timed
+        self._open_sample: tuple[int, torch.cuda.Event, torch.Tensor] | None = None  # (layer row, start, split counts)
+        self._step_samples: list[tuple[torch.cuda.Event, torch.cuda.Event, torch.Tensor]] = []
+        self._gpu_samples: deque[tuple[int, float]] = deque(maxlen=GPU_SAMPLES)  # (GPU misses, seconds)
         self.deadline_s = settings.ct_deadline_ms / 1000.0
         self.sent = torch.zeros(4, dtype=torch.int64, device=device)  # hits, misses, experts, picks sent (decode steps)
         self.skipped = 0  # routing calls the tier could not take (too many rows, other dtypes)
@@ -174,6 +184,10 @@ class FastTier:
                                                    self.cache.freq[row], self.cube)
         self.sent += info
         self._pending = (row, status, T)
+        if self._sampling:
+            start = self._event()
+            start.record()
+            self._open_sample = (row, start, info)
 
     def on_routed_sum(self, row: int, final_hidden_states: torch.Tensor) -> torch.Tensor:
         """The layer's fp32 routed sum: the CPU's partial is added in place."""
@@ -181,6 +195,11 @@ class FastTier:
             return final_hidden_states
         _, status, T = self._pending
         self._pending = None
+        if self._open_sample is not None and self._open_sample[0] == row:
+            end = self._event()
+            end.record()  # before the wait for the CPU: the GPU's own part of the layer
+            self._step_samples.append((self._open_sample[1], end, self._open_sample[2]))
+            self._open_sample = None
         acc = final_hidden_states.view(-1, final_hidden_states.shape[-1])
         if acc.dtype != torch.float32 or not acc.is_contiguous() or acc.shape[-1] != self.hidden:
             raise RuntimeError(f"layer {row}: the routed sum is {acc.dtype} {tuple(acc.shape)}; the CPU tier needs a "
@@ -200,22 +219,41 @@ class FastTier:
     # ---- per step and reporting
 
     def after_step(self) -> int:
-        """Once per engine step, after its synchronisation: refreshes the costs every ``REFRESH_STEPS`` steps, and
-        returns the jobs taken back or refused since the last call (their experts are missing from that step)."""
+        """Once per engine step, after its synchronisation: reads the step's timed layers, arms the timing of the
+        next step every ``SAMPLE_STEPS``, refreshes the costs every ``REFRESH_STEPS`` steps, and returns the jobs
+        taken back or refused since the last call (their experts are missing from that step)."""
         self._steps += 1
+        self._read_samples()
+        self._sampling = self._steps % SAMPLE_STEPS == 0
         if self._steps % REFRESH_STEPS == 0:
             self._refresh()
         return self.lost_jobs()
+
+    @staticmethod
+    def _event() -> torch.cuda.Event:
+        return torch.cuda.Event(enable_timing=True)
+
+    def _read_samples(self) -> None:
+        """The timed layers of the step just synchronised: (the misses the GPU computed, its seconds)."""
+        for start, end, info in self._step_samples:
+            _, misses, cpu_experts, _ = info.tolist()
+            self._gpu_samples.append((misses - cpu_experts, start.elapsed_time(end) / 1000.0))
+        self._step_samples.clear()
+        self._open_sample = None
 
     def _refresh(self) -> None:
         now = self.worker.counters()
         jobs, experts = now["jobs"] - self._seen["jobs"], now["experts"] - self._seen["experts"]
         busy, tokens = now["busy_s"] - self._seen["busy_s"], now["tokens"] - self._seen["tokens"]
         self._seen = now
+        fresh = self.costs
         if jobs > 0:
-            fresh = self.costs.refreshed(busy, experts, -(-tokens // jobs), jobs)
-            if fresh is not self.costs:
-                self.use_costs(fresh)
+            fresh = fresh.refreshed(busy, experts, -(-tokens // jobs), jobs)
+        line = fit_gpu_line(self._gpu_samples, self._probe_link_s)
+        if line is not None:
+            fresh = fresh.with_gpu_line(*line)
+        if fresh is not self.costs:
+            self.use_costs(fresh)
 
     def lost_jobs(self) -> int:
         """Jobs taken back or refused since the last call (their experts are missing from that step). Synchronises:
@@ -233,7 +271,8 @@ class FastTier:
             "codebook": self.codebook,
             "costs": {"cpu_expert_us": {t: round(v * 1e6, 1) for t, v in self.costs.cpu_expert_s.items()},
                       "cpu_job_us": {t: round(v * 1e6, 1) for t, v in self.costs.cpu_job_s.items()},
-                      "link_expert_us": round(self.costs.link_expert_s * 1e6, 1), "vram_expert_us": round(self.costs.vram_expert_s * 1e6, 2),
+                      "link_expert_us": round(self.costs.link_expert_s * 1e6, 1), "gpu_fixed_us": round(self.costs.gpu_fixed_s * 1e6, 1),
+                      "vram_expert_us": round(self.costs.vram_expert_s * 1e6, 2),
                       "handoff_us": round(self.costs.handoff_s * 1e6, 1), "sources": dict(self.costs.sources)},
             "split": {"hits": hits, "misses": misses, "cpu_experts": experts, "cpu_picks": picks, "skipped_calls": self.skipped},
             "device": self.producer.stats(),

@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 from glm53.offload import cpu_expert as ce
-from glm53.offload.ct_cost import Costs, measure_cpu, pinned_cpu_cost
+from glm53.offload.ct_cost import (
+    GPU_LINE_MIN_SAMPLES,
+    Costs,
+    fit_gpu_line,
+    measure_cpu,
+    pinned_cpu_cost,
+)
 
 from .test_cpu_tier import LIMIT, tier  # noqa: F401 (tier: fixture)
 
@@ -144,3 +150,26 @@ def test_every_miss_to_the_cpu():
     assert all(c.best_split(h, m, t) == m for t in (1, 2, 8) for h in (0, 3) for m in range(9))
     assert c.link_expert_s == PCIE4.link_expert_s and "a check" in c.sources["cpu_expert_s"]
     assert c.refreshed(busy_s=1.0, experts=10, tokens=1, jobs=10) is c  # live timings do not undo a check's costs
+
+
+def test_the_gpus_line_is_fitted_from_its_own_timings_and_a_wild_one_is_refused():
+    rng = np.random.default_rng(0)
+    misses = rng.integers(0, 9, 200)
+    samples = [(int(m), 80 * US + 198 * US * m + rng.normal(0, 5 * US)) for m in misses]
+    fixed, per_miss = fit_gpu_line(samples, probe_s=184 * US)
+    assert per_miss == pytest.approx(198 * US, rel=0.02) and fixed == pytest.approx(80 * US, abs=5 * US)
+    assert fit_gpu_line(samples[: GPU_LINE_MIN_SAMPLES - 1], 184 * US) is None  # too few to tell
+    assert fit_gpu_line([(4, 900 * US)] * 100, 184 * US) is None  # one miss count: no slope
+    assert fit_gpu_line(samples, probe_s=20 * US) is None  # 10x the probe: a stalled step, not the link
+
+
+def test_the_gpus_fixed_time_lets_the_cpu_take_more():
+    """The GPU's part of a layer beyond its experts' runs while the CPU's job does, so it moves the balance."""
+    c = Costs({1: 500 * US}, 0.0, 184 * US, 0.0, cpu_job_s={1: 60 * US})
+    live = c.with_gpu_line(fixed_s=75 * US, per_miss_s=198 * US)
+    # 3 misses: the GPU alone takes 552 us against 560 for a one-expert job; with 75 us of its own, 669 us
+    assert c.best_split(3, 3, 1) == 0 and live.best_split(3, 3, 1) == 1
+    assert live.gpu_seconds(2, 3) == pytest.approx(75 * US + 3 * 198 * US)
+    table = live.table(1, 16)
+    assert [int(table[1, 3, m]) for m in range(14)] == [live.best_split(3, m, 1) for m in range(14)]
+    assert "live" in live.sources["link_expert_s"]

@@ -4,12 +4,15 @@ counts lost jobs. The tier itself runs on the GPU (tests/gpu/test_fast_tier.py).
 
 from __future__ import annotations
 
+import collections
 import os
 import threading
+from typing import ClassVar
 
 import pytest
 import torch
 
+from glm53.offload import fast_tier as ft
 from glm53.offload.ct_cost import Costs
 from glm53.offload.fast_tier import (
     REFRESH_STEPS,
@@ -24,12 +27,13 @@ H = 256
 class FakeProducer:
     def __init__(self):
         self.published, self.collected = [], []
+        self.next_info = torch.tensor([1, 2, 1, 1], dtype=torch.int32)  # hits, misses, CPU experts, picks
         self.counters = {"published": 0, "busy": 0, "done": 0, "failed": 0, "taken_back_before_claim": 0,
                          "taken_back_after_claim": 0, "wait_s": 0.0, "native_host_atomics": False}
 
     def split_publish(self, row, sel, rw, y, slot_of, freq, cube):
         self.published.append((row, sel.shape, y.shape, slot_of.tolist(), freq.tolist()))
-        return torch.tensor([len(self.published)]), torch.tensor([1, 2, 1, 1], dtype=torch.int32)
+        return torch.tensor([len(self.published)]), self.next_info.clone()
 
     def collect(self, status, acc, timeout_s):
         self.collected.append((int(status), tuple(acc.shape), acc.data_ptr(), timeout_s))
@@ -51,9 +55,24 @@ def tier():
     t.costs = Costs({1: 1e-4}, 1e-5, 2e-4, 1e-6, sources={"cpu_expert_s": "test"})
     t.worker = FakeWorker()
     t.setup_s, t.max_experts, t._steps, t._seen, t.codebook = 0.0, 64, 0, t.worker.counters(), "fma"
+    t._probe_link_s, t._sampling, t._open_sample, t._step_samples = t.costs.link_expert_s, False, None, []
+    t._gpu_samples = collections.deque(maxlen=ft.GPU_SAMPLES)
+    t._event = FakeEvent
     t.pool = type("Pool", (), {"threads": 3})()
     t.feeding = type("Feeding", (), {"rest": {0}})()
     return t
+
+
+class FakeEvent:
+    """A CUDA event on a scripted clock: each record() reads the next time from ``FakeEvent.clock`` (seconds)."""
+
+    clock: ClassVar[list[float]] = []
+
+    def record(self):
+        self.t = FakeEvent.clock.pop(0)
+
+    def elapsed_time(self, end):
+        return (end.t - self.t) * 1000.0  # milliseconds, as CUDA's
 
 
 class FakeWorker:
@@ -133,6 +152,30 @@ def test_the_cost_table_follows_the_workers_live_timings():
     for _ in range(REFRESH_STEPS):
         t.after_step()
     assert t.costs is costs
+
+
+def test_the_gpu_part_of_sampled_steps_sets_the_link_and_fixed_costs():
+    """One step in SAMPLE_STEPS has every layer's GPU part timed (between the split and the wait for the CPU); at
+    the refresh a line through (GPU misses, seconds) replaces the start-up probe's link figure."""
+    t = tier()
+    t.costs = Costs({1: 400e-6}, 0.0, 184e-6, 0.0, sources={"cpu_expert_s": "timed"}, cpu_pinned=True)
+    t.cube = torch.from_numpy(t.costs.table(8, 64)).clone()
+    t._probe_link_s = 184e-6
+    x = torch.zeros((1, H), dtype=torch.float32)
+    timed = 0
+    for step in range(1, REFRESH_STEPS + 1):
+        if t._sampling:
+            for row, gpu_misses in ((0, 2), (1, 5)) * 6:  # 12 layers; the fake split sends no expert to the CPU
+                t.producer.next_info = torch.tensor([1, gpu_misses, 0, 0], dtype=torch.int32)
+                FakeEvent.clock[:] = [1.0, 1.0 + 75e-6 + gpu_misses * 198e-6]
+                t.on_routing(row, *routing(T=1))
+                t.on_routed_sum(row, x)
+                timed += 1
+        t.after_step()
+    assert timed == 12 * (REFRESH_STEPS // ft.SAMPLE_STEPS - 1)  # the last sampled step's layers run after the refresh
+    assert t.costs.link_expert_s == pytest.approx(198e-6) and t.costs.gpu_fixed_s == pytest.approx(75e-6)
+    assert "live" in t.costs.sources["link_expert_s"] and t.stats()["costs"]["gpu_fixed_us"] == 75.0
+    assert torch.equal(t.cube, torch.from_numpy(t.costs.table(8, 64)))
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
