@@ -80,7 +80,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--elastic", action="store_true", help="project arms: the expert cache fills the staging buffers' room too "
                     "and lends it back for each long prefill (the elastic loan; more slots, so a higher decode hit rate)")
     ap.add_argument("--streams", type=int, nargs="*", default=[2, 4], help="also decode this many streams at once, batched "
-                    "(-ambs), each count in turn; the aggregate rate is reported (default 2 4; none: leave it out)")
+                    "(-ambs), each count in turn; the aggregate rate is reported (default 2 4; the option with no count leaves them out)")
     ap.add_argument("--warmup-tokens", type=int, default=32, help="tokens of the warm-up job (default 32)")
     ap.add_argument("--prefill", type=int, nargs="+", default=list(scoreboard.PREFILL_LENGTHS), help="prefill lengths (default 512 4096)")
     ap.add_argument("--prefill-reps", type=int, default=2, help="prompts per prefill length (default 2; the median counts)")
@@ -120,7 +120,8 @@ def cache_tokens(args) -> int:
     per_stream = args.decode_context + args.decode_tokens + 256  # the cache's pages are shared by the streams
     need = max(max(args.prefill), args.decode_context + args.decode_tokens, 64 + args.warmup_tokens,
                args.long_context + args.decode_tokens, max([0, *args.streams]) * per_stream) + 256
-    return -(-need // 256) * 256
+    # exllamav3's load runs one chunk-sized forward over the cache ("Cache too small for batch shape" otherwise)
+    return -(-max(need, args.chunk_size) // 256) * 256
 
 
 # ---- machine and checkpoint ----

@@ -46,8 +46,12 @@ def test_bad_arguments_are_refused(argv):
 def test_cache_holds_the_longest_job_in_whole_pages():
     args = compare.parse_args(["--prefill", "512", "4096", "--decode-context", "512", "--decode-tokens", "256"])
     assert compare.cache_tokens(args) == 4352  # 4096 + 256, rounded up to pages
-    args = compare.parse_args(["--prefill", "100", "--decode-context", "2000", "--decode-tokens", "300", "--streams"])
+    args = compare.parse_args(["--prefill", "100", "--decode-context", "2000", "--decode-tokens", "300", "--streams",
+                               "--chunk-size", "2048"])
     assert compare.cache_tokens(args) == 2560
+    # never below the prefill chunk: the engine's load runs a chunk over the cache
+    args = compare.parse_args(["--prefill", "512", "--decode-tokens", "192", "--streams"])
+    assert compare.cache_tokens(args) == 4096
     # four streams share the cache's pages: 4 x (2000 + 300 + 256) + 256
     args = compare.parse_args(["--prefill", "100", "--decode-context", "2000", "--decode-tokens", "300", "--streams", "2", "4"])
     assert compare.cache_tokens(args) == 10496
