@@ -107,7 +107,6 @@ class Costs:
         cpu[bucket] = (1 - weight) * cpu[bucket] + weight * live
         return replace(self, cpu_expert_s=cpu, sources={**self.sources, "cpu_expert_s": "measured at start, refreshed from the worker"})
 
-
     def with_gpu_line(self, fixed_s: float, per_miss_s: float) -> Costs:
         """The GPU's figures from a live line (:func:`fit_gpu_line`): ``per_miss_s`` becomes the link's cost of an
         expert, ``fixed_s`` the rest of the GPU's part of a layer."""

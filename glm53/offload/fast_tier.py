@@ -103,7 +103,7 @@ class FastTier:
             self.pool = pool.start()
             self.ring = Ring(RING_SLOTS, self.hidden, MAX_TOKENS, top_k)
             self.worker = Worker(self.ring, self.table, act_limit=act_limit, pool=self.pool, cpu=worker_cpu, spin_us=SPIN_US,
-                                 codebook=settings.ct_codebook).start()
+                                 codebook=self.codebook).start()
             self.producer = DeviceProducer(self.ring, device, kernels)
             self.max_experts = min(255, MAX_TOKENS * top_k)
             self.costs = self._measure(settings, experts, act_limit, kernels)
@@ -125,7 +125,7 @@ class FastTier:
         self.enabled = True  # off: every expert on the GPU, exact mode's numerics (paired checks, bench/decode_kl.py)
         self.setup_s = round(time.monotonic() - t0, 2)
         log.info("CPU tier: %d threads (worker on CPU %s), %s codebook, costs per expert: CPU %s us (+ %s us a job), link %.0f us, VRAM "
-                 "%.1f us, handoff %.0f us (%s)", self.pool.threads + 1, worker_cpu, settings.ct_codebook,
+                 "%.1f us, handoff %.0f us (%s)", self.pool.threads + 1, worker_cpu, self.codebook,
                  {t: round(v * 1e6) for t, v in self.costs.cpu_expert_s.items()},
                  {t: round(v * 1e6) for t, v in self.costs.cpu_job_s.items()},
                  self.costs.link_expert_s * 1e6, self.costs.vram_expert_s * 1e6, self.costs.handoff_s * 1e6, self.costs.sources)
@@ -139,7 +139,7 @@ class FastTier:
         else:
             keys = sorted(experts)[:TIMING_EXPERTS]
             cpu, job = measure_cpu([experts[k] for k in keys], act_limit=act_limit, pool=self.pool, batch=min(8, len(keys)),
-                                   codebook=settings.ct_codebook)
+                                   codebook=self.codebook)
             sources["cpu_expert_s"] = f"timed on {len(keys)} experts at start, jobs of 1 and {min(8, len(keys))}"
         block = self.store.layout.block_bytes
         link_gbs = _link_read_gbs(self.store, kernels)
@@ -235,9 +235,10 @@ class FastTier:
 
     def _read_samples(self) -> None:
         """The timed layers of the step just synchronised: (the misses the GPU computed, its seconds)."""
-        for start, end, info in self._step_samples:
-            _, misses, cpu_experts, _ = info.tolist()
-            self._gpu_samples.append((misses - cpu_experts, start.elapsed_time(end) / 1000.0))
+        if self._step_samples:
+            counts = torch.stack([info for _, _, info in self._step_samples]).tolist()  # one transfer for the step
+            for (start, end, _), (_, misses, cpu_experts, _) in zip(self._step_samples, counts):
+                self._gpu_samples.append((misses - cpu_experts, start.elapsed_time(end) / 1000.0))
         self._step_samples.clear()
         self._open_sample = None
 

@@ -115,12 +115,14 @@ std::string check_linear(const glm53_ce_linear& l, const std::string& name)
     return "";
 }
 
-int check_codebook(int codebook)
+// The ISA's operations, and whether the codebook is FP16 (else FMA); an unknown codebook is refused.
+int resolve_kernel(int isa, int codebook, const IsaOps** ops, bool* fp16_codebook)
 {
     if (codebook < 0 || codebook >= GLM53_CE_CODEBOOK_COUNT)
         return fail(GLM53_CE_EINVAL, "codebook must be GLM53_CE_CODEBOOK_FP16 (0) or GLM53_CE_CODEBOOK_FMA (1), got " +
                                          std::to_string(codebook));
-    return GLM53_CE_OK;
+    *fp16_codebook = codebook == GLM53_CE_CODEBOOK_FP16;
+    return resolve_isa(isa, ops);
 }
 
 // Span `span` of l's output columns, BAND_TILES / spans_per_block tiles each, written to acc (rows of acc_stride)
@@ -359,12 +361,9 @@ int32_t glm53_ce_experts(glm53_ce_pool* pool, const glm53_ce_expert* experts, in
     if (!problem.empty())
         return fail(GLM53_CE_EINVAL, problem);
     Call call;
-    int rc = resolve_isa(isa, &call.ops);
-    if (rc == GLM53_CE_OK)
-        rc = check_codebook(codebook);
+    const int rc = resolve_kernel(isa, codebook, &call.ops, &call.fp16_codebook);
     if (rc != GLM53_CE_OK)
         return rc;
-    call.fp16_codebook = codebook == GLM53_CE_CODEBOOK_FP16;
     call.hidden = experts[0].gate.in_features;
     call.inter = experts[0].gate.out_features;
     call.x = static_cast<const uint8_t*>(x);
@@ -424,12 +423,10 @@ int32_t glm53_ce_linear_forward(const glm53_ce_linear* linear, const float* x, i
     if (!problem.empty())
         return fail(GLM53_CE_EINVAL, problem);
     const IsaOps* ops = nullptr;
-    int rc = resolve_isa(isa, &ops);
-    if (rc == GLM53_CE_OK)
-        rc = check_codebook(codebook);
+    bool fp16 = true;
+    const int rc = resolve_kernel(isa, codebook, &ops, &fp16);
     if (rc != GLM53_CE_OK)
         return rc;
-    const bool fp16 = codebook == GLM53_CE_CODEBOOK_FP16;
     const int n_in = linear->in_features, n_out = linear->out_features;
     float* rotated = scratch(local_scratch, static_cast<size_t>(GLM53_CE_MAX_ROWS) * n_in);
     for (int r0 = 0; r0 < rows; r0 += GLM53_CE_MAX_ROWS) {
@@ -451,9 +448,8 @@ int32_t glm53_ce_mul1_values(const uint16_t* states, int32_t n, float* out, int3
     if (!states || !out || n < 0)
         return fail(GLM53_CE_EINVAL, "mul1_values: need non-null states and out and n >= 0");
     const IsaOps* ops = nullptr;
-    int rc = resolve_isa(isa, &ops);
-    if (rc == GLM53_CE_OK)
-        rc = check_codebook(codebook);
+    bool fp16 = true;
+    const int rc = resolve_kernel(isa, codebook, &ops, &fp16);
     if (rc != GLM53_CE_OK)
         return rc;
     constexpr int CHUNK = 256;  // a multiple of every variant's vector width
@@ -463,7 +459,7 @@ int32_t glm53_ce_mul1_values(const uint16_t* states, int32_t n, float* out, int3
         const int m = n - i < CHUNK ? n - i : CHUNK;
         memset(in, 0, sizeof in);
         memcpy(in, states + i, sizeof(uint16_t) * m);
-        ops->mul1_values(in, CHUNK, codebook == GLM53_CE_CODEBOOK_FP16, values);
+        ops->mul1_values(in, CHUNK, fp16, values);
         for (int j = 0; j < m; ++j)
             out[i + j] = values[j] * MUL1_W_SCALE;  // exact
     }
