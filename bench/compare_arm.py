@@ -116,11 +116,12 @@ def pinned_bytes(stats) -> int | None:
 class Loaded:
     """What every arm hands to the measurement: a generator, the vocabulary, and a stats function."""
 
-    def __init__(self, generator, vocab: int, stats=None, close=None, facts=None):
+    def __init__(self, generator, vocab: int, stats=None, close=None, facts=None, idle=None):
         self.generator, self.vocab = generator, vocab
         self.stats = stats or (lambda: None)
         self.close = close or (lambda: None)
         self.facts = facts or {}
+        self.idle = idle  # () -> the idle engine's CPU use (project arms)
 
 
 def max_streams(spec: dict) -> int:
@@ -165,8 +166,41 @@ def load_project(arm: str, spec: dict) -> Loaded:
         backend = Exl3Backend(settings)
     except (NotImplementedError, config.ConfigError) as exc:
         raise NotAvailable(f"{type(exc).__name__}: {exc}") from exc
-    return Loaded(backend.generator, backend.info.vocab_size, stats=backend.stats, close=backend.close,
-                  facts={"engine_argv": argv, "settings": settings.public()})
+    return Loaded(EngineSteps(backend), backend.info.vocab_size, stats=backend.stats, close=backend.close,
+                  facts={"engine_argv": argv, "settings": settings.public()}, idle=lambda: idle_cpu_percent(backend))
+
+
+class EngineSteps:
+    """The project's generator as the server steps it: every step through ``Exl3Backend.iterate`` (the CPU tier woken
+    before it and its live costs refreshed after), jobs enqueued on exllamav3's generator as for the stock arms."""
+
+    def __init__(self, backend):
+        self.backend = backend
+
+    def enqueue(self, job) -> None:
+        self.backend.generator.enqueue(job)
+
+    def num_remaining_jobs(self) -> int:
+        return self.backend.generator.num_remaining_jobs()
+
+    def iterate(self) -> list[dict]:
+        return self.backend.iterate()
+
+
+IDLE_S = 3.0  # how long an idle engine's CPU use is measured
+
+
+def idle_cpu_percent(backend) -> dict:
+    """The loaded engine's CPU use with nothing to do, in % of one core (process CPU time over ``IDLE_S``, after the
+    CPU tier's worker had time to park)."""
+    fast = backend.offload.fast
+    time.sleep(0.2)
+    cpu0, wall0 = time.process_time(), time.monotonic()
+    time.sleep(IDLE_S)
+    out = {"idle_cpu_percent_of_one_core": round(100 * (time.process_time() - cpu0) / (time.monotonic() - wall0), 3)}
+    if fast is not None:
+        out["cpu_tier_parked"] = fast.worker.parked()
+    return out
 
 
 def phase(name: str) -> None:
@@ -248,6 +282,8 @@ def run_arm(arm: str, spec: dict) -> dict:
         result = measure(loaded, spec)
         if spec.get("long_context") and arm in PROJECT_ARMS:
             result["long_context"] = long_context_phase(loaded, spec)
+        if loaded.idle is not None:
+            result["idle"] = loaded.idle()
         steady = procmem.tree_memory(os.getpid())
         available_after = meminfo(Path("/proc/meminfo")).get("MemAvailable")
         free, total = torch.cuda.mem_get_info()

@@ -30,7 +30,8 @@ the layers before it, so deep layers show the propagated error as well as their 
 same thing, so the two are comparable layer by layer.
 
 Output JSON: ``{positions, kl_mean, kl_p99, kl_max, top1_agree, first_divergence[], disagreements,
-layer_rel_err{mean[], p99[], max[]}, per_prompt[{i, prompt_len, positions, kl_mean, kl_p99, kl_max, top1_agree,
+layer_rel_err{mean[], p99[], max[]}, cpu_tier (the engine's CPU-tier device counters: jobs published, done, computed
+by the GPU fallback), per_prompt[{i, prompt_len, positions, kl_mean, kl_p99, kl_max, top1_agree,
 first_divergence, disagreements, margins[]}], a, b, checkpoint, tokens, seconds, command}``.
 """
 
@@ -404,8 +405,11 @@ def run(args: argparse.Namespace) -> dict:
         s = records[-1].summary(i)
         print(f"prompt {i}: KL mean {s['kl_mean']:.3g}, p99 {s['kl_p99']:.3g}, top-1 {s['top1_agree']:.4f}, "
               f"first divergence {s['first_divergence']}", file=sys.stderr, flush=True)
+    # the CPU tier's device counters of the engine paths: how many of B's jobs arrived, and how many the GPU computed
+    cpu_tier = engine.offload.stats().get("cpu_tier", {}).get("device") if args.a.partition(":")[0] in ENGINE_PATHS else None
     close()
-    return {**summarise(records), "a": args.a, "b": args.b, "split": args.split if args.a in ENGINE_PATHS else None, "checkpoint": str(args.model), "tokens": args.tokens,
+    return {**summarise(records), "a": args.a, "b": args.b, "split": args.split if args.a in ENGINE_PATHS else None,
+            "cpu_tier": cpu_tier, "checkpoint": str(args.model), "tokens": args.tokens,
             "seconds": round(time.monotonic() - started, 1), "command": shlex.join(["python3", "-m", "bench.decode_kl", *sys.argv[1:]])}
 
 

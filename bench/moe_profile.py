@@ -89,10 +89,10 @@ class LayerClock:
         return out
 
     def _split_publish(self, *args, **kwargs):
-        status, info = self._original_split(*args, **kwargs)
+        status, info, record = self._original_split(*args, **kwargs)
         if self._open is not None:
             self.cpu_experts[self._open : self._open + 1].copy_(info[2:3])
-        return status, info
+        return status, info, record
 
     def _routed_sum(self, row, final_hidden_states):
         i = self._open

@@ -98,6 +98,8 @@ def _parse_bool(text: str) -> bool:
 
 
 BOOL = Parser("1/0, true/false, yes/no, on/off", _parse_bool)
+AUTO_BOOL = Parser("auto, or 1/0, true/false, yes/no, on/off",
+                   lambda t: "auto" if t.strip().lower() == "auto" else _parse_bool(t))
 TEXT = Parser("any text", lambda t: t)
 
 
@@ -222,9 +224,9 @@ class Settings:
     # --- offload: CPU tier (fast mode)
     ct_cpus: Any = setting(CPUS, "auto", "CPUs of the CPU tier; auto: one per physical core, leaving cores for the GPU-feeding thread")
     ct_threads: int = setting(_number(int, 0, 4096), 0, "CPU-tier threads; 0: one per CPU of GLM53_CT_CPUS")
-    ct_enable: bool = setting(BOOL, False, "fast mode: compute the coldest decode misses on the CPU tier (off by default: on the H200 test host it adds 8-11 % to one stream while its threads spin through decode, and a late job fails its request, see bench/results/2026-11-29-fast-mode-h200.md; off, fast mode runs as exact with the one-pass prefill)")
+    ct_enable: Any = setting(AUTO_BOOL, "auto", "fast mode: compute the coldest decode misses on the CPU tier; auto: on when the costs measured at start give it a share of the misses (one log line says why not, otherwise), a job late for GLM53_CT_DEADLINE_MS is computed on the GPU instead")
     ct_codebook: str = setting(_choice("fma", "fp16"), "fma", "CPU-tier weights: fma, exllamav3's GPU codebook before its fp16 rounding (2.1e-4 relative RMS from the fp16 weights, ~4e-4 per expert output; a third less vector work); fp16, the GPU's fp16 weights bit for bit")
-    ct_deadline_ms: float = setting(_number(float, 0.1, 10000, " ms"), 50.0, "how long the GPU waits for a CPU-tier job before taking it back (the step's sequences then fail, never silently)")
+    ct_deadline_ms: float = setting(_number(float, 0.1, 10000, " ms"), 2.0, "how long the GPU waits, once its own part of a layer is done, for a CPU-tier job before taking it back and computing its experts itself (counted in /stats)")
     ct_b: float | None = setting(_optional(_number(float, 0.0001, None, " ms"), "measured at start"), None, "CPU-tier cost per expert in ms; overrides the value measured at start", show_default="unset (measured)")
 
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)  # setting name -> default|env|flag

@@ -57,8 +57,10 @@ def library() -> ctypes.CDLL:
         "glm53_ct_ring_layout": (i32, [i32, i32, i32, i32, ptr]),
         "glm53_ct_ring_init": (i32, [ptr, u64, i32, i32, i32, i32]),
         "glm53_ct_slot_word": (u64, [ptr, i32, i32]),
-        "glm53_ct_worker_start": (ptr, [ptr, ptr, i32, i32, ctypes.c_float, ptr, i32, i32, i32, i32, i32]),
+        "glm53_ct_worker_start": (ptr, [ptr, ptr, i32, i32, ctypes.c_float, ptr, i32, i32, i32, i32, i32, i32]),
         "glm53_ct_worker_stop": (None, [ptr]),
+        "glm53_ct_worker_wake": (None, [ptr]),
+        "glm53_ct_worker_parked": (i32, [ptr]),
         "glm53_ct_worker_counters": (None, [ptr, ptr]),
         "glm53_ct_worker_debug_hold": (None, [ptr, i32]),
         "glm53_ct_producer_publish": (i32, [ptr, u64, i32, i32, ptr, i32, ptr]),
@@ -181,15 +183,17 @@ def host_store_experts(store, sign_scale: Mapping[str, tuple[np.ndarray, np.ndar
 class Worker:
     """The host thread that serves a ring. ``pool``: a started ``cpu_expert.Pool`` (None: this thread alone).
     ``cpu``: pin the worker thread (None: not pinned); it should have a core of its own, since it takes part in
-    the pool's work. Idle, it spins ``spin_us`` after its last job, then naps, 50 us doubling up to ``nap_us``
-    (the worst wake-up latency after a long idle). ``codebook``: ``cpu_expert.CODEBOOKS``."""
+    the pool's work. Idle, it spins ``spin_us`` after its last job (or :meth:`wake`), then naps, 50 us doubling up
+    to ``nap_us``; idle for ``park_us`` (0: never) it parks, asleep until :meth:`wake` (and a look at the ring every
+    100 ms). ``codebook``: ``cpu_expert.CODEBOOKS``."""
 
     def __init__(self, ring: Ring, table: ExpertTable, *, act_limit: float, pool: ce.Pool | None = None,
                  isa: str | None = None, cpu: int | None = None, spin_us: int = 2000, nap_us: int = 1000,
-                 codebook: str = "fp16") -> None:
+                 park_us: int = 0, codebook: str = "fp16") -> None:
         ce.codebook_id(codebook)  # a bad name fails here, not at start()
         self.ring, self.table, self.pool = ring, table, pool
         self.act_limit, self.isa, self.cpu, self.spin_us, self.nap_us = act_limit, isa, cpu, spin_us, nap_us
+        self.park_us = park_us
         self.codebook = codebook
         self.handle: int | None = None
 
@@ -198,7 +202,7 @@ class Worker:
             handle = library().glm53_ct_worker_start(
                 self.ring.address, self.table.c, self.table.num_layers, self.table.num_experts, float(self.act_limit),
                 self.pool.handle if self.pool is not None else None, ce._isa_id(self.isa), ce.codebook_id(self.codebook),
-                -1 if self.cpu is None else self.cpu, self.spin_us, self.nap_us)
+                -1 if self.cpu is None else self.cpu, self.spin_us, self.nap_us, self.park_us)
             if not handle:
                 raise ce.KernelError(library().glm53_ct_error().decode())
             self.handle = handle
@@ -209,6 +213,14 @@ class Worker:
         if self.handle is not None:
             library().glm53_ct_worker_stop(self.handle)
             self.handle = None
+
+    def wake(self) -> None:
+        """A decode step is about to start: a napping or parked worker spins again."""
+        if self.handle is not None:
+            library().glm53_ct_worker_wake(self.handle)
+
+    def parked(self) -> bool:
+        return self.handle is not None and bool(library().glm53_ct_worker_parked(self.handle))
 
     def counters(self) -> dict[str, int | float]:
         c = _CCounters()

@@ -79,33 +79,58 @@ class Costs:
     def table(self, max_tokens: int, max_experts: int) -> np.ndarray:
         """``k*`` for every (tokens, hits, misses) with tokens in 1..max_tokens and hits + misses <= max_experts, as
         uint8 ``[max_tokens + 1, max_experts + 1, max_experts + 1]`` (index 0 of tokens unused; impossible cells
-        0): what the device's split kernel looks up."""
+        0): what the device's split kernel looks up. It is :meth:`best_split` for every cell, computed in closed
+        form because the live refresh rebuilds it every few steps: for k >= 1 the GPU's time falls and the CPU's
+        rises linearly in k, so the best k >= 1 is one of the two integers around where they cross, and it is
+        taken over k = 0 only when strictly cheaper (ties: the fewest on the CPU)."""
         if not 1 <= max_tokens <= ce.MAX_ROWS or not 1 <= max_experts <= 255:
             raise ValueError(f"max_tokens must be in 1..{ce.MAX_ROWS} and max_experts in 1..255")
         out = np.zeros((max_tokens + 1, max_experts + 1, max_experts + 1), np.uint8)
-        n = np.arange(max_experts + 1)
-        hits, misses, k = n[:, None, None], n[None, :, None], n[None, None, :]  # axes: hits, misses, k on the CPU
-        possible = (k <= misses) & (hits + misses <= max_experts)
-        # an impossible k costs more than any possible one; float64 keeps ties (the fewest on the CPU) exact
-        gpu = np.where(possible, self.gpu_fixed_s + hits * self.vram_expert_s + (misses - k) * self.link_expert_s, np.inf)
+        n = np.arange(max_experts + 1, dtype=np.float64)
+        hits, misses = n[:, None], n[None, :]  # axes: hits, misses
+        possible = (hits + misses <= max_experts) & (misses >= 1)
+        gpu0 = self.gpu_fixed_s + hits * self.vram_expert_s  # the GPU's time beyond its misses
         for tokens in range(1, max_tokens + 1):
-            cpu = np.where(k == 0, 0.0, self.handoff_s + self.cpu_per_job(tokens) + k * self.cpu_per_expert(tokens))
-            cost = np.maximum(gpu, cpu)
-            # argmin: the first minimum, the fewest on the CPU; a cell with no possible k (hits + misses too many) is 0
-            out[tokens] = np.where(possible[..., 0], np.argmin(cost, axis=-1), 0)
+            job, per = self.handoff_s + self.cpu_per_job(tokens), self.cpu_per_expert(tokens)
+            cross = (gpu0 + misses * self.link_expert_s - job) / (self.link_expert_s + per)  # where gpu(k) = cpu(k)
+            lo = np.clip(np.floor(cross), 1, np.maximum(misses, 1))
+            hi = np.clip(lo + 1, 1, np.maximum(misses, 1))
+
+            def cost(k):
+                return np.maximum(gpu0 + (misses - k) * self.link_expert_s, job + k * per)
+
+            best = np.where(cost(hi) < cost(lo), hi, lo)
+            none = gpu0 + (misses - 0) * self.link_expert_s
+            out[tokens] = np.where(possible & (cost(best) < none), best, 0).astype(np.uint8)
         return out
 
-    def refreshed(self, busy_s: float, experts: int, tokens: int, jobs: int = 0, weight: float = 0.2) -> Costs:
-        """The per-expert CPU figure for ``tokens`` moved toward a live measurement by ``weight``: the worker's busy
-        time since the last refresh, less the measured per-job part of its ``jobs`` jobs (of about ``tokens``
-        tokens), over the ``experts`` it computed. Pinned figures (``cpu_pinned``) stay."""
+    JUMP = 1.5  # a live CPU figure this far (either way) from the model replaces it instead of being averaged in
+
+    def refreshed(self, busy_s: float, experts: int, tokens: int, jobs: int = 0, weight: float = 0.5) -> Costs:
+        """The per-expert CPU figure for ``tokens`` from a live measurement: the worker's busy time since the last
+        refresh, less the measured per-job part of its ``jobs`` jobs (of about ``tokens`` tokens), over the
+        ``experts`` it computed; averaged in by ``weight``, or taken outright when it is more than ``JUMP`` times off
+        (other processes took the host's cores or memory bus, or gave them back). Every measured token count moves
+        by the same factor: a busy host is slower at every size. Pinned figures (``cpu_pinned``) stay."""
         if experts <= 0 or busy_s <= 0 or self.cpu_pinned:
             return self
         bucket = _measured_at(self.cpu_expert_s, tokens)
         live = max(busy_s - jobs * self.cpu_per_job(tokens), 0.1 * busy_s) / experts
-        cpu = dict(self.cpu_expert_s)
-        cpu[bucket] = (1 - weight) * cpu[bucket] + weight * live
+        old = self.cpu_expert_s[bucket]
+        new = live if not old / self.JUMP <= live <= old * self.JUMP else (1 - weight) * old + weight * live
+        factor = new / old
+        cpu = {t: v * factor for t, v in self.cpu_expert_s.items()}
         return replace(self, cpu_expert_s=cpu, sources={**self.sources, "cpu_expert_s": "measured at start, refreshed from the worker"})
+
+    def starved(self) -> Costs:
+        """Costs under which the split sends the CPU nothing (its jobs were not even claimed in time): every CPU
+        figure at least the GPU's time for a whole step of misses, until shadow jobs measure the host again.
+        Pinned figures stay."""
+        if self.cpu_pinned:
+            return self
+        floor = 255 * self.link_expert_s + self.gpu_fixed_s + 1e-3
+        cpu = {t: max(v, floor) for t, v in self.cpu_expert_s.items()}
+        return replace(self, cpu_expert_s=cpu, sources={**self.sources, "cpu_expert_s": "starved: jobs not claimed in time"})
 
     def with_gpu_line(self, fixed_s: float, per_miss_s: float) -> Costs:
         """The GPU's figures from a live line (:func:`fit_gpu_line`): ``per_miss_s`` becomes the link's cost of an

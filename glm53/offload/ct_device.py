@@ -12,9 +12,12 @@ current torch stream:
     outcome = producer.collect(status, acc, timeout_s)  # acc fp32 [T, hidden] += the partial when DONE
 
 ``outcome`` (a device int32) says whether the partial was added ("done"); otherwise ("none": not published,
-"failed", "taken_back_*") the caller must compute the job's experts itself. The numbers of each are in
-:meth:`DeviceProducer.stats`. Jobs are collected in the order they were published, at most one per ring slot
-outstanding (a slot's out must not be overwritten before it is read). One producer per ring.
+"failed", "taken_back_*") the caller must compute the job's experts itself: :meth:`DeviceProducer.fallback_plan`
+turns a split's record and the outcome into the sorted picks of exllamav3's fused expert kernel, empty unless the
+job was published and not delivered, so the GPU computes exactly the experts the host did not. The numbers of each
+are in :meth:`DeviceProducer.stats`. Jobs are collected in the order they were published, at most one per ring slot
+outstanding (a slot's out must not be overwritten before it is read); shadow jobs (probes) are not collected. One
+producer per ring.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from .cpu_tier import Ring
 from .ec_native import CtRing, Kernels
 
 OUTCOMES = ("none", "done", "failed", "taken_back_before_claim", "taken_back_after_claim")  # CT_OUT_* ids
-COUNTERS = ("published", "busy", "done", "failed", "taken_back_before_claim", "taken_back_after_claim", "wait_ns")  # CT_C_*
+COUNTERS = ("published", "busy", "done", "failed", "taken_back_before_claim", "taken_back_after_claim", "wait_ns",
+            "fallback_jobs", "fallback_experts", "probes")  # CT_C_*
 CUDA_HOST_REGISTER_PORTABLE_MAPPED = 0x01 | 0x02
 SPLIT_MAX_PICKS = 64  # CT_SPLIT_MAX_PICKS: tokens * top-k of one decode step
 ADD_BLOCKS = 16  # blocks reading a partial over the link (16 already reach the link's rate, see bench/bandwidth.py)
@@ -54,7 +58,11 @@ class DeviceProducer:
         self.c = CtRing(base, L.slots, L.hidden, L.max_tokens, L.max_picks, L.slot_bytes, L.slots_offset, L.picks_offset,
                         L.x_offset, L.out_offset)
         self.next_seq = torch.ones(1, dtype=torch.int64, device=device)  # the next job's number (1, 2, ...)
-        self.counters = torch.zeros(8, dtype=torch.int64, device=device)
+        if self.kernels.counter_count < len(COUNTERS):
+            raise RuntimeError(f"the CUDA library keeps {self.kernels.counter_count} CPU-tier counters, this code reads "
+                               f"{len(COUNTERS)}: rebuild it")
+        self.counters = torch.zeros(self.kernels.counter_count, dtype=torch.int64, device=device)
+        self._plans: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # num_experts -> plan buffers
         self._outstanding: deque[torch.Tensor] = deque()  # statuses published and not yet collected, oldest first
 
     def publish(self, layer: int, x: torch.Tensor, picks: torch.Tensor) -> torch.Tensor:
@@ -68,11 +76,14 @@ class DeviceProducer:
         return status
 
     def split_publish(self, layer: int, sel: torch.Tensor, rw: torch.Tensor, y: torch.Tensor, slot_of: torch.Tensor,
-                      freq: torch.Tensor, table: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                      freq: torch.Tensor, table: torch.Tensor, probe_k: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Fast mode's split of one decode step's routing (``ct_cost.split_reference`` says what it does): publishes
         the coldest missed experts' picks with the rows ``y`` and zeroes their weights in ``rw`` in place (the
         GPU's kernels then skip them). Returns (status as :meth:`publish`, int32 [4] hits / misses / experts /
-        picks sent).
+        picks sent, the record of the picks moved for :meth:`fallback_plan`).
+
+        ``probe_k > 0``: a shadow job of the ``probe_k`` coldest misses instead, whatever the table says, that only
+        times the host: no weight is zeroed, nothing is recorded, and it is not collected (counted as a probe).
 
         :param sel: int64 ``[T, topk]``; ``rw``: fp16 ``[T, topk]`` (exllamav3's routing tensors, contiguous);
             ``y``: fp16 ``[T, hidden]``; ``slot_of``: int32 ``[E]``; ``freq``: float32 ``[E]``;
@@ -85,18 +96,37 @@ class DeviceProducer:
             raise ValueError(f"y must be contiguous fp16 [{sel.shape[0]}, {self.ring.layout.hidden}]")
         if slot_of.dtype != torch.int32 or freq.dtype != torch.float32 or table.dtype != torch.uint8 or table.dim() != 3:
             raise ValueError("slot_of must be int32, freq float32 and table a uint8 [tokens, experts, experts] cube")
-        status = self._next_status()
+        status = self._next_status(collected=probe_k <= 0)
         info = torch.zeros(4, dtype=torch.int32, device=self.device)
-        self.kernels.split_publish(self.c, self.next_seq, layer, sel, rw, y, slot_of, freq, table, status, self.counters, info)
-        return status, info
+        record = torch.empty(self.kernels.record_size, dtype=torch.int32, device=self.device)
+        self.kernels.split_publish(self.c, self.next_seq, layer, sel, rw, y, slot_of, freq, table, max(probe_k, 0),
+                                   status, self.counters, info, record)
+        return status, info, record
 
-    def _next_status(self) -> torch.Tensor:
+    def fallback_plan(self, status: torch.Tensor, outcome: torch.Tensor, record: torch.Tensor, tokens: int, topk: int,
+                      num_experts: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """After :meth:`collect`: the picks the GPU must compute itself, sorted for exllamav3's fused expert kernel
+        (``exl3_moe``): (int64 [num_experts + 1] picks per expert, the last bin the rest; int64 [tokens * topk]
+        their tokens; fp16 [tokens * topk] their weights). Every pick is in the last bin unless the job was published
+        and not delivered. The buffers are reused by the next call (same stream: the kernel that reads them runs
+        first)."""
+        n = tokens * topk
+        if num_experts not in self._plans:
+            self._plans[num_experts] = (torch.zeros(num_experts + 1, dtype=torch.int64, device=self.device),
+                                        torch.zeros(SPLIT_MAX_PICKS, dtype=torch.int64, device=self.device),
+                                        torch.zeros(SPLIT_MAX_PICKS, dtype=torch.float16, device=self.device))
+        count, token_sorted, weight_sorted = self._plans[num_experts]
+        self.kernels.fallback_plan(status, outcome, record, n, topk, count, token_sorted, weight_sorted, self.counters)
+        return count, token_sorted[:n], weight_sorted[:n]
+
+    def _next_status(self, collected: bool = True) -> torch.Tensor:
         """The device word a publish writes its job number to, queued for collection in publish order (at most one
         job per slot outstanding: a slot's out must not be overwritten before it is read)."""
         if len(self._outstanding) >= self.ring.layout.slots:
             raise RuntimeError(f"{len(self._outstanding)} jobs outstanding on a ring of {self.ring.layout.slots} slots: collect the oldest first")
         status = torch.empty(1, dtype=torch.int64, device=self.device)
-        self._outstanding.append(status)
+        if collected:
+            self._outstanding.append(status)
         return status
 
     def collect(self, status: torch.Tensor, acc: torch.Tensor, timeout_s: float) -> torch.Tensor:

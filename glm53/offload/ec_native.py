@@ -130,9 +130,12 @@ class CtKernels:
         lib.ct_publish.argtypes = [ctypes.POINTER(CtRing), p, i, i, p, i, p, p, p, p]
         lib.ct_collect.argtypes = [ctypes.POINTER(CtRing), p, i64, p, p, i, i, p, p]
         lib.ct_device_pointer.argtypes = [p, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int)]
-        lib.ct_split_publish.argtypes = [ctypes.POINTER(CtRing), p, i, i, i, p, p, p, p, p, p, i, i, p, p, p, p]
-        for fn in (lib.ct_publish, lib.ct_collect, lib.ct_device_pointer, lib.ct_split_publish):
+        lib.ct_split_publish.argtypes = [ctypes.POINTER(CtRing), p, i, i, i, p, p, p, p, p, p, i, i, i, p, p, p, p, p]
+        lib.ct_fallback_plan.argtypes = [p, p, p, i, i, i, p, p, p, p, p]
+        for fn in (lib.ct_publish, lib.ct_collect, lib.ct_device_pointer, lib.ct_split_publish, lib.ct_fallback_plan,
+                   lib.ct_counter_count, lib.ct_record_size):
             fn.restype = ctypes.c_int
+        self.counter_count, self.record_size = lib.ct_counter_count(), lib.ct_record_size()
         self._lib = lib
 
     def device_pointer(self, host_address: int) -> tuple[int, bool]:
@@ -154,11 +157,19 @@ class CtKernels:
                                             acc.shape[0], add_blocks, counters.data_ptr(), stream), "ct_collect")
 
     def split_publish(self, ring: CtRing, next_seq: torch.Tensor, layer: int, sel: torch.Tensor, rw: torch.Tensor,
-                      y: torch.Tensor, slot_of: torch.Tensor, freq: torch.Tensor, table: torch.Tensor,
-                      status: torch.Tensor, counters: torch.Tensor, info: torch.Tensor) -> None:
+                      y: torch.Tensor, slot_of: torch.Tensor, freq: torch.Tensor, table: torch.Tensor, probe_k: int,
+                      status: torch.Tensor, counters: torch.Tensor, info: torch.Tensor, record: torch.Tensor) -> None:
         stream = torch.cuda.current_stream().cuda_stream
         T, topk = sel.shape
         Kernels._check(self._lib.ct_split_publish(
             ctypes.byref(ring), next_seq.data_ptr(), layer, T, topk, sel.data_ptr(), rw.data_ptr(), y.data_ptr(),
-            slot_of.data_ptr(), freq.data_ptr(), table.data_ptr(), table.shape[0] - 1, table.shape[1] - 1,
-            status.data_ptr(), counters.data_ptr(), info.data_ptr(), stream), "ct_split_publish")
+            slot_of.data_ptr(), freq.data_ptr(), table.data_ptr(), table.shape[0] - 1, table.shape[1] - 1, probe_k,
+            status.data_ptr(), counters.data_ptr(), info.data_ptr(), record.data_ptr(), stream), "ct_split_publish")
+
+    def fallback_plan(self, status: torch.Tensor, outcome: torch.Tensor, record: torch.Tensor, n: int, topk: int,
+                      count: torch.Tensor, token_sorted: torch.Tensor, weight_sorted: torch.Tensor,
+                      counters: torch.Tensor) -> None:
+        stream = torch.cuda.current_stream().cuda_stream
+        Kernels._check(self._lib.ct_fallback_plan(
+            status.data_ptr(), outcome.data_ptr(), record.data_ptr(), n, topk, count.shape[0] - 1, count.data_ptr(),
+            token_sorted.data_ptr(), weight_sorted.data_ptr(), counters.data_ptr(), stream), "ct_fallback_plan")

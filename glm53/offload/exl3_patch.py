@@ -24,6 +24,10 @@ Patch points (each checked by ``check_internals`` when a model is loaded; a mism
   before its cast, where exllamav3 adds its own CPU split's partial; fast mode adds the CPU tier's there. The
   fused decode kernels skip a pick whose router weight is 0 (``exl3_moe_coop_kernel.cuh``: ``slot_info``), which
   is how the CPU tier's picks are kept from the GPU.
+- ``exllamav3_ext.exl3_moe`` with a layer's ``multi_gate / multi_up / multi_down`` tables, ``fused_mode_buffers``,
+  ``activation_fn_idx`` and ``act_limit``, called as ``BlockSparseMLP.forward``'s fused tier calls it (no output
+  scratch: contributions are added atomically into the fp32 output): fast mode's GPU fallback computes the
+  experts of a CPU job that did not arrive in time into the routed sum (``fused_experts``).
 - ``exllamav3.generator.job.Job.prefill`` (recompiled from its source with one condition changed, see
   ``install_single_pass_prefill``): a generator flagged by ``set_single_pass_prefill`` does not split a recurrent
   model's prompt before its last page.
@@ -294,6 +298,35 @@ def wrap_routed_sum(mlp, combine):
         del mlp.cpu_split_combine
 
     return remove
+
+
+def fused_experts(mlp):
+    """``run(y, acc, count, token_sorted, weight_sorted)``: the layer's experts for sorted picks, computed by
+    exllamav3's fused expert kernel and added (times each pick's weight) into ``acc`` (fp32 ``[T, hidden]``, the
+    routed sum) for the inputs ``y`` (fp16 ``[T, hidden]``); ``count`` (int64 ``[E + 1]``) holds each expert's pick
+    count, the last bin picks to skip. Everything stays on the device: with every pick in the last bin the kernel
+    computes nothing. Expert weights are read where the layer's pointer tables say (a VRAM slot or the host store).
+
+    :raise InternalsChanged: the layer has no fused tier (exllamav3 changed, or the layer is not quantised).
+    """
+    from exllamav3.ext import exllamav3_ext as ext
+
+    buffers = getattr(mlp, "fused_mode_buffers", None)
+    if buffers is None or not all(hasattr(mlp, n) for n in ("multi_up", "multi_down", "activation_fn_idx", "gated", "fused_rows")):
+        raise InternalsChanged(f"{mlp.key}: no fused expert tier (fused_mode_buffers, multi_up/down, activation_fn_idx); "
+                               "fast mode's GPU fallback needs it")
+    gate = mlp.multi_gate if mlp.gated else mlp.multi_up  # a gateless layer passes up as the gate (exllamav3 does)
+    up, down = mlp.multi_up, mlp.multi_down
+    act_limit, rows = float(mlp.act_limit or 0.0), int(mlp.fused_rows)
+
+    def run(y, acc, count, token_sorted, weight_sorted):
+        ext.exl3_moe(y, acc, count, token_sorted, weight_sorted, buffers.temp_state_g, buffers.temp_state_u,
+                     buffers.temp_intermediate_g, buffers.temp_intermediate_u, mlp.activation_fn_idx, gate.K, up.K, down.K,
+                     gate.ptrs_trellis, gate.ptrs_suh, gate.ptrs_svh, up.ptrs_trellis, up.ptrs_suh, up.ptrs_svh,
+                     down.ptrs_trellis, down.ptrs_suh, down.ptrs_svh, gate.mcg, gate.mul1, up.mcg, up.mul1, down.mcg,
+                     down.mul1, act_limit, -1, None, None, 1, rows, 16)
+
+    return run
 
 
 def first_forward_module(model):

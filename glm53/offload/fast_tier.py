@@ -9,20 +9,26 @@ Per layer, on the compute stream, with no host synchronisation:
    which exllamav3's fused decode kernels skip;
 2. exllamav3 computes the rest;
 3. on the fp32 routed sum (``exl3_patch.wrap_routed_sum``): ``ct_collect`` waits up to ``GLM53_CT_DEADLINE_MS`` for
-   the job and adds its partial, or takes it back.
+   the job and adds its partial, or takes it back; then the GPU FALLBACK: ``ct_fallback_plan`` and exllamav3's
+   fused expert kernel (``exl3_patch.fused_experts``) compute, into the same fp32 sum, the experts of a job that
+   was taken back or refused (nothing, when it arrived). Every routed expert is in every step; the fallbacks are
+   counted (``/stats``: ``cpu_tier.device.fallback_jobs``).
 
-A job taken back (or refused by the worker) means the step computed without those experts: never silent, the
-engine fails the step's sequences with the reason (:meth:`FastTier.lost_jobs`, read after the step's own sync).
+The split follows the host's live rate: the cost table is rebuilt every ``REFRESH_STEPS`` steps from live timings
+(:meth:`after_step`): the worker's busy time per expert (a measurement far from the model replaces it at once, so
+a host that gets busy, or free again, is seen within a refresh), jobs the worker never claimed (a starved host:
+its CPU figure is raised until the table sends nothing), and the GPU's own time for its part of every layer of one
+step in ``SAMPLE_STEPS`` (two CUDA events a layer, read after the step's synchronisation). While the table sends
+the CPU nothing, one step in ``PROBE_STEPS`` publishes shadow jobs (the GPU computes those experts as well) whose
+busy time tells when the host has become fast enough again.
 
 Threads: the worker thread takes part in every job it runs, so it is pinned to the first of the tier's CPUs
 (``GLM53_CT_CPUS``) and the pool's threads to the others: one compute thread per CPU; and while the tier runs, the
 thread feeding the GPU keeps to the CPUs the tier leaves (:class:`FeedingThread`). A job waits for its slowest
-unit: a compute thread that shares its CPU with a busy thread loses whole scheduler slices.
-Between a token's layers (about a millisecond) the pool and the worker spin instead of sleeping.
-
-The cost table is rebuilt every ``REFRESH_STEPS`` steps from live timings (:meth:`after_step`): the worker's busy
-time, and the GPU's own time for its part of every layer of one step in ``SAMPLE_STEPS`` (two CUDA events a layer,
-read after the step's synchronisation), against the misses it computed.
+unit: a compute thread that shares its CPU with a busy thread loses whole scheduler slices. Between a token's
+layers (about a millisecond) the pool and the worker spin instead of sleeping; the engine wakes the worker at
+every step (:meth:`before_step`), and with no decode in flight for ``PARK_US`` it parks (an idle server costs no
+CPU).
 """
 
 from __future__ import annotations
@@ -47,10 +53,13 @@ log = logging.getLogger("glm53.offload.fast")
 MAX_TOKENS = 8  # decode rows per step the CPU tier takes (exllamav3's fused decode tier, MAX_BSZN)
 RING_SLOTS = 4  # a layer's job is collected before the next layer publishes; spare slots cover late workers
 TIMING_EXPERTS = 32  # experts the CPU figure is timed on at start
-REFRESH_STEPS = 64  # steps between refreshes of the cost table from live timings
+REFRESH_STEPS = 8  # steps between refreshes of the cost table from live timings (a busy host is seen this soon)
 SAMPLE_STEPS = 8  # one decode step in this many has its layers' GPU part timed
 GPU_SAMPLES = 768  # the latest timed layers the GPU's line is fitted to
 SPIN_US = 2000  # the tier's threads spin this long after a job before sleeping: longer than a layer's step
+PARK_US = 50_000  # the worker parks after this long without a decode step
+PROBE_STEPS = 8  # while the table sends the CPU nothing, one step in this many publishes shadow jobs
+PROBE_EXPERTS = 2  # experts of a shadow job
 
 
 class FeedingThread:
@@ -91,7 +100,8 @@ class FastTier:
         self.store, self.cache, self.device = store, cache, device
         self.codebook = settings.ct_codebook
         self.hidden = store.layout.shapes[0][0] * 16
-        top_k = int(mlps[0].num_experts_per_tok)
+        top_k = self.top_k = int(mlps[0].num_experts_per_tok)
+        self.fallbacks = [exl3_patch.fused_experts(mlp) for mlp in mlps]  # per layer row, in store order
         act_limit = float(mlps[0].act_limit or 0.0)
         experts = host_store_experts(store, store.read_sign_scale(model_dir))
         self.table = ExpertTable(experts, store.num_layers, store.num_experts)
@@ -103,15 +113,17 @@ class FastTier:
             self.pool = pool.start()
             self.ring = Ring(RING_SLOTS, self.hidden, MAX_TOKENS, top_k)
             self.worker = Worker(self.ring, self.table, act_limit=act_limit, pool=self.pool, cpu=worker_cpu, spin_us=SPIN_US,
-                                 codebook=self.codebook).start()
+                                 park_us=PARK_US, codebook=self.codebook).start()
             self.producer = DeviceProducer(self.ring, device, kernels)
             self.max_experts = min(255, MAX_TOKENS * top_k)
             self.costs = self._measure(settings, experts, act_limit, kernels)
             self.cube = torch.from_numpy(self.costs.table(MAX_TOKENS, self.max_experts)).to(device)
+            self.cpu_off = not bool(self.cube.any())  # the table sends the CPU nothing: probe now and then
         except BaseException:
             self.close()  # what started stops, and the feeding thread gets its CPUs back
             raise
-        self._steps, self._seen = 0, self.worker.counters()
+        self._steps, self._seen, self._seen_device = 0, self.worker.counters(), self.producer.stats()
+        self._probing = False  # this step publishes shadow jobs (cpu_off)
         self._probe_link_s = self.costs.link_expert_s  # the start-up probe's figure, a live line's sanity range
         self._sampling = False  # this step's layers are timed
         self._open_sample: tuple[int, torch.cuda.Event, torch.Tensor] | None = None  # (layer row, start, split counts)
@@ -120,8 +132,8 @@ class FastTier:
         self.deadline_s = settings.ct_deadline_ms / 1000.0
         self.sent = torch.zeros(4, dtype=torch.int64, device=device)  # hits, misses, experts, picks sent (decode steps)
         self.skipped = 0  # routing calls the tier could not take (too many rows, other dtypes)
-        self._pending: tuple[int, torch.Tensor, int] | None = None  # (layer row, job status, tokens) in flight
-        self._lost_seen = 0
+        # the layer's job in flight: (layer row, job status, tokens, the split's record, the experts' input rows)
+        self._pending: tuple[int, torch.Tensor, int, torch.Tensor, torch.Tensor] | None = None
         self.enabled = True  # off: every expert on the GPU, exact mode's numerics (paired checks, bench/decode_kl.py)
         self.setup_s = round(time.monotonic() - t0, 2)
         log.info("CPU tier: %d threads (worker on CPU %s), %s codebook, costs per expert: CPU %s us (+ %s us a job), link %.0f us, VRAM "
@@ -154,7 +166,18 @@ class FastTier:
     def use_costs(self, costs: Costs) -> None:
         """Split by these costs from the next step on (the device's table is rewritten in place, on the stream)."""
         self.costs = costs
-        self.cube.copy_(torch.from_numpy(costs.table(MAX_TOKENS, self.max_experts)))
+        table = costs.table(MAX_TOKENS, self.max_experts)
+        self.cpu_off = not table.any()
+        self.cube.copy_(torch.from_numpy(table))
+
+    def worthwhile(self) -> tuple[bool, str]:
+        """Whether the measured costs give the CPU any share of a decode step's misses, and why (for
+        ``GLM53_CT_ENABLE=auto``)."""
+        c = self.costs
+        one = c.cpu_seconds(1, 1)
+        why = (f"a one-expert CPU job costs {one * 1e6:.0f} us, reading the expert over the link {c.link_expert_s * 1e6:.0f} "
+               f"us (the GPU's fixed part of a layer {c.gpu_fixed_s * 1e6:.0f} us)")
+        return not self.cpu_off, why
 
     def _round_trip_s(self, jobs: int = 20) -> float:
         x = torch.zeros((1, self.hidden), dtype=torch.float16, device=self.device)
@@ -180,10 +203,13 @@ class FastTier:
                 selected.is_contiguous() and weights.is_contiguous() and z.is_contiguous()):
             self.skipped += 1
             return
-        status, info = self.producer.split_publish(row, selected, weights, z.view(T, self.hidden), self.cache.slot_of[row],
-                                                   self.cache.freq[row], self.cube)
+        y = z.view(T, self.hidden)  # the experts see the router's input (checked at start)
+        status, info, record = self.producer.split_publish(row, selected, weights, y, self.cache.slot_of[row],
+                                                           self.cache.freq[row], self.cube,
+                                                           PROBE_EXPERTS if self._probing else 0)
         self.sent += info
-        self._pending = (row, status, T)
+        if not self._probing:  # a shadow job is never collected
+            self._pending = (row, status, T, record, y)
         if self._sampling:
             start = self._event()
             start.record()
@@ -193,7 +219,7 @@ class FastTier:
         """The layer's fp32 routed sum: the CPU's partial is added in place."""
         if self._pending is None or self._pending[0] != row:
             return final_hidden_states
-        _, status, T = self._pending
+        _, status, T, record, y = self._pending
         self._pending = None
         if self._open_sample is not None and self._open_sample[0] == row:
             end = self._event()
@@ -204,7 +230,10 @@ class FastTier:
         if acc.dtype != torch.float32 or not acc.is_contiguous() or acc.shape[-1] != self.hidden:
             raise RuntimeError(f"layer {row}: the routed sum is {acc.dtype} {tuple(acc.shape)}; the CPU tier needs a "
                                f"contiguous fp32 [tokens, {self.hidden}] (exllamav3's internals changed)")
-        self.producer.collect(status, acc[:T], self.deadline_s)
+        outcome = self.producer.collect(status, acc[:T], self.deadline_s)
+        count, token_sorted, weight_sorted = self.producer.fallback_plan(status, outcome, record, T, self.top_k,
+                                                                         self.store.num_experts)
+        self.fallbacks[row](y, acc[:T], count, token_sorted, weight_sorted)
         return final_hidden_states
 
     @contextmanager
@@ -218,16 +247,20 @@ class FastTier:
 
     # ---- per step and reporting
 
-    def after_step(self) -> int:
+    def before_step(self) -> None:
+        """Before the engine launches a step: the worker spins (it parks when no step comes for ``PARK_US``)."""
+        self.worker.wake()
+
+    def after_step(self) -> None:
         """Once per engine step, after its synchronisation: reads the step's timed layers, arms the timing of the
-        next step every ``SAMPLE_STEPS``, refreshes the costs every ``REFRESH_STEPS`` steps, and returns the jobs
-        taken back or refused since the last call (their experts are missing from that step)."""
+        next step every ``SAMPLE_STEPS`` and a probe every ``PROBE_STEPS`` while the CPU gets nothing, and refreshes
+        the costs every ``REFRESH_STEPS`` steps."""
         self._steps += 1
         self._read_samples()
         self._sampling = self._steps % SAMPLE_STEPS == 0
         if self._steps % REFRESH_STEPS == 0:
             self._refresh()
-        return self.lost_jobs()
+        self._probing = self.cpu_off and self._steps % PROBE_STEPS == 0
 
     @staticmethod
     def _event() -> torch.cuda.Event:
@@ -243,26 +276,22 @@ class FastTier:
         self._open_sample = None
 
     def _refresh(self) -> None:
-        now = self.worker.counters()
+        """The costs from the window since the last refresh (reads the device's counters: after a step's sync)."""
+        now, device = self.worker.counters(), self.producer.stats()
         jobs, experts = now["jobs"] - self._seen["jobs"], now["experts"] - self._seen["experts"]
         busy, tokens = now["busy_s"] - self._seen["busy_s"], now["tokens"] - self._seen["tokens"]
-        self._seen = now
+        unclaimed = device["taken_back_before_claim"] - self._seen_device["taken_back_before_claim"]
+        self._seen, self._seen_device = now, device
         fresh = self.costs
         if jobs > 0:
             fresh = fresh.refreshed(busy, experts, -(-tokens // jobs), jobs)
+        if unclaimed > 0:  # the worker did not even get to some jobs by their deadline: the host is starved
+            fresh = fresh.starved()
         line = fit_gpu_line(self._gpu_samples, self._probe_link_s)
         if line is not None:
             fresh = fresh.with_gpu_line(*line)
         if fresh is not self.costs:
             self.use_costs(fresh)
-
-    def lost_jobs(self) -> int:
-        """Jobs taken back or refused since the last call (their experts are missing from that step). Synchronises:
-        call after the step's own synchronisation."""
-        s = self.producer.stats()
-        lost = s["failed"] + s["taken_back_before_claim"] + s["taken_back_after_claim"]
-        new, self._lost_seen = lost - self._lost_seen, lost
-        return new
 
     def stats(self) -> dict:
         hits, misses, experts, picks = self.sent.tolist()
@@ -275,9 +304,10 @@ class FastTier:
                       "link_expert_us": round(self.costs.link_expert_s * 1e6, 1), "gpu_fixed_us": round(self.costs.gpu_fixed_s * 1e6, 1),
                       "vram_expert_us": round(self.costs.vram_expert_s * 1e6, 2),
                       "handoff_us": round(self.costs.handoff_s * 1e6, 1), "sources": dict(self.costs.sources)},
-            "split": {"hits": hits, "misses": misses, "cpu_experts": experts, "cpu_picks": picks, "skipped_calls": self.skipped},
+            "split": {"hits": hits, "misses": misses, "cpu_experts": experts, "cpu_picks": picks, "skipped_calls": self.skipped,
+                      "cpu_off": self.cpu_off},
             "device": self.producer.stats(),
-            "worker": self.worker.counters(),
+            "worker": {**self.worker.counters(), "parked": self.worker.parked()},
             "deadline_ms": self.deadline_s * 1000,
             "outcomes": list(OUTCOMES),
         }
@@ -315,8 +345,4 @@ def _vram_read_gbs(device: torch.device, nbytes: int = 1 << 28) -> float:
     end.synchronize()
     return 2 * nbytes / (start.elapsed_time(end) / 1000.0) / 1e9
 
-
-def lost_jobs_reason(count: int, deadline_ms: float) -> str:
-    return (f"the CPU tier did not deliver {count} expert job(s) within {deadline_ms:g} ms (GLM53_CT_DEADLINE_MS); the "
-            "step computed without those experts, so its tokens are not returned")
 

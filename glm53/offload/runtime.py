@@ -69,6 +69,7 @@ class Offload:
         self.cache: ExpertCache | None = None
         self.stager: PrefillStager | None = None
         self.fast = None  # fast mode's CPU tier (fast_tier.FastTier), when enabled
+        self.cpu_tier_off_reason: str | None = None  # why GLM53_CT_ENABLE=auto left it off
         self._removers: list = []
         self._prefill = False
         log.info("host store: %d layers x %d experts, %.2f GB pinned in %.1f s", self.store.num_layers, self.store.num_experts,
@@ -108,9 +109,7 @@ class Offload:
         self.stager = PrefillStager(self.store, self.cache, tables, self.device, stage_bytes, STAGE_MIN_ROWS)
         self.budget = budget
         if self.settings.mode == "fast" and self.settings.ct_enable:
-            from .fast_tier import FastTier
-
-            self.fast = FastTier(self.settings, self.model_dir, self.store, self.cache, mlps, self.device, kernels)
+            self.fast = self._start_cpu_tier(mlps, kernels)
         for row, mlp in enumerate(mlps):
             if self.fast is not None:
                 self._removers.append(exl3_patch.add_routing_hook(
@@ -123,6 +122,21 @@ class Offload:
         self._removers.append(exl3_patch.wrap_forward(exl3_patch.first_forward_module(model), before=self._forward_start))
         log.info("expert cache: %d of %d experts in VRAM (%.2f GB), profile: %s", self.cache.num_slots,
                  self.store.num_layers * self.store.num_experts, self.cache.num_slots * self.store.layout.block_bytes / GB, self.profile_source)
+
+    def _start_cpu_tier(self, mlps, kernels):
+        """Fast mode's CPU tier, or None when ``GLM53_CT_ENABLE=auto`` and the costs it measured at start give it no
+        share of a decode step's misses (then it is stopped again: no threads, no pinned CPUs)."""
+        from .fast_tier import FastTier
+
+        tier = FastTier(self.settings, self.model_dir, self.store, self.cache, mlps, self.device, kernels)
+        worthwhile, why = tier.worthwhile()
+        if self.settings.ct_enable == "auto" and not worthwhile:
+            tier.close()
+            self.cpu_tier_off_reason = f"the measured costs give it no share of the misses: {why}"
+            log.info("CPU tier off (GLM53_CT_ENABLE=auto): %s; decode runs as in exact mode", self.cpu_tier_off_reason)
+            return None
+        log.info("CPU tier on (GLM53_CT_ENABLE=%s): %s", self.settings.ct_enable, why)
+        return tier
 
     def _cache_slots(self) -> tuple[int, dict]:
         """Slots for the cache: what is free under the VRAM budget after the model, its caches and the reserve,
@@ -218,6 +232,8 @@ class Offload:
             out["staging"] = self.stager.stats()
         if self.fast is not None:
             out["cpu_tier"] = self.fast.stats()
+        elif self.cpu_tier_off_reason is not None:
+            out["cpu_tier"] = {"off": self.cpu_tier_off_reason}
         return out
 
     def save_learned_profile(self) -> Path | None:

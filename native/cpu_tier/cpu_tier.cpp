@@ -4,11 +4,15 @@
 // crosses the link: the GPU's atomics on host memory are not atomic against the CPU's over PCIe).
 #include "cpu_tier.h"
 
+#include <limits.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stddef.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -34,6 +38,7 @@ constexpr uint64_t seq_of(uint64_t word) { return word >> 8; }
 constexpr uint32_t state_of(uint64_t word) { return static_cast<uint32_t>(word & 0xff); }
 constexpr uint64_t WORKER_NEXT = 128;  // byte offset of worker_next in the ring
 constexpr int FIRST_NAP_US = 50;
+constexpr int PARK_CHECK_MS = 100;  // a parked worker looks at the ring this often even unwoken
 
 using clock_type = std::chrono::steady_clock;
 
@@ -46,6 +51,18 @@ void nap(int us)
 {
     timespec ts{0, static_cast<long>(us) * 1000};
     nanosleep(&ts, nullptr);
+}
+
+// Sleeps while word == expected, at most timeout_ms (a wake-up or a timeout both return).
+void futex_wait_ms(std::atomic<uint32_t>& word, uint32_t expected, int timeout_ms)
+{
+    timespec ts{timeout_ms / 1000, static_cast<long>(timeout_ms % 1000) * 1000000};
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected, &ts, nullptr, 0);
+}
+
+void futex_wake_all(std::atomic<uint32_t>& word)
+{
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
 }
 
 struct SlotHeader {
@@ -109,8 +126,13 @@ struct glm53_ct_worker {
     int n_layers = 0, n_experts = 0;
     float act_limit = 0.0f;
     glm53_ce_pool* pool = nullptr;
-    int isa = GLM53_CE_ISA_BEST, codebook = GLM53_CE_CODEBOOK_FP16, spin_us = 0, nap_us = 0;
+    int isa = GLM53_CE_ISA_BEST, codebook = GLM53_CE_CODEBOOK_FP16, spin_us = 0, nap_us = 0, park_us = 0;
     std::atomic<bool> stop{false};
+    // glm53_ct_worker_wake bumps wake_gen: an idle worker spins again from then; a parked one (parked != 0, asleep
+    // on wake_gen) is woken. The seq_cst order of (parked = 1, load wake_gen) here against (bump wake_gen, load
+    // parked) there makes sure a parking worker either sees the bump or gets the wake-up.
+    std::atomic<uint32_t> wake_gen{0};
+    std::atomic<int> parked{0};
     std::atomic<int> hold{0};
     std::thread thread;
     // indexed like the fields of glm53_ct_counters
@@ -125,6 +147,7 @@ struct glm53_ct_worker {
     std::atomic<uint64_t>& counter(size_t offset) { return counters[offset / sizeof(uint64_t)]; }
 
     void run();
+    void park(uint32_t gen);
     uint32_t compute(uint8_t* slot);
     void process(uint64_t seq);
 };
@@ -216,23 +239,45 @@ void glm53_ct_worker::process(uint64_t seq)
     COUNT(busy_ns, now_ns() - t0);
 }
 
+// Asleep until glm53_ct_worker_wake, a stop, or PARK_CHECK_MS (after which the caller looks at the ring again: a
+// producer that never wakes the worker finds its jobs late, not lost).
+void glm53_ct_worker::park(uint32_t gen)
+{
+    parked.store(1, std::memory_order_seq_cst);
+    if (wake_gen.load(std::memory_order_seq_cst) == gen && !stop.load(std::memory_order_acquire))
+        futex_wait_ms(wake_gen, gen, PARK_CHECK_MS);
+    parked.store(0, std::memory_order_seq_cst);
+}
+
 void glm53_ct_worker::run()
 {
     uint64_t* next = reinterpret_cast<uint64_t*>(static_cast<uint8_t*>(ring) + WORKER_NEXT);
     uint64_t seq = load(next);
     auto idle_since = clock_type::now();
-    const auto spin = std::chrono::microseconds(spin_us);
+    const auto spin = std::chrono::microseconds(spin_us), park_after = std::chrono::microseconds(park_us);
     int polls = 0;
     int nap_now = FIRST_NAP_US < nap_us ? FIRST_NAP_US : nap_us;
+    uint32_t gen = wake_gen.load(std::memory_order_acquire);
     while (!stop.load(std::memory_order_acquire)) {
         uint64_t* job = job_ptr(ring, seq % L.slots);
         const uint64_t v = load(job);
         const uint64_t q = seq_of(v);
         const uint32_t st = state_of(v);
         if (q < seq) {  // not published yet
-            if (++polls % 64 == 0 && clock_type::now() - idle_since >= spin) {
-                nap(nap_now);  // naps double up to nap_us: a long idle costs few wake-ups
-                nap_now = nap_now * 2 < nap_us ? nap_now * 2 : nap_us;
+            const uint32_t g = wake_gen.load(std::memory_order_acquire);
+            if (g != gen) {  // a decode step starts: spin again
+                gen = g;
+                idle_since = clock_type::now();
+                nap_now = FIRST_NAP_US < nap_us ? FIRST_NAP_US : nap_us;
+            }
+            if (++polls % 64 == 0) {
+                const auto idle = clock_type::now() - idle_since;
+                if (park_us > 0 && idle >= park_after)
+                    park(gen);  // no decode in flight: no wake-ups at all until the next one
+                else if (idle >= spin) {
+                    nap(nap_now);  // naps double up to nap_us: a long idle costs few wake-ups
+                    nap_now = nap_now * 2 < nap_us ? nap_now * 2 : nap_us;
+                }
             } else
                 __builtin_ia32_pause();
             continue;
@@ -303,15 +348,15 @@ uint64_t glm53_ct_slot_word(const void* ring, int32_t slot, int32_t which)
 
 glm53_ct_worker* glm53_ct_worker_start(void* ring, const glm53_ce_expert* table, int32_t n_layers, int32_t n_experts,
                                        float act_limit, glm53_ce_pool* pool, int32_t isa, int32_t codebook, int32_t cpu,
-                                       int32_t spin_us, int32_t nap_us)
+                                       int32_t spin_us, int32_t nap_us, int32_t park_us)
 {
     if (check_ring(ring) != GLM53_CE_OK)
         return nullptr;
     const glm53_ct_layout& L = layout_of(ring);
-    if (!table || n_layers < 1 || n_experts < 1 || !(act_limit >= 0.0f) || spin_us < 0 || nap_us < 1 ||
+    if (!table || n_layers < 1 || n_experts < 1 || !(act_limit >= 0.0f) || spin_us < 0 || nap_us < 1 || park_us < 0 ||
         codebook < 0 || codebook >= GLM53_CE_CODEBOOK_COUNT) {
         fail(GLM53_CE_EINVAL, "worker_start: need a table, n_layers and n_experts >= 1, act_limit >= 0, spin_us >= 0, "
-                              "nap_us >= 1 and a GLM53_CE_CODEBOOK_* codebook");
+                              "nap_us >= 1, park_us >= 0 and a GLM53_CE_CODEBOOK_* codebook");
         return nullptr;
     }
     const size_t n = static_cast<size_t>(n_layers) * n_experts;
@@ -347,6 +392,7 @@ glm53_ct_worker* glm53_ct_worker_start(void* ring, const glm53_ce_expert* table,
     w->codebook = codebook;
     w->spin_us = spin_us;
     w->nap_us = nap_us;
+    w->park_us = park_us;
     w->index_of.assign(n_experts, -1);
     try {
         w->thread = std::thread([w] { w->run(); });
@@ -374,6 +420,7 @@ void glm53_ct_worker_stop(glm53_ct_worker* worker)
     if (!worker)
         return;
     worker->stop.store(true, std::memory_order_release);
+    glm53_ct_worker_wake(worker);
     if (worker->thread.joinable())
         worker->thread.join();
     delete worker;
@@ -385,6 +432,15 @@ void glm53_ct_worker_counters(const glm53_ct_worker* worker, glm53_ct_counters* 
     for (size_t i = 0; i < sizeof(glm53_ct_counters) / sizeof(uint64_t); ++i)
         fields[i] = worker->counters[i].load(std::memory_order_relaxed);
 }
+
+void glm53_ct_worker_wake(glm53_ct_worker* worker)
+{
+    worker->wake_gen.fetch_add(1, std::memory_order_seq_cst);
+    if (worker->parked.load(std::memory_order_seq_cst))
+        futex_wake_all(worker->wake_gen);
+}
+
+int32_t glm53_ct_worker_parked(const glm53_ct_worker* worker) { return worker->parked.load(std::memory_order_acquire); }
 
 void glm53_ct_worker_debug_hold(glm53_ct_worker* worker, int32_t hold)
 {

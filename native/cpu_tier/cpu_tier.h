@@ -118,13 +118,18 @@ GLM53_CT_API uint64_t glm53_ct_slot_word(const void* ring, int32_t slot, int32_t
 /* The worker: one thread (pinned to cpu unless cpu < 0) serving the ring with the expert kernel on pool (NULL:
  * the worker thread alone), ISA isa and codebook (GLM53_CE_CODEBOOK_*). table: [n_layers * n_experts] experts, copied; an entry with a NULL gate
  * trellis is not registered. All registered experts have the same dims (hidden = the ring's). act_limit: GLM's
- * swiglu_limit (0: no clamp). Idle, it spins spin_us after its last job, then naps: 50 us, doubling up to
- * nap_us (the worst wake-up latency after a long idle; a GPU producer cannot wake a futex). NULL on
+ * swiglu_limit (0: no clamp). Idle, it spins spin_us after its last job (or its last wake-up), then naps: 50 us,
+ * doubling up to nap_us (a GPU producer cannot wake a futex); idle for park_us (0: never), it parks: asleep until
+ * glm53_ct_worker_wake, looking at the ring every 100 ms even unwoken, so that an idle server costs no CPU. NULL on
  * failure (glm53_ct_error says why). */
 GLM53_CT_API glm53_ct_worker* glm53_ct_worker_start(void* ring, const glm53_ce_expert* table, int32_t n_layers,
                                                     int32_t n_experts, float act_limit, glm53_ce_pool* pool,
                                                     int32_t isa, int32_t codebook, int32_t cpu, int32_t spin_us,
-                                                    int32_t nap_us);
+                                                    int32_t nap_us, int32_t park_us);
+/* A decode step is about to start (the host that launches it calls this): a napping or parked worker spins again. */
+GLM53_CT_API void glm53_ct_worker_wake(glm53_ct_worker* worker);
+/* Whether the worker is parked now (for tests and /stats). */
+GLM53_CT_API int32_t glm53_ct_worker_parked(const glm53_ct_worker* worker);
 /* Returns once the worker has exited: it finishes (publishes) a job it has claimed and claims no more. */
 GLM53_CT_API void glm53_ct_worker_stop(glm53_ct_worker* worker);
 GLM53_CT_API void glm53_ct_worker_counters(const glm53_ct_worker* worker, glm53_ct_counters* out);

@@ -15,9 +15,12 @@ struct CtRing {
 
 enum { CT_EMPTY = 0, CT_PUBLISHED = 1, CT_CLAIMED = 2, CT_DONE = 3, CT_FAILED = 4, CT_TAKEN_BACK = 5, CT_SKIPPED = 6 };
 #define CT_ACK 64  // byte offset of the worker's ACK word in a slot (JOB at 0)
-// What ct_wait decided for a job (*outcome), and the counters it keeps (int64 [CT_N]).
+// What ct_wait decided for a job (*outcome), and the counters the kernels keep (int64 [CT_N]): jobs published,
+// publishes refused for a busy slot, outcomes, the GPU's total wait, jobs (and their experts) the GPU computed
+// itself after all (ct_fallback_plan), shadow jobs published to time the host (probes).
 enum { CT_OUT_NONE = 0, CT_OUT_DONE = 1, CT_OUT_FAILED = 2, CT_OUT_TAKEN_BACK_BEFORE = 3, CT_OUT_TAKEN_BACK_AFTER = 4 };
-enum { CT_C_PUBLISHED = 0, CT_C_BUSY, CT_C_DONE, CT_C_FAILED, CT_C_TAKEN_BEFORE, CT_C_TAKEN_AFTER, CT_C_WAIT_NS, CT_N = 8 };
+enum { CT_C_PUBLISHED = 0, CT_C_BUSY, CT_C_DONE, CT_C_FAILED, CT_C_TAKEN_BEFORE, CT_C_TAKEN_AFTER, CT_C_WAIT_NS,
+       CT_C_FALLBACK_JOBS, CT_C_FALLBACK_EXPERTS, CT_C_PROBES, CT_N = 16 };
 
 __device__ __forceinline__ uint64_t ct_load_acquire(const uint64_t* p)
 {
@@ -163,6 +166,9 @@ __global__ void ct_add_kernel(CtRing r, const int64_t* status, const int32_t* ou
 }
 
 #define CT_SPLIT_MAX_PICKS 64  // tokens * top-k of one decode step (8 x 8 for GLM-5.3-Flash)
+// A split's record of the picks it moved to the CPU, for the fallback (int32 [CT_RECORD]): [p] the expert of pick p
+// when its weight was zeroed for the CPU's job, else -1; [CT_SPLIT_MAX_PICKS + p] that pick's fp16 weight bits.
+#define CT_RECORD (2 * CT_SPLIT_MAX_PICKS)
 
 // One block of CT_SPLIT_MAX_PICKS threads, after a MoE layer's routing in a decode step (fast mode): splits the
 // step's T * topk picks (sel int64, rw fp16 [T, topk], exllamav3's own routing tensors) into hits (the expert has a
@@ -173,11 +179,15 @@ __global__ void ct_add_kernel(CtRing r, const int64_t* status, const int32_t* ou
 // (token, expert, the weight as the GPU reads it: __half2float) in pick order, with the T input rows y, and its
 // weight in rw is set to 0, which exllamav3's fused decode kernels skip (a zero-weight slot is inactive and reads
 // no weights); *status = the job's number. Otherwise (nothing cold, sizes out of the table, the slot busy) nothing
-// changes and *status = 0. info (int32 [4]): hits, misses, experts sent, picks sent.
+// changes and *status = 0. info (int32 [4]): hits, misses, experts sent, picks sent. record (int32 [CT_RECORD]):
+// which picks were moved to the CPU, with their weights (see CT_RECORD).
+// probe_k > 0 publishes a SHADOW job instead, to time the host while the table sends it nothing: the probe_k coldest
+// misses with their picks, no weight zeroed (the GPU computes every pick as in exact mode), nothing in the record
+// or in info[2..3], counted in CT_C_PROBES; nobody collects it (the worker's ACK frees its slot).
 __global__ void __launch_bounds__(CT_SPLIT_MAX_PICKS) ct_split_publish_kernel(
     CtRing r, uint64_t* next_seq, int layer, int T, int topk, const int64_t* sel, __half* rw, const uint16_t* y,
     const int32_t* slot_of, const float* freq, const uint8_t* table, int table_tokens, int table_experts,
-    int64_t* status, int64_t* counters, int32_t* info)
+    int probe_k, int64_t* status, int64_t* counters, int32_t* info, int32_t* record)
 {
     __shared__ int s_e[CT_SPLIT_MAX_PICKS], s_first[CT_SPLIT_MAX_PICKS], s_miss[CT_SPLIT_MAX_PICKS];
     __shared__ int s_cold[CT_SPLIT_MAX_PICKS], s_pos[CT_SPLIT_MAX_PICKS];
@@ -186,6 +196,8 @@ __global__ void __launch_bounds__(CT_SPLIT_MAX_PICKS) ct_split_publish_kernel(
     __shared__ uint64_t s_seq;
     const int n = T * topk, p = threadIdx.x;
     if (p < n) s_e[p] = (int) sel[p];
+    record[p] = -1;  // blockDim == CT_SPLIT_MAX_PICKS: every entry, also past n
+    record[CT_SPLIT_MAX_PICKS + p] = 0;
     __syncthreads();
     if (p < n) {
         int e = s_e[p];
@@ -201,7 +213,9 @@ __global__ void __launch_bounds__(CT_SPLIT_MAX_PICKS) ct_split_publish_kernel(
         for (int q = 0; q < n; ++q)
             if (s_first[q]) (s_miss[q] ? misses : hits) += 1;
         int k = 0;
-        if (T >= 1 && T <= table_tokens && hits + misses <= table_experts)
+        if (probe_k > 0)
+            k = probe_k;
+        else if (T >= 1 && T <= table_tokens && hits + misses <= table_experts)
             k = table[((int64_t) T * (table_experts + 1) + hits) * (table_experts + 1) + misses];
         s_k = k < misses ? k : misses;
         info[0] = hits;
@@ -242,8 +256,10 @@ __global__ void __launch_bounds__(CT_SPLIT_MAX_PICKS) ct_split_publish_kernel(
             *status = 0;
             if (picks > 0) counters[CT_C_BUSY] += 1;
         }
-        info[2] = s_publish ? s_k : 0;
-        info[3] = s_publish ? picks : 0;
+        const bool real = s_publish && probe_k <= 0;
+        info[2] = real ? s_k : 0;
+        info[3] = real ? picks : 0;
+        if (s_publish && !real) counters[CT_C_PROBES] += 1;
     }
     __syncthreads();
     if (!s_publish) return;
@@ -259,21 +275,97 @@ __global__ void __launch_bounds__(CT_SPLIT_MAX_PICKS) ct_split_publish_kernel(
         dst[0] = p / topk;
         dst[1] = s_e[p];
         dst[2] = __float_as_int(__half2float(rw[p]));
-        rw[p] = __float2half(0.0f);
+        if (probe_k <= 0) {
+            record[p] = s_e[p];
+            record[CT_SPLIT_MAX_PICKS + p] = (int32_t) __half_as_ushort(rw[p]);
+            rw[p] = __float2half(0.0f);
+        }
     }
     ct_publish_rows(r, s_seq, y, T, next_seq, status, counters);
 }
 
+// One block, after ct_wait_kernel: the sort of one split's picks that exllamav3's fused expert kernel (exl3_moe,
+// the prefill path's) takes, so that the GPU computes the job's experts itself when the host did not deliver them
+// (status published, outcome not DONE: taken back at the deadline, or refused). count (int64 [num_experts + 1]):
+// picks per expert, the last bin collecting the rest; token_sorted (int64 [n]) and weight_sorted (fp16 [n]) their
+// tokens and weights, in expert order then pick order, the rest (weight 0) at the end. When the job was delivered,
+// or never published, every pick is in the last bin: exl3_moe then computes nothing. n = T * topk <=
+// CT_SPLIT_MAX_PICKS, num_experts <= EC_MAX_EXPERTS.
+__global__ void ct_fallback_plan_kernel(const int64_t* status, const int32_t* outcome, const int32_t* record, int n,
+                                        int topk, int num_experts, int64_t* count, int64_t* token_sorted,
+                                        __half* weight_sorted, int64_t* counters)
+{
+    const bool fall = *status != 0 && *outcome != CT_OUT_DONE;
+    for (int e = threadIdx.x; e < num_experts; e += blockDim.x) count[e] = 0;
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    // a counting sort of at most CT_SPLIT_MAX_PICKS picks into the few experts they name, by one thread
+    int bin[CT_SPLIT_MAX_PICKS], ids[CT_SPLIT_MAX_PICKS + 1], picks[CT_SPLIT_MAX_PICKS + 1];
+    int experts = 0, rest = 0;
+    for (int p = 0; p < n; ++p) {
+        const int e = fall ? record[p] : -1;
+        bin[p] = e >= 0 && e < num_experts ? e : num_experts;
+        if (bin[p] == num_experts) {
+            ++rest;
+            continue;
+        }
+        int i = 0;
+        while (i < experts && ids[i] != bin[p]) ++i;
+        if (i == experts) {  // a new expert: kept in ascending order, as exl3_moe walks the bins
+            while (i > 0 && ids[i - 1] > bin[p]) {
+                ids[i] = ids[i - 1];
+                picks[i] = picks[i - 1];
+                --i;
+            }
+            ids[i] = bin[p];
+            picks[i] = 0;
+            ++experts;
+        }
+        ++picks[i];
+    }
+    int at = 0;
+    for (int i = 0; i <= experts; ++i) {
+        const int e = i < experts ? ids[i] : num_experts;
+        count[e] = i < experts ? picks[i] : rest;
+        for (int p = 0; p < n; ++p) {
+            if (bin[p] != e) continue;
+            token_sorted[at] = p / topk;
+            weight_sorted[at] = e < num_experts ? __ushort_as_half((unsigned short) record[CT_SPLIT_MAX_PICKS + p])
+                                                : __float2half(0.0f);
+            ++at;
+        }
+    }
+    if (experts > 0) {
+        counters[CT_C_FALLBACK_JOBS] += 1;
+        counters[CT_C_FALLBACK_EXPERTS] += experts;
+    }
+}
+
 extern "C" {
+
+int ct_fallback_plan(const int64_t* status, const int32_t* outcome, const int32_t* record, int n, int topk,
+                     int num_experts, int64_t* count, int64_t* token_sorted, void* weight_sorted, int64_t* counters,
+                     cudaStream_t stream)
+{
+    if (n < 1 || n > CT_SPLIT_MAX_PICKS || topk < 1 || num_experts < 1 || num_experts > EC_MAX_EXPERTS)
+        return (int) cudaErrorInvalidValue;
+    ct_fallback_plan_kernel<<<1, 256, 0, stream>>>(status, outcome, record, n, topk, num_experts, count, token_sorted,
+                                                   reinterpret_cast<__half*>(weight_sorted), counters);
+    return (int) cudaGetLastError();
+}
+
+int ct_counter_count(void) { return CT_N; }
+int ct_record_size(void) { return CT_RECORD; }
 
 int ct_split_publish(const CtRing* r, uint64_t* next_seq, int layer, int T, int topk, const int64_t* sel, void* rw,
                      const uint16_t* y, const int32_t* slot_of, const float* freq, const uint8_t* table,
-                     int table_tokens, int table_experts, int64_t* status, int64_t* counters, int32_t* info,
-                     cudaStream_t stream)
+                     int table_tokens, int table_experts, int probe_k, int64_t* status, int64_t* counters,
+                     int32_t* info, int32_t* record, cudaStream_t stream)
 {
     if (r->hidden % 128 || T * topk > CT_SPLIT_MAX_PICKS || T < 1 || topk < 1) return (int) cudaErrorInvalidValue;
     ct_split_publish_kernel<<<1, CT_SPLIT_MAX_PICKS, 0, stream>>>(*r, next_seq, layer, T, topk, sel,
-        reinterpret_cast<__half*>(rw), y, slot_of, freq, table, table_tokens, table_experts, status, counters, info);
+        reinterpret_cast<__half*>(rw), y, slot_of, freq, table, table_tokens, table_experts, probe_k, status, counters,
+        info, record);
     return (int) cudaGetLastError();
 }
 

@@ -244,3 +244,22 @@ def test_project_args_reach_the_project_arms_engine_last(monkeypatch):
     s = seen["settings"]
     assert s.mode == "fast" and s.ct_enable is True and s.ec_cache_experts == "50%"  # given last: wins over the share
     assert loaded.facts["engine_argv"][-4:] == spec["project_args"]
+
+
+def test_the_project_arms_step_the_engine_as_the_server_does_and_measure_it_idle(monkeypatch):
+    """Every step of a project arm goes through Exl3Backend.iterate (the CPU tier woken before it, its costs refreshed
+    after: the live split the server runs), not exllamav3's generator alone."""
+    from bench import compare_arm
+
+    calls = []
+    generator = type("G", (), {"enqueue": lambda self, job: calls.append(("enqueue", job)),
+                               "num_remaining_jobs": lambda self: 0})()
+    backend = type("B", (), {"generator": generator, "iterate": lambda self: calls.append("iterate") or [],
+                             "offload": type("O", (), {"fast": None})()})()
+    steps = compare_arm.EngineSteps(backend)
+    steps.enqueue("job")
+    assert steps.iterate() == [] and steps.num_remaining_jobs() == 0
+    assert calls == [("enqueue", "job"), "iterate"]
+    monkeypatch.setattr(compare_arm, "IDLE_S", 0.05)
+    idle = compare_arm.idle_cpu_percent(backend)
+    assert 0 <= idle["idle_cpu_percent_of_one_core"] < 100 and "cpu_tier_parked" not in idle

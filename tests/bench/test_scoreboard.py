@@ -82,9 +82,29 @@ def test_the_fast_bound_adds_the_cpu_tiers_measured_rate_capped_by_dram(results)
     assert capped["miss_gbs"] == 93.0
     goals = {g["goal"]: g for g in r["goals"]}
     exact = scoreboard.arm_value(r, "exact", "decode_tok_s")
-    assert goals["fast decode / exact decode"]["ratio"] == pytest.approx(70.0 / exact)
-    assert goals["fast decode / fast bound"]["ratio"] == pytest.approx(70.0 / b["tok_s"])
-    assert goals["fast decode / best stock offload decode"]["target"] == 1.8
+    assert goals["fast decode / exact decode (full link)"]["ratio"] == pytest.approx(70.0 / exact)
+    assert goals["fast decode / exact decode (full link)"]["target"] == 1.15
+    assert goals["fast decode / fast bound (full link)"]["ratio"] == pytest.approx(70.0 / b["tok_s"])
+    assert "fast decode / best stock offload decode (link limited)" not in goals
+
+
+def test_the_fast_goals_follow_the_runs_conditions(results):
+    r = _with_fast_arm(results, 70.0, 600.0)
+    limited = scoreboard.finish({**copy.deepcopy(r), "link_limiter": {"target_read_gbs": 25.0}})
+    goals = {g["goal"]: g for g in limited["goals"]}
+    assert goals["fast decode / exact decode (link limited)"]["target"] == 1.4
+    assert goals["fast decode / best stock offload decode (link limited)"]["target"] == 2.0
+    assert goals["fast decode / fast bound (link limited)"]["target"] == 0.8
+    hogged = scoreboard.finish({**copy.deepcopy(r), "cpu_hog": {"cpus": [0, 1]}})
+    goals = {g["goal"]: g for g in hogged["goals"]}
+    assert goals["fast decode / exact decode (CPU hog)"]["target"] == 0.98
+    # batched streams: fast at least exact at every count both arms measured
+    streamed = copy.deepcopy(r)
+    for arm, rates in (("exact", {"2": 60.0, "4": 80.0}), ("fast", {"2": 66.0, "4": 79.0})):
+        next(a for a in streamed["arms"] if a["name"] == arm and a["status"] == "ok")["decode_streams_tok_s"] = rates
+    goals = {g["goal"]: g for g in scoreboard.finish(streamed)["goals"]}
+    assert goals["fast / exact, 2 streams batched (full link)"]["met"] is True
+    assert goals["fast / exact, 4 streams batched (full link)"]["met"] is False
 
 
 def test_bounds_fall_back_to_the_profile_then_say_why_not(results):

@@ -28,6 +28,17 @@ from tests.offload.test_cpu_tier import (  # noqa: F401 (tier: fixture)
 DEVICE = torch.device("cuda", 0)
 
 
+def fallback_reference(record, T, topk, num_experts, fall):
+    """What ct_fallback_plan_kernel writes: (count [E + 1], tokens [n], weights [n]) for exllamav3's fused kernel."""
+    n = T * topk
+    bins = [record[q] if fall and record[q] >= 0 else num_experts for q in range(n)]
+    count = [bins.count(e) for e in range(num_experts + 1)]
+    order = sorted(range(n), key=lambda q: (bins[q], q))
+    tokens = [q // topk for q in order]
+    weights = [np.array([record[64 + q]], np.uint16).view(np.float16)[0] if bins[q] < num_experts else np.float16(0) for q in order]
+    return count, tokens, weights
+
+
 def _device_job(job):
     layer, x, picks = job
     t, e, w = (torch.tensor(v) for v in zip(*picks))
@@ -213,10 +224,25 @@ def test_the_split_kernel_matches_the_reference_and_the_worker_computes_what_it_
                 y = rng.standard_normal((T, HIDDEN)).astype(np.float16)
                 want_picks, want_rw, want_info = split_reference(sel, rw, slot_of, freq, cube)
                 rw_d = torch.from_numpy(rw).to(DEVICE)
-                status, info = producer.split_publish(layer, torch.from_numpy(sel).to(DEVICE), rw_d, torch.from_numpy(y).to(DEVICE),
-                                                      torch.from_numpy(slot_of).to(DEVICE), torch.from_numpy(freq).to(DEVICE), cube_d)
+                status, info, record = producer.split_publish(
+                    layer, torch.from_numpy(sel).to(DEVICE), rw_d, torch.from_numpy(y).to(DEVICE),
+                    torch.from_numpy(slot_of).to(DEVICE), torch.from_numpy(freq).to(DEVICE), cube_d)
                 acc = torch.zeros((T, HIDDEN), dtype=torch.float32, device=DEVICE)
-                outcome = OUTCOMES[int(producer.collect(status, acc, timeout_s=10.0))]
+                outcome_d = producer.collect(status, acc, timeout_s=10.0)
+                outcome = OUTCOMES[int(outcome_d)]
+                # the record of the moved picks, and the fallback's plan: nothing when the job arrived (or was never
+                # published); the moved picks, sorted by expert, when it had not (an outcome written here)
+                moved = {(t, e): w for t, e, w in want_picks}
+                rec = record.cpu().tolist()
+                assert rec[:T * topk] == [int(sel.flat[q]) if (q // topk, int(sel.flat[q])) in moved else -1 for q in range(T * topk)]
+                for q in range(T * topk):
+                    if rec[q] >= 0:
+                        assert np.uint16(rec[64 + q]) == rw.reshape(-1).view(np.uint16)[q]
+                for fall_outcome in (outcome_d, torch.tensor([3], dtype=torch.int32, device=DEVICE)):
+                    count, tokens, weights = producer.fallback_plan(status, fall_outcome, record, T, topk, EXPERTS)
+                    want = fallback_reference(rec, T, topk, EXPERTS, int(status) != 0 and int(fall_outcome) != 1)
+                    assert (count.tolist(), tokens.tolist()) == want[:2], f"case {case}"
+                    assert np.array_equal(weights.cpu().numpy().view(np.uint16), np.array(want[2], np.float16).view(np.uint16))
                 assert info.tolist() == [want_info[k] for k in ("hits", "misses", "experts", "picks")], f"case {case}"
                 assert np.array_equal(rw_d.cpu().numpy().view(np.uint16), want_rw.view(np.uint16)), f"case {case}"
                 if want_picks:

@@ -347,3 +347,28 @@ def test_a_table_with_wrong_dims_is_refused(tier):
     table = ct.ExpertTable({(0, 0): experts[(0, 0)]}, 1, 1)
     with pytest.raises(ce.KernelError, match="hidden 512"):
         ct.Worker(ring, table, act_limit=LIMIT).start()
+
+
+def test_an_idle_worker_parks_costs_no_cpu_and_a_wake_or_a_late_look_serves_the_next_job(tier):
+    """Idle for park_us the worker parks (asleep on a futex); wake() (the engine calls it before every step) brings
+    it back at once, and a job published without a wake is still served by its look at the ring every 100 ms."""
+    _, table, experts = tier
+    rng = np.random.default_rng([SEED, 9])
+    ring = ct.Ring(slots=2, hidden=HIDDEN)
+    producer = ct.HostProducer(ring)
+    with ct.Worker(ring, table, act_limit=LIMIT, spin_us=100, nap_us=1000, park_us=20_000) as worker:
+        wait_for(worker.parked)
+        cpu0, wall0 = time.process_time(), time.monotonic()
+        time.sleep(0.5)
+        parked_cpu = (time.process_time() - cpu0) / (time.monotonic() - wall0)
+        assert worker.parked() and parked_cpu < 0.01  # well under 1 % of a core (this whole process)
+        worker.wake()
+        wait_for(lambda: not worker.parked())
+        for woken in (True, False):
+            wait_for(worker.parked)
+            if woken:
+                worker.wake()
+            layer, x, picks = random_job(rng, tokens=1, picks=2)
+            seq = producer.publish(layer, x, picks)
+            assert producer.wait(seq, 2.0) == ct.Outcome("done")  # unwoken: within its next look at the ring
+            np.testing.assert_array_equal(producer.result(seq), reference(experts, layer, x, picks))

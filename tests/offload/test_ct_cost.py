@@ -4,6 +4,7 @@ refresh, and timing the CPU kernel on real (random) experts."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from glm53.offload import cpu_expert as ce
 from glm53.offload.ct_cost import (
     GPU_LINE_MIN_SAMPLES,
+    TOKENS,
     Costs,
     fit_gpu_line,
     measure_cpu,
@@ -75,9 +77,14 @@ def test_impossible_figures_are_refused(bad):
 
 
 def test_live_timings_move_the_cpu_figure_and_a_pinned_one_stays():
-    fresh = PCIE4.refreshed(busy_s=0.030, experts=100, tokens=1)  # 300 us per expert seen live
-    assert fresh.cpu_expert_s[1] == pytest.approx(0.8 * 250 * US + 0.2 * 300 * US)
-    assert fresh.cpu_expert_s[8] == PCIE4.cpu_expert_s[8] and "refreshed" in fresh.sources["cpu_expert_s"]
+    fresh = PCIE4.refreshed(busy_s=0.030, experts=100, tokens=1)  # 300 us per expert seen live: averaged in
+    assert fresh.cpu_expert_s[1] == pytest.approx(0.5 * 250 * US + 0.5 * 300 * US)
+    factor = fresh.cpu_expert_s[1] / PCIE4.cpu_expert_s[1]  # a busy host is slower at every size
+    assert fresh.cpu_expert_s[8] == pytest.approx(PCIE4.cpu_expert_s[8] * factor) and "refreshed" in fresh.sources["cpu_expert_s"]
+    busy = PCIE4.refreshed(busy_s=0.100, experts=100, tokens=1)  # 1000 us: 4x the model, taken at once
+    assert busy.cpu_expert_s[1] == pytest.approx(1000 * US) and busy.cpu_expert_s[8] == pytest.approx(4 * PCIE4.cpu_expert_s[8])
+    free = busy.refreshed(busy_s=0.025, experts=100, tokens=1)  # and back
+    assert free.cpu_expert_s[1] == pytest.approx(250 * US)
     assert PCIE4.refreshed(0.0, 0, 1) is PCIE4
     pinned = Costs(pinned_cpu_cost(0.25), 0.0, 1e-4, 0.0, sources={"cpu_expert_s": "GLM53_CT_B"}, cpu_pinned=True)
     assert pinned.cpu_expert_s == {1: 0.00025, 2: 0.00025, 4: 0.00025, 8: 0.00025}
@@ -173,3 +180,28 @@ def test_the_gpus_fixed_time_lets_the_cpu_take_more():
     table = live.table(1, 16)
     assert [int(table[1, 3, m]) for m in range(14)] == [live.best_split(3, m, 1) for m in range(14)]
     assert "live" in live.sources["link_expert_s"]
+
+
+def test_a_starved_host_gets_nothing_until_it_is_measured_again():
+    starved = PCIE4.starved()
+    assert not starved.table(8, 64).any() and "starved" in starved.sources["cpu_expert_s"]
+    assert PCIE4.table(8, 64).any()
+    pinned = replace(PCIE4, cpu_pinned=True)
+    assert pinned.starved() is pinned
+
+
+def test_the_closed_form_table_is_the_best_split_of_every_cell():
+    """The table is computed in closed form (it is rebuilt every few decode steps); it must be exactly what the
+    brute-force best_split says, ties included, for costs drawn at random and for degenerate ones."""
+    rng = np.random.default_rng(3)
+    cases = [PCIE4, replace(PCIE4, link_expert_s=0.0), replace(PCIE4, handoff_s=0.0, gpu_fixed_s=5e-4)]
+    for _ in range(40):
+        cases.append(Costs({t: float(rng.uniform(50, 2000)) * US for t in TOKENS}, handoff_s=float(rng.uniform(0, 300)) * US,
+                           link_expert_s=float(rng.uniform(20, 600)) * US, vram_expert_s=float(rng.uniform(0, 5)) * US,
+                           cpu_job_s={t: float(rng.uniform(0, 300)) * US for t in TOKENS}, gpu_fixed_s=float(rng.uniform(0, 100)) * US))
+    for c in cases:
+        table = c.table(8, 64)
+        for tokens in (1, 2, 3, 8):
+            for hits in (0, 3, 17):
+                for misses in range(0, 64 - hits + 1, 3):
+                    assert table[tokens, hits, misses] == c.best_split(hits, misses, tokens), (c, tokens, hits, misses)

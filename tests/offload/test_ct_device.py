@@ -29,5 +29,8 @@ def test_the_ring_struct_and_the_enums_match_the_kernel_source():
     assert [n.split(" = ")[0] for n in outs.split(", ")] == [f"CT_OUT_{o.upper()}".replace("_CLAIM", "") for o in
                                                             ("none", "done", "failed", "taken_back_before_claim", "taken_back_after_claim")]
     assert len(OUTCOMES) == 5
-    counters = re.search(r"enum \{ (CT_C_PUBLISHED = 0.*?), CT_N = 8 \};", source).group(1)
-    assert len(counters.split(", ")) == len(COUNTERS) <= 8
+    counters = re.search(r"enum \{ (CT_C_PUBLISHED = 0.*?), CT_N = 16 \};", source, re.DOTALL).group(1)
+    names = [n.split("=")[0].strip() for n in counters.split(",")]
+    assert names == ["CT_C_" + n for n in ("PUBLISHED", "BUSY", "DONE", "FAILED", "TAKEN_BEFORE", "TAKEN_AFTER", "WAIT_NS",
+                                           "FALLBACK_JOBS", "FALLBACK_EXPERTS", "PROBES")]
+    assert len(names) == len(COUNTERS) <= 16

@@ -1,6 +1,7 @@
 """glm53.offload.fast_tier's per-layer bookkeeping on the CPU, with stand-ins for the GPU pieces (the producer's
-kernels, the expert cache): what it hands the split and the collection, when it stays out of the way, how it
-counts lost jobs. The tier itself runs on the GPU (tests/gpu/test_fast_tier.py)."""
+kernels, the expert cache, exllamav3's fused expert kernel): what it hands the split, the collection and the
+GPU fallback, when it stays out of the way, how it follows the host's live rate (a busy host gets fewer or no
+experts within a refresh, shadow jobs while it gets none). The tier itself runs on the GPU (tests/gpu/test_fast_tier.py)."""
 
 from __future__ import annotations
 
@@ -15,39 +16,59 @@ import torch
 from glm53.offload import fast_tier as ft
 from glm53.offload.ct_cost import Costs
 from glm53.offload.fast_tier import (
+    PROBE_EXPERTS,
+    PROBE_STEPS,
     REFRESH_STEPS,
     FastTier,
     FeedingThread,
-    lost_jobs_reason,
 )
 
 H = 256
+DEVICE = {"published": 0, "busy": 0, "done": 0, "failed": 0, "taken_back_before_claim": 0, "taken_back_after_claim": 0,
+          "wait_s": 0.0, "fallback_jobs": 0, "fallback_experts": 0, "probes": 0, "native_host_atomics": False}
 
 
 class FakeProducer:
     def __init__(self):
-        self.published, self.collected = [], []
+        self.published, self.collected, self.planned = [], [], []
         self.next_info = torch.tensor([1, 2, 1, 1], dtype=torch.int32)  # hits, misses, CPU experts, picks
-        self.counters = {"published": 0, "busy": 0, "done": 0, "failed": 0, "taken_back_before_claim": 0,
-                         "taken_back_after_claim": 0, "wait_s": 0.0, "native_host_atomics": False}
+        self.counters = dict(DEVICE)
 
-    def split_publish(self, row, sel, rw, y, slot_of, freq, cube):
-        self.published.append((row, sel.shape, y.shape, slot_of.tolist(), freq.tolist()))
-        return torch.tensor([len(self.published)]), self.next_info.clone()
+    def split_publish(self, row, sel, rw, y, slot_of, freq, cube, probe_k=0):
+        self.published.append((row, sel.shape, y.shape, slot_of.tolist(), freq.tolist(), probe_k))
+        return torch.tensor([len(self.published)]), self.next_info.clone(), torch.full((128,), -1, dtype=torch.int32)
 
     def collect(self, status, acc, timeout_s):
         self.collected.append((int(status), tuple(acc.shape), acc.data_ptr(), timeout_s))
         acc += 1.0  # stands in for the partial
         return torch.tensor([1], dtype=torch.int32)
 
+    def fallback_plan(self, status, outcome, record, tokens, topk, num_experts):
+        self.planned.append((int(status), int(outcome), tokens, topk, num_experts))
+        return "count", "tokens", "weights"
+
     def stats(self):
         return dict(self.counters)
 
 
+class FakeFallback:
+    """exllamav3's fused expert kernel: records what it is given and adds 10 where it computes."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, y, acc, count, token_sorted, weight_sorted):
+        self.calls.append((y.data_ptr(), acc.data_ptr(), tuple(acc.shape), count, token_sorted, weight_sorted))
+        acc += 10.0
+
+
 def tier():
     t = object.__new__(FastTier)
-    t.hidden, t.deadline_s, t.enabled, t.skipped, t._pending, t._lost_seen = H, 0.05, True, 0, None, 0
+    t.hidden, t.deadline_s, t.enabled, t.skipped, t._pending = H, 0.05, True, 0, None
     t.producer = FakeProducer()
+    t.top_k, t.fallbacks = 8, [FakeFallback(), FakeFallback()]
+    t.store = type("Store", (), {"num_experts": 3})()
+    t.cpu_off, t._probing, t._seen_device = False, False, t.producer.stats()
     t.cache = type("Cache", (), {"slot_of": torch.tensor([[0, -1, -1], [-1, 1, -1]], dtype=torch.int32),
                                  "freq": torch.tensor([[3.0, 2.0, 1.0], [1.0, 2.0, 3.0]])})()
     t.cube = torch.zeros((9, 65, 65), dtype=torch.uint8)
@@ -78,9 +99,16 @@ class FakeEvent:
 class FakeWorker:
     def __init__(self):
         self.live = {"jobs": 0, "experts": 0, "tokens": 0, "busy_s": 0.0}
+        self.woken = 0
 
     def counters(self):
         return dict(self.live)
+
+    def wake(self):
+        self.woken += 1
+
+    def parked(self):
+        return True
 
 
 def routing(T=2, dtype=torch.float16):
@@ -88,19 +116,47 @@ def routing(T=2, dtype=torch.float16):
             torch.zeros((T, H), dtype=torch.float16))
 
 
-def test_a_decode_step_is_split_then_its_partial_added_to_the_layers_fp32_routed_sum():
+def test_a_decode_step_is_split_then_its_partial_and_the_gpu_fallback_added_to_the_layers_fp32_routed_sum():
     t = tier()
-    t.on_routing(1, *routing(T=2))
-    row, sel_shape, y_shape, slot_of, freq = t.producer.published[0]
-    assert (row, tuple(sel_shape), tuple(y_shape)) == (1, (2, 8), (2, H))
+    sel, rw, z = routing(T=2)
+    t.on_routing(1, sel, rw, z)
+    row, sel_shape, y_shape, slot_of, freq, probe_k = t.producer.published[0]
+    assert (row, tuple(sel_shape), tuple(y_shape), probe_k) == (1, (2, 8), (2, H), 0)
     assert slot_of == [-1, 1, -1] and freq == [1.0, 2.0, 3.0]  # the layer's own row of the cache
     assert t.sent.tolist() == [1, 2, 1, 1]
     routed = torch.zeros((2, 1, H), dtype=torch.float32)  # exllamav3's eshape: [tokens, 1, hidden]
     assert t.on_routed_sum(0, routed) is routed and not t.producer.collected  # another layer's sum: untouched
     assert t.on_routed_sum(1, routed) is routed
     status, shape, ptr, timeout = t.producer.collected[0]
-    assert (status, shape, ptr, timeout) == (1, (2, H), routed.data_ptr(), 0.05) and bool((routed == 1).all())
+    assert (status, shape, ptr, timeout) == (1, (2, H), routed.data_ptr(), 0.05)
+    # then the fallback plan from the collection's outcome, and the layer's own fused kernel on the same sum
+    assert t.producer.planned == [(1, 1, 2, 8, 3)]
+    [(y_ptr, acc_ptr, acc_shape, *plan)] = t.fallbacks[1].calls
+    assert (y_ptr, acc_ptr, acc_shape, plan) == (z.data_ptr(), routed.data_ptr(), (2, H), ["count", "tokens", "weights"])
+    assert not t.fallbacks[0].calls and bool((routed == 11).all())
     assert t.on_routed_sum(1, routed) is routed and len(t.producer.collected) == 1  # collected once
+
+
+def test_while_the_table_sends_the_cpu_nothing_one_step_in_probe_steps_publishes_shadow_jobs():
+    t = tier()
+    t.cpu_off = True
+    for _ in range(PROBE_STEPS - 1):
+        t.after_step()
+        assert not t._probing
+    t.after_step()
+    assert t._probing
+    FakeEvent.clock[:] = [1.0, 1.001]  # the probe step is a sampled step too (the GPU computes all its misses)
+    t.on_routing(0, *routing(T=1))
+    assert t.producer.published[-1][-1] == PROBE_EXPERTS and t._pending is None  # a shadow job is never collected
+    routed = torch.zeros((1, 1, H), dtype=torch.float32)
+    t.on_routed_sum(0, routed)
+    assert not t.producer.collected and not t.fallbacks[0].calls and bool((routed == 0).all())
+    t.after_step()
+    assert not t._probing
+    t.cpu_off = False  # the table sends the CPU experts again: no more probes
+    for _ in range(PROBE_STEPS):
+        t.after_step()
+        assert not t._probing
 
 
 def test_the_tier_stays_out_of_steps_it_cannot_take_and_while_paused():
@@ -120,38 +176,56 @@ def test_a_routed_sum_that_is_not_fp32_fails_loudly():
         t.on_routed_sum(0, torch.zeros((1, 1, H), dtype=torch.float16))
 
 
-def test_lost_jobs_are_counted_once_each_and_explained():
+def test_stats_report_the_split_the_fallbacks_and_the_parked_worker():
     t = tier()
-    assert t.lost_jobs() == 0
-    t.producer.counters.update(taken_back_before_claim=1, taken_back_after_claim=2)
-    assert t.lost_jobs() == 3 and t.lost_jobs() == 0
-    t.producer.counters["failed"] = 1
-    assert t.lost_jobs() == 1
-    assert "4 expert job" not in lost_jobs_reason(1, 50) and "within 50 ms" in lost_jobs_reason(1, 50)
+    t.producer.counters.update(fallback_jobs=2, fallback_experts=3, taken_back_after_claim=2)
     stats = t.stats()
-    assert stats["split"]["cpu_experts"] == 0 and stats["costs"]["cpu_expert_us"] == {1: 100.0}
+    assert stats["split"]["cpu_experts"] == 0 and stats["split"]["cpu_off"] is False
+    assert stats["device"]["fallback_jobs"] == 2 and stats["device"]["fallback_experts"] == 3
+    assert stats["costs"]["cpu_expert_us"] == {1: 100.0} and stats["worker"]["parked"] is True
 
 
-def test_the_cost_table_follows_the_workers_live_timings():
+def test_the_cost_table_follows_the_workers_live_timings_within_a_refresh():
     t = tier()
     t.costs = Costs({1: 100e-6}, 0.0, 190e-6, 0.0, sources={"cpu_expert_s": "timed"})
     t.cube = torch.from_numpy(t.costs.table(8, 64)).clone()
     before = t.cube.clone()
     assert int(before[1, 0, 4]) == 3  # at 100 us an expert the CPU takes 3 of 4 misses (190 us each on the link)
-    # the worker turns out slower: 10 jobs of 1 token and 1 expert, 400 us each
+    # a busy host: 10 jobs of 1 token and 1 expert, 400 us each
     t.worker.live = {"jobs": 10, "experts": 10, "tokens": 10, "busy_s": 10 * 400e-6}
     for _ in range(REFRESH_STEPS - 1):
-        assert t.after_step() == 0
+        t.after_step()
     assert torch.equal(t.cube, before)  # not yet
     t.after_step()
-    assert t.costs.cpu_expert_s[1] == pytest.approx(0.8 * 100e-6 + 0.2 * 400e-6)
+    assert t.costs.cpu_expert_s[1] == pytest.approx(400e-6)  # 4x off the model: taken at once, not averaged in
     assert "refreshed" in t.costs.sources["cpu_expert_s"]
-    assert torch.equal(t.cube, torch.from_numpy(t.costs.table(8, 64))) and int(t.cube[1, 0, 4]) == 2
+    assert torch.equal(t.cube, torch.from_numpy(t.costs.table(8, 64))) and int(t.cube[1, 0, 4]) == 1
+    # a measurement close to the model is averaged in
+    t.worker.live = {"jobs": 20, "experts": 20, "tokens": 20, "busy_s": 10 * 400e-6 + 10 * 500e-6}
+    for _ in range(REFRESH_STEPS):
+        t.after_step()
+    assert t.costs.cpu_expert_s[1] == pytest.approx(0.5 * 400e-6 + 0.5 * 500e-6)
     # no new jobs: nothing changes
     costs = t.costs
     for _ in range(REFRESH_STEPS):
         t.after_step()
     assert t.costs is costs
+
+
+def test_jobs_the_worker_never_claimed_turn_the_cpu_off_until_shadow_jobs_time_it_again():
+    t = tier()
+    t.costs = Costs({1: 100e-6, 8: 300e-6}, 0.0, 190e-6, 0.0, sources={"cpu_expert_s": "timed"})
+    t.use_costs(t.costs)
+    assert not t.cpu_off
+    t.producer.counters["taken_back_before_claim"] = 3  # a starved host: three jobs passed their deadline unclaimed
+    for _ in range(REFRESH_STEPS):
+        t.after_step()
+    assert t.cpu_off and not t.cube.any() and "starved" in t.costs.sources["cpu_expert_s"]
+    # the shadow jobs of the probe steps show a free host again: 100 us an expert
+    t.worker.live = {"jobs": 12, "experts": 24, "tokens": 12, "busy_s": 24 * 100e-6}
+    for _ in range(REFRESH_STEPS):
+        t.after_step()
+    assert not t.cpu_off and t.costs.cpu_expert_s[1] == pytest.approx(100e-6) and int(t.cube[1, 0, 4]) == 3
 
 
 def test_the_gpu_part_of_sampled_steps_sets_the_link_and_fixed_costs():
@@ -163,7 +237,9 @@ def test_the_gpu_part_of_sampled_steps_sets_the_link_and_fixed_costs():
     t._probe_link_s = 184e-6
     x = torch.zeros((1, H), dtype=torch.float32)
     timed = 0
-    for step in range(1, REFRESH_STEPS + 1):
+    steps = 8 * ft.SAMPLE_STEPS  # enough sampled layers for a line (fit_gpu_line's minimum)
+    assert steps % REFRESH_STEPS == 0
+    for step in range(1, steps + 1):
         if t._sampling:
             for row, gpu_misses in ((0, 2), (1, 5)) * 6:  # 12 layers; the fake split sends no expert to the CPU
                 t.producer.next_info = torch.tensor([1, gpu_misses, 0, 0], dtype=torch.int32)
@@ -172,7 +248,7 @@ def test_the_gpu_part_of_sampled_steps_sets_the_link_and_fixed_costs():
                 t.on_routed_sum(row, x)
                 timed += 1
         t.after_step()
-    assert timed == 12 * (REFRESH_STEPS // ft.SAMPLE_STEPS - 1)  # the last sampled step's layers run after the refresh
+    assert timed == 12 * (steps // ft.SAMPLE_STEPS - 1)  # the last sampled step's layers run after the refresh
     assert t.costs.link_expert_s == pytest.approx(198e-6) and t.costs.gpu_fixed_s == pytest.approx(75e-6)
     assert "live" in t.costs.sources["link_expert_s"] and t.stats()["costs"]["gpu_fixed_us"] == 75.0
     assert torch.equal(t.cube, torch.from_numpy(t.costs.table(8, 64)))
@@ -235,6 +311,7 @@ def test_a_failed_start_stops_what_started_and_gives_the_cpus_back(monkeypatch):
     monkeypatch.setattr(ft, "ExpertTable", lambda *a: object())
     monkeypatch.setattr(ft, "host_store_experts", lambda *a: {})
     monkeypatch.setattr(ft.exl3_patch, "experts_see_the_router_input", lambda mlp: True)
+    monkeypatch.setattr(ft.exl3_patch, "fused_experts", lambda mlp: None)
 
     def no_gpu(*a):
         raise RuntimeError("cudaHostRegister failed")

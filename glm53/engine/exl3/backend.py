@@ -21,7 +21,6 @@ import torch
 
 from ...config import Settings
 from ...offload import exl3_patch
-from ...offload.fast_tier import lost_jobs_reason
 from ...offload.runtime import Offload
 from ..gpu import device_facts
 from ..interface import (
@@ -74,8 +73,8 @@ class Exl3Backend:
         # Routed experts live in pinned host memory and a VRAM cache (glm53/offload), never loaded into VRAM whole
         self.offload = Offload(settings)
         if settings.mode == "fast" and not settings.ct_enable:
-            log.info("fast mode: the CPU tier is off (GLM53_CT_ENABLE=1 turns it on; it pays off for batched decode, not "
-                     "yet for one stream): experts are served as in exact mode, with the one-pass prefill")
+            log.info("fast mode: the CPU tier is off (GLM53_CT_ENABLE=0): experts are served as in exact mode, with the "
+                     "one-pass prefill")
         with self.offload.loading(self.model):
             self.model.load(use_per_device=split, progressbar=False, max_batch_size=settings.ambs, max_chunk_size=settings.chunk_size)
         self.model.warmup(cache=self.cache, max_chunk_size=settings.chunk_size, progressbar=False)
@@ -131,9 +130,21 @@ class Exl3Backend:
             if job.identifier == seq_id:
                 self.generator.cancel(job)
 
+    def iterate(self) -> list[dict]:
+        """One step of exllamav3's generator with the offload's per-step hooks around it (the CPU tier's worker woken
+        before, its live costs refreshed after): what :meth:`step` runs, and what measurement tools that read the
+        generator's results directly call instead of ``generator.iterate()``."""
+        fast = self.offload.fast
+        if fast is not None:
+            fast.before_step()
+        results = self.generator.iterate()
+        if fast is not None:
+            fast.after_step()
+        return results
+
     def step(self) -> dict[int, list[SampledToken] | SequenceFailure]:
         out: dict[int, list[SampledToken] | SequenceFailure] = {}
-        for r in self.generator.iterate():
+        for r in self.iterate():
             if r.get("stage") == "error":
                 # exllamav3 contained a failure to one job (reap_failed_job): that sequence ends alone
                 seq_id = getattr(r.get("job"), "identifier", None)
@@ -159,12 +170,6 @@ class Exl3Backend:
             )
             self._counters["decode_tokens"] += len(ids)
         self._counters["steps"] += 1
-        fast = self.offload.fast
-        if fast is not None and (lost := fast.after_step()):
-            # experts of this step were never computed: its tokens are wrong, so they end their sequences, loudly
-            reason = lost_jobs_reason(lost, fast.deadline_s * 1000)
-            log.error("%s", reason)
-            out = {seq_id: SequenceFailure(reason) for seq_id in out}
         return out
 
     def score(self, ids: Sequence[int], start: int, request: LogprobRequest) -> Iterator[list[TokenLogprobs | None] | None]:
