@@ -81,10 +81,18 @@ def test_the_cpu_tier_takes_experts_and_stays_close_to_exact_mode(tiny_checkpoin
 
 
 def _close_to_exact(exact, got):
-    """The first token's distribution: same top-5 ids, log-probabilities within fp16-class noise."""
-    first_exact, first_fast = exact[0].logprobs, got[0].logprobs
-    assert [t for t, _ in first_exact.top] == [t for t, _ in first_fast.top]
-    assert max(abs(a - b) for (_, a), (_, b) in zip(first_exact.top, first_fast.top)) < 0.05
+    """The decode steps' distributions while both sequences agree (the first token comes from the prefill, which
+    the tier never touches; each later one from a decode step): same top-5 ids, log-probabilities within fp16-class
+    noise, over at least the first decode step."""
+    compared = 0
+    for i in range(1, min(len(exact), len(got))):
+        if exact[i - 1].token_id != got[i - 1].token_id:
+            break  # the random tiny model's near-ties: past a different token the prefixes differ
+        a, b = exact[i].logprobs, got[i].logprobs
+        assert [t for t, _ in a.top] == [t for t, _ in b.top], f"position {i}"
+        assert max(abs(x - y) for (_, x), (_, y) in zip(a.top, b.top)) < 0.05, f"position {i}"
+        compared += 1
+    assert compared >= 1
 
 
 def test_a_worker_past_the_deadline_has_its_experts_computed_on_the_gpu(tiny_checkpoint, exact):
