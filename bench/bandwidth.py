@@ -147,8 +147,17 @@ def main(argv=None) -> int:
     ap.add_argument("--dram-gib", type=float, default=4.0, help="host buffer for the DRAM read in GiB (default 4)")
     ap.add_argument("--threads", type=int, help="DRAM read threads (default: one per physical core)")
     ap.add_argument("--out", help="write the JSON here (default: print it)")
+    ap.add_argument("--link-limit-gbs", type=float, help="measure beside bench.link_limiter's SM reader, calibrated to leave this "
+                    "zero-copy read rate (its calibration is in the output's link_limiter)")
     args = ap.parse_args(argv)
-    result = measure(args.gib, args.dram_gib, args.threads)
+    if args.link_limit_gbs:
+        from bench.link_limiter import Limited
+
+        with Limited(args.link_limit_gbs) as info:
+            result = measure(args.gib, args.dram_gib, args.threads)
+        result["link_limiter"] = info
+    else:
+        result = measure(args.gib, args.dram_gib, args.threads)
     emit_json(result, args.out)
     return 0
 

@@ -92,8 +92,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--arm-timeout", type=float, default=300, help="seconds one arm may take (default 300)")
     ap.add_argument("--budget-s", type=float, default=540, help="seconds the whole run may take (default 540: the device's 600 s less prep.sh)")
     ap.add_argument("--no-bandwidth", action="store_true", help="skip the bandwidth measurements")
-    ap.add_argument("--link-limit-gbs", type=float, help="run the bandwidth measurements and every arm beside bench.link_limiter, "
-                    "which leaves about this zero-copy read rate (25: a PCIe 4 x16 card; default: the full link)")
+    ap.add_argument("--link-limit-gbs", type=float, help="measure the bandwidths and every arm with bench.link_limiter's SM reader "
+                    "in their process, calibrated to leave about this zero-copy read rate (25: a PCIe 4 x16 card; default: the full link)")
     ap.add_argument("--cpu-hog", help="run every arm beside a spinning process on each of these CPUs (a CPU list such as 0-7, "
                     "or 'all'; bench.cpu_hog): a busy host")
     if ap.parse_known_args(argv)[0].quick:  # smaller defaults; flags given explicitly still win
@@ -321,60 +321,16 @@ def run_arm(arm: str, run: int, spec: dict, stats: Path | None, work: Path, logs
     return {"name": arm, "run": run, **result, "seconds": round(seconds, 1), "log": log_path.name}
 
 
-def bandwidth(quick: bool, logs: Path, work: Path, timeout: float) -> dict:
+def bandwidth(quick: bool, logs: Path, work: Path, timeout: float, link_limit_gbs: float | None = None) -> dict:
     out = work / "bandwidth.json"
-    cmd = [sys.executable, "-m", "bench.bandwidth", "--out", str(out)] + (["--gib", "0.25", "--dram-gib", "1"] if quick else [])
+    cmd = [sys.executable, "-m", "bench.bandwidth", "--out", str(out)] + (["--gib", "0.25", "--dram-gib", "1"] if quick else []) \
+        + (["--link-limit-gbs", str(link_limit_gbs)] if link_limit_gbs else [])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
     rc, _ = run_process(cmd, env, logs / "bandwidth.log", timeout)
     if rc == 0 and out.is_file():
         return json.loads(out.read_text())
     log(f"bandwidth measurement failed (exit {rc}); see {logs.name}/bandwidth.log")
     return NO_BANDWIDTH | {"error_tail": tail(logs / "bandwidth.log")}
-
-
-@contextlib.contextmanager
-def link_limited(target_gbs: float, logs: Path, work: Path, timeout: float = 90.0):
-    """bench.link_limiter in a process of its own while the block runs; yields its calibration (plus the VRAM its
-    CUDA context takes, which the project arms' budget gets back), then adds its final report."""
-    ready, report = work / "link-limiter-ready.json", work / "link-limiter-report.json"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
-    out = open(logs / "link-limiter.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "bench.link_limiter", "--target-read-gbs", str(target_gbs), "--ready", str(ready),
-                             "--report", str(report)], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    t0 = time.monotonic()
-    while not ready.is_file():
-        if proc.poll() is not None or time.monotonic() - t0 > timeout:
-            proc.kill()
-            out.close()
-            raise RuntimeError(f"the link limiter did not start (see {logs.name}/link-limiter.log):\n" + tail(logs / "link-limiter.log"))
-        time.sleep(0.2)
-    info = json.loads(ready.read_text())
-    info["vram_gb"] = process_vram_gb(proc.pid)
-    try:
-        yield info
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        out.close()
-        if report.is_file():
-            info.update(json.loads(report.read_text()))
-
-
-def process_vram_gb(pid: int) -> float | None:
-    """VRAM a process holds on the GPU (its CUDA context and buffers), from nvidia-smi."""
-    try:
-        text = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True, timeout=20, check=False).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    for line in text.splitlines():
-        fields = [f.strip() for f in line.split(",")]
-        if len(fields) == 2 and fields[0] == str(pid) and fields[1].isdigit():
-            return int(fields[1]) * (1 << 20) / GB
-    return None
 
 
 def unpack_tiny_triton_cache() -> None:
@@ -391,7 +347,8 @@ def measurement_spec(args, ckpt: Path) -> dict:
     return {"ckpt": str(ckpt), "cache_tokens": cache_tokens(args), "chunk_size": args.chunk_size, "seed": args.seed,
             "decode_tokens": args.decode_tokens, "decode_context": args.decode_context, "decode_reps": args.decode_reps,
             "warmup_tokens": args.warmup_tokens, "prefill_lengths": args.prefill, "prefill_reps": args.prefill_reps,
-            "mct": args.mct, "long_context": args.long_context, "streams": args.streams, "project_args": shlex.split(args.project_args)}
+            "mct": args.mct, "long_context": args.long_context, "streams": args.streams, "project_args": shlex.split(args.project_args),
+            "link_limit_gbs": args.link_limit_gbs}
 
 
 def write_results(results: dict, path: Path) -> None:
@@ -442,11 +399,12 @@ def main(argv=None) -> int:
         "shm": remount_shm() if "stock-mcs-pa" in args.arm_list else None, "arms": [], "chart": None,
     }
     with contextlib.ExitStack() as stack:
-        if args.link_limit_gbs:
-            results["link_limiter"] = stack.enter_context(link_limited(args.link_limit_gbs, logs, work))
-            log(f"link limiter: {results['link_limiter']}")
-        results["bandwidth"] = NO_BANDWIDTH | {"skipped": True} if args.no_bandwidth else bandwidth(args.quick, logs, work, 180)
+        results["bandwidth"] = NO_BANDWIDTH | {"skipped": True} if args.no_bandwidth else \
+            bandwidth(args.quick, logs, work, 180, args.link_limit_gbs)
         log("bandwidth: " + ", ".join(f"{k} {v:.1f}" for k, v in results["bandwidth"].items() if k.endswith("_gbs") and v))
+        if args.link_limit_gbs:
+            results["link_limiter"] = results["bandwidth"].get("link_limiter") or {"target_read_gbs": args.link_limit_gbs}
+            log(f"link limiter (bandwidth measurement): {results['link_limiter']}")
         if args.cpu_hog:
             from bench.cpu_hog import CpuHog, parse_cpus
 
@@ -501,12 +459,8 @@ def _project_limit(args, results: dict, ckpt_info: dict, arm: str) -> tuple[floa
 
     peaks = [a["vram_max_allocated_gb"] for a in scoreboard.ok_runs(results, "stock-vram")]
     settings = config.load(["--mode", arm], {})
-    limit, source = project_vram_limit_gb(max(peaks) if peaks else None, ckpt_info["bytes"], ckpt_info["routed_expert_bytes"],
-                                          ckpt_info["gpu_experts"] / ckpt_info["experts"], settings.ec_reserve_gb, 2 * settings.ec_stage_gb)
-    limiter_gb = (results.get("link_limiter") or {}).get("vram_gb")
-    if limiter_gb:  # the budget counts everything on the card: the limiter's share is not the arm's to lose
-        return limit + limiter_gb, f"{source} + the link limiter's {limiter_gb:.2f} GB"
-    return limit, source
+    return project_vram_limit_gb(max(peaks) if peaks else None, ckpt_info["bytes"], ckpt_info["routed_expert_bytes"],
+                                 ckpt_info["gpu_experts"] / ckpt_info["experts"], settings.ec_reserve_gb, 2 * settings.ec_stage_gb)
 
 
 def _outcome(entry: dict) -> str:

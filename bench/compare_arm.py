@@ -26,6 +26,7 @@ after the decode jobs: the decode hit rate is the change in hits over the change
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -33,6 +34,7 @@ import statistics
 import sys
 import time
 import traceback
+from collections.abc import Collection
 from pathlib import Path
 
 from bench import procmem
@@ -121,7 +123,7 @@ class Loaded:
         self.stats = stats or (lambda: None)
         self.close = close or (lambda: None)
         self.facts = facts or {}
-        self.idle = idle  # () -> the idle engine's CPU use (project arms)
+        self.idle = idle  # (thread ids to leave out) -> the idle engine's CPU use (project arms)
 
 
 def max_streams(spec: dict) -> int:
@@ -167,7 +169,7 @@ def load_project(arm: str, spec: dict) -> Loaded:
     except (NotImplementedError, config.ConfigError) as exc:
         raise NotAvailable(f"{type(exc).__name__}: {exc}") from exc
     return Loaded(EngineSteps(backend), backend.info.vocab_size, stats=backend.stats, close=backend.close,
-                  facts={"engine_argv": argv, "settings": settings.public()}, idle=lambda: idle_cpu_percent(backend))
+                  facts={"engine_argv": argv, "settings": settings.public()}, idle=lambda exclude: idle_cpu_percent(backend, exclude))
 
 
 class EngineSteps:
@@ -187,17 +189,31 @@ class EngineSteps:
         return self.backend.iterate()
 
 
-IDLE_S = 3.0  # how long an idle engine's CPU use is measured
+IDLE_S = 5.0  # how long an idle engine's CPU use is measured (the kernel counts CPU time in 10 ms ticks)
 
 
-def idle_cpu_percent(backend) -> dict:
-    """The loaded engine's CPU use with nothing to do, in % of one core (process CPU time over ``IDLE_S``, after the
-    CPU tier's worker had time to park)."""
+def thread_cpu_seconds(exclude: Collection[int] = (), proc: Path = Path("/proc/self/task")) -> float:
+    """CPU seconds of this process's threads, the thread ids in ``exclude`` left out (the measurement's own)."""
+    tick, total = os.sysconf("SC_CLK_TCK"), 0
+    for task in proc.iterdir():
+        if int(task.name) in exclude:
+            continue
+        try:
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
+    return total / tick
+
+
+def idle_cpu_percent(backend, exclude: Collection[int] = ()) -> dict:
+    """The loaded engine's CPU use with nothing to do, in % of one core (its threads' CPU time over ``IDLE_S``, after
+    the CPU tier's worker had time to park; the threads in ``exclude``, this measurement's, left out)."""
     fast = backend.offload.fast
     time.sleep(0.2)
-    cpu0, wall0 = time.process_time(), time.monotonic()
+    cpu0, wall0 = thread_cpu_seconds(exclude), time.monotonic()
     time.sleep(IDLE_S)
-    out = {"idle_cpu_percent_of_one_core": round(100 * (time.process_time() - cpu0) / (time.monotonic() - wall0), 3)}
+    out = {"idle_cpu_percent_of_one_core": round(100 * (thread_cpu_seconds(exclude) - cpu0) / (time.monotonic() - wall0), 3)}
     if fast is not None:
         out["cpu_tier_parked"] = fast.worker.parked()
     return out
@@ -279,11 +295,18 @@ def run_arm(arm: str, spec: dict) -> dict:
         t0 = time.monotonic()
         loaded = (load_stock if arm in STOCK_ARMS else load_project)(arm, spec)
         load_seconds = time.monotonic() - t0
-        result = measure(loaded, spec)
-        if spec.get("long_context") and arm in PROJECT_ARMS:
-            result["long_context"] = long_context_phase(loaded, spec)
+        with contextlib.ExitStack() as limits:
+            if spec.get("link_limit_gbs"):  # the link this arm's reads share, calibrated in this process
+                from bench.link_limiter import Limited
+
+                limiter = limits.enter_context(Limited(spec["link_limit_gbs"]))
+            result = measure(loaded, spec)
+            if spec.get("long_context") and arm in PROJECT_ARMS:
+                result["long_context"] = long_context_phase(loaded, spec)
+        if spec.get("link_limit_gbs"):
+            result["link_limiter"] = limiter
         if loaded.idle is not None:
-            result["idle"] = loaded.idle()
+            result["idle"] = loaded.idle({sampler.native_id})
         steady = procmem.tree_memory(os.getpid())
         available_after = meminfo(Path("/proc/meminfo")).get("MemAvailable")
         free, total = torch.cuda.mem_get_info()

@@ -87,8 +87,10 @@ class PeakSampler:
         self.peak = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+        self.native_id: int | None = None  # the sampling thread's id (a measurement may leave its CPU time out)
 
     def _run(self) -> None:
+        self.native_id = threading.get_native_id()
         while not self._stop.is_set():
             self.sample()
             self._stop.wait(self.interval)

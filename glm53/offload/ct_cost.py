@@ -124,12 +124,14 @@ class Costs:
 
     def starved(self) -> Costs:
         """Costs under which the split sends the CPU nothing (its jobs were not even claimed in time): every CPU
-        figure at least the GPU's time for a whole step of misses, until shadow jobs measure the host again.
+        figure scaled by one factor (their ratios across token counts kept for when the host recovers) until the
+        smallest exceeds the GPU's time for a whole step of misses; shadow jobs then measure the host again.
         Pinned figures stay."""
         if self.cpu_pinned:
             return self
         floor = 255 * self.link_expert_s + self.gpu_fixed_s + 1e-3
-        cpu = {t: max(v, floor) for t, v in self.cpu_expert_s.items()}
+        factor = max(1.0, floor / min(self.cpu_expert_s.values()))
+        cpu = {t: v * factor for t, v in self.cpu_expert_s.items()}
         return replace(self, cpu_expert_s=cpu, sources={**self.sources, "cpu_expert_s": "starved: jobs not claimed in time"})
 
     def with_gpu_line(self, fixed_s: float, per_miss_s: float) -> Costs:

@@ -17,7 +17,7 @@ from . import native_lib
 from .native_lib import NativeBuildError
 
 SOURCE = native_lib.SOURCE / "ec" / "expert_cache.cu"
-HEADERS = ("cpu_tier_device.cuh",)  # included by SOURCE (a library older than any of them is stale)
+HEADERS = ("cpu_tier_device.cuh", "link_load.cuh")  # included by SOURCE (a library older than any of them is stale)
 MAX_ADMIT = 16  # EC_MAX_ADMIT in the kernel source
 MAX_EXPERTS = 512
 

@@ -56,10 +56,11 @@ TIMING_EXPERTS = 32  # experts the CPU figure is timed on at start
 REFRESH_STEPS = 8  # steps between refreshes of the cost table from live timings (a busy host is seen this soon)
 SAMPLE_STEPS = 8  # one decode step in this many has its layers' GPU part timed
 GPU_SAMPLES = 768  # the latest timed layers the GPU's line is fitted to
-SPIN_US = 2000  # the tier's threads spin this long after a job before sleeping: longer than a layer's step
+SPIN_US = 5000  # the tier's threads spin this long after a job before sleeping: longer than the gap between two steps
 PARK_US = 50_000  # the worker parks after this long without a decode step
 PROBE_STEPS = 8  # while the table sends the CPU nothing, one step in this many publishes shadow jobs
 PROBE_EXPERTS = 2  # experts of a shadow job
+STARVED_SHARE = 0.1  # a refresh window whose jobs went unclaimed past their deadline more often than this: starved
 
 
 class FeedingThread:
@@ -281,11 +282,14 @@ class FastTier:
         jobs, experts = now["jobs"] - self._seen["jobs"], now["experts"] - self._seen["experts"]
         busy, tokens = now["busy_s"] - self._seen["busy_s"], now["tokens"] - self._seen["tokens"]
         unclaimed = device["taken_back_before_claim"] - self._seen_device["taken_back_before_claim"]
+        published = device["published"] - self._seen_device["published"]
         self._seen, self._seen_device = now, device
         fresh = self.costs
         if jobs > 0:
             fresh = fresh.refreshed(busy, experts, -(-tokens // jobs), jobs)
-        if unclaimed > 0:  # the worker did not even get to some jobs by their deadline: the host is starved
+        if unclaimed > max(1, STARVED_SHARE * published):
+            # the worker did not even get to many of its jobs by their deadline: the host is starved (one such job
+            # is a worker waking from a park; its experts were computed on the GPU anyway)
             fresh = fresh.starved()
         line = fit_gpu_line(self._gpu_samples, self._probe_link_s)
         if line is not None:

@@ -225,3 +225,6 @@ int ec_struct_size(void) { return (int) sizeof(EcState); }
 
 // The CPU tier's handoff, device side (same library)
 #include "cpu_tier_device.cuh"
+
+// The measurement tools' paced SM reader of host memory (same library)
+#include "link_load.cuh"

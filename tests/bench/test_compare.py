@@ -263,3 +263,32 @@ def test_the_project_arms_step_the_engine_as_the_server_does_and_measure_it_idle
     monkeypatch.setattr(compare_arm, "IDLE_S", 0.05)
     idle = compare_arm.idle_cpu_percent(backend)
     assert 0 <= idle["idle_cpu_percent_of_one_core"] < 100 and "cpu_tier_parked" not in idle
+
+
+def test_thread_cpu_time_leaves_the_measurements_own_threads_out():
+    import threading
+
+    from bench import compare_arm
+
+    stop, ids = threading.Event(), []
+
+    def spin():
+        ids.append(threading.get_native_id())
+        while not stop.is_set():
+            pass
+
+    t = threading.Thread(target=spin)
+    t.start()
+    try:
+        while not ids:
+            pass
+        a_all, a_rest = compare_arm.thread_cpu_seconds(), compare_arm.thread_cpu_seconds(exclude=ids)
+        import time
+
+        time.sleep(0.5)
+        b_all, b_rest = compare_arm.thread_cpu_seconds(), compare_arm.thread_cpu_seconds(exclude=ids)
+    finally:
+        stop.set()
+        t.join()
+    spun = b_all - a_all
+    assert spun > 0.05 and b_rest - a_rest < 0.5 * spun  # the spinning thread's time is what was left out

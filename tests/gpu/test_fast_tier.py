@@ -20,7 +20,7 @@ from glm53.offload.ct_cost import every_miss_to_the_cpu
 CPU_TAKES_THE_MISSES = ["--ct-enable", "1"]
 
 PROMPT = [154822, 154824, 154827] + list(range(300, 420)) + [154828, 154841]
-REQUEST = LogprobRequest(top_n=5)
+REQUEST = LogprobRequest(top_n=20)
 TOKENS = 24
 
 
@@ -82,15 +82,16 @@ def test_the_cpu_tier_takes_experts_and_stays_close_to_exact_mode(tiny_checkpoin
 
 def _close_to_exact(exact, got):
     """The decode steps' distributions while both sequences agree (the first token comes from the prefill, which
-    the tier never touches; each later one from a decode step): same top-5 ids, log-probabilities within fp16-class
-    noise, over at least the first decode step."""
+    the tier never touches; each later one from a decode step): each of exact mode's five likeliest tokens is among
+    fast mode's twenty likeliest with a log-probability within fp16-class noise (the random tiny model's
+    distributions are nearly flat, so their order may swap), over at least the first decode step."""
     compared = 0
     for i in range(1, min(len(exact), len(got))):
         if exact[i - 1].token_id != got[i - 1].token_id:
-            break  # the random tiny model's near-ties: past a different token the prefixes differ
-        a, b = exact[i].logprobs, got[i].logprobs
-        assert [t for t, _ in a.top] == [t for t, _ in b.top], f"position {i}"
-        assert max(abs(x - y) for (_, x), (_, y) in zip(a.top, b.top)) < 0.05, f"position {i}"
+            break  # a near-tie: past a different token the prefixes differ
+        fast = dict(got[i].logprobs.top)
+        for token, logprob in exact[i].logprobs.top[:5]:
+            assert token in fast and abs(fast[token] - logprob) < 0.05, f"position {i}, token {token}"
         compared += 1
     assert compared >= 1
 

@@ -185,6 +185,7 @@ def test_the_gpus_fixed_time_lets_the_cpu_take_more():
 def test_a_starved_host_gets_nothing_until_it_is_measured_again():
     starved = PCIE4.starved()
     assert not starved.table(8, 64).any() and "starved" in starved.sources["cpu_expert_s"]
+    assert starved.cpu_expert_s[8] / starved.cpu_expert_s[1] == pytest.approx(PCIE4.cpu_expert_s[8] / PCIE4.cpu_expert_s[1])
     assert PCIE4.table(8, 64).any()
     pinned = replace(PCIE4, cpu_pinned=True)
     assert pinned.starved() is pinned

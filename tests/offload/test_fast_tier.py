@@ -217,15 +217,21 @@ def test_jobs_the_worker_never_claimed_turn_the_cpu_off_until_shadow_jobs_time_i
     t.costs = Costs({1: 100e-6, 8: 300e-6}, 0.0, 190e-6, 0.0, sources={"cpu_expert_s": "timed"})
     t.use_costs(t.costs)
     assert not t.cpu_off
-    t.producer.counters["taken_back_before_claim"] = 3  # a starved host: three jobs passed their deadline unclaimed
+    t.producer.counters.update(published=10, taken_back_before_claim=1)  # one unclaimed job: a worker waking up
+    for _ in range(REFRESH_STEPS):
+        t.after_step()
+    assert not t.cpu_off
+    t.producer.counters.update(published=20, taken_back_before_claim=4)  # 3 of 10: a starved host
     for _ in range(REFRESH_STEPS):
         t.after_step()
     assert t.cpu_off and not t.cube.any() and "starved" in t.costs.sources["cpu_expert_s"]
+    assert t.costs.cpu_expert_s[8] / t.costs.cpu_expert_s[1] == pytest.approx(3.0)  # ratios kept for the recovery
     # the shadow jobs of the probe steps show a free host again: 100 us an expert
     t.worker.live = {"jobs": 12, "experts": 24, "tokens": 12, "busy_s": 24 * 100e-6}
     for _ in range(REFRESH_STEPS):
         t.after_step()
     assert not t.cpu_off and t.costs.cpu_expert_s[1] == pytest.approx(100e-6) and int(t.cube[1, 0, 4]) == 3
+    assert t.costs.cpu_expert_s[8] == pytest.approx(300e-6)
 
 
 def test_the_gpu_part_of_sampled_steps_sets_the_link_and_fixed_costs():
