@@ -53,6 +53,8 @@ def _busy_per_expert(worker, producer, rng) -> float:
 
 
 def test_a_cpu_hog_slows_the_worker_and_the_refreshed_split_sends_the_cpu_fewer_misses(worker):
+    if os.getloadavg()[0] > 0.75 * len(os.sched_getaffinity(0)):
+        pytest.skip(f"the machine is busy already (load {os.getloadavg()[0]:.1f}): the quiet figure would not be quiet")
     w, producer, rng = worker
     _busy_per_expert(w, producer, rng)  # warm: pages touched, threads started
     quiet = min(_busy_per_expert(w, producer, rng) for _ in range(3))  # the least disturbed of three windows
