@@ -13,9 +13,10 @@ fraction of one core, reported):
   the test host the copy engines alone leave SM reads about three quarters of the link (measured 37.5 of 48.7
   GB/s with four copy streams at full duty), so it cannot emulate a PCIe 4 card there.
 
-Calibration, in place, before the limiting starts: with the limiter running, a kernel sums a pinned buffer in place
-(``bench/bandwidth.py``'s ``pcie_zero_copy_read_gbs``), and the limiter's level (blocks or copy streams) then its
-duty cycle are chosen so that the read rate left is the target. Every host byte the limiter reads also costs host
+Calibration, in place, before the limiting starts: with the limiter running, 64 thread blocks read a pinned buffer
+in place (the expert cache's read probe: a decode step's misses are read by a grid of about that size, and a grid
+that filled the GPU would keep the limiter's kernels waiting), and the limiter's level (blocks or copy streams),
+then its duty cycle, are chosen so that the read rate left is the target. Every host byte the limiter reads also costs host
 DRAM bandwidth (reported: what the CPU tier's reads compete with).
 
     python3 -m bench.link_limiter --target-read-gbs 25 [--mode sm|copy] [--seconds 10] [--report FILE]
@@ -37,26 +38,37 @@ MIB = 1 << 20
 PROBE_BYTES = 256 * MIB  # the zero-copy read of the calibration
 READ_BYTES = 256 * MIB  # pinned host memory the SM reader cycles through
 READ_CHUNK = 8 * MIB  # one of its kernels
-SM_BLOCKS = (2, 4, 8, 16, 32)  # its levels
+SM_BLOCKS = (4, 8, 16, 32, 64, 128)  # its levels
 COPY_CHUNK = 8 * MIB  # one copy of the copy limiter, per stream and burst
 COPY_BUFFER = 64 * MIB
 MAX_STREAMS = 4
 
 
-def zero_copy_read_gbs(reps: int = 7) -> float:
-    """The median rate of a GPU kernel summing ``PROBE_BYTES`` of pinned host memory in place."""
+PROBE_BLOCKS = 64  # the probe's grid: about what a decode step's expert kernels read misses with, leaving SMs free
+
+
+def zero_copy_read_gbs(reps: int = 7, blocks: int = PROBE_BLOCKS) -> float:
+    """The median rate of ``blocks`` thread blocks reading ``PROBE_BYTES`` of pinned host memory in place (the
+    expert cache's read probe). A grid that fills the GPU would keep a concurrent reader's kernels waiting and
+    measure the link alone."""
     import torch
 
-    from bench.bandwidth import _device_alias
+    from glm53.offload.ec_native import Kernels
 
+    kernels = Kernels()
     host = torch.ones(PROBE_BYTES // 4, dtype=torch.int32, pin_memory=True)
-    alias, _ = _device_alias(host)
+    sink = torch.zeros(1, dtype=torch.int32, device="cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def read():  # pinned memory has the same address on the device (UVA)
+        kernels._check(kernels._lib.ec_read_probe(host.data_ptr(), PROBE_BYTES, sink.data_ptr(), blocks, stream), "ec_read_probe")
+
+    read()  # warm-up
     rates = []
-    torch.sum(alias, dtype=torch.int64)  # warm-up
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        torch.sum(alias, dtype=torch.int64)
+        read()
         end.record()
         end.synchronize()
         rates.append(PROBE_BYTES / (start.elapsed_time(end) / 1000.0) / 1e9)

@@ -104,35 +104,46 @@ class Costs:
             out[tokens] = np.where(possible & (cost(best) < none), best, 0).astype(np.uint8)
         return out
 
-    JUMP = 1.5  # a live CPU figure this far (either way) from the model replaces it instead of being averaged in
+    JUMP = 1.5  # a live CPU figure this much higher than the model replaces it instead of being averaged in
+    EASE = 1.25  # a lower live figure lowers the model by at most this factor a refresh (slow to trust a free host)
 
     def refreshed(self, busy_s: float, experts: int, tokens: int, jobs: int = 0, weight: float = 0.5) -> Costs:
         """The per-expert CPU figure for ``tokens`` from a live measurement: the worker's busy time since the last
         refresh, less the measured per-job part of its ``jobs`` jobs (of about ``tokens`` tokens), over the
-        ``experts`` it computed; averaged in by ``weight``, or taken outright when it is more than ``JUMP`` times off
-        (other processes took the host's cores or memory bus, or gave them back). Every measured token count moves
-        by the same factor: a busy host is slower at every size. Pinned figures (``cpu_pinned``) stay."""
+        ``experts`` it computed; averaged in by ``weight``, taken outright when it is more than ``JUMP`` times the
+        model (other processes took the host's cores or memory bus), and lowering the model by at most ``EASE`` a
+        refresh (a host that seems free again is trusted step by step: a wrong guess costs late jobs). Every
+        measured token count moves by the same factor: a busy host is slower at every size. Pinned figures
+        (``cpu_pinned``) stay."""
         if experts <= 0 or busy_s <= 0 or self.cpu_pinned:
             return self
         bucket = _measured_at(self.cpu_expert_s, tokens)
         live = max(busy_s - jobs * self.cpu_per_job(tokens), 0.1 * busy_s) / experts
         old = self.cpu_expert_s[bucket]
-        new = live if not old / self.JUMP <= live <= old * self.JUMP else (1 - weight) * old + weight * live
-        factor = new / old
-        cpu = {t: v * factor for t, v in self.cpu_expert_s.items()}
-        return replace(self, cpu_expert_s=cpu, sources={**self.sources, "cpu_expert_s": "measured at start, refreshed from the worker"})
+        new = live if live > old * self.JUMP else max((1 - weight) * old + weight * live, old / self.EASE)
+        return self._scaled(new / old, "measured at start, refreshed from the worker")
 
-    def starved(self) -> Costs:
-        """Costs under which the split sends the CPU nothing (its jobs were not even claimed in time): every CPU
-        figure scaled by one factor (their ratios across token counts kept for when the host recovers) until the
-        smallest exceeds the GPU's time for a whole step of misses; shadow jobs then measure the host again.
+    def slower(self, factor: float) -> Costs:
+        """Every CPU figure (per expert and per job) times ``factor``: jobs came late, whatever the busy time said.
         Pinned figures stay."""
+        return self if self.cpu_pinned else self._scaled(factor, "raised: jobs came late", jobs_too=True)
+
+    def _scaled(self, factor: float, source: str, jobs_too: bool = False) -> Costs:
+        return replace(self, cpu_expert_s={t: v * factor for t, v in self.cpu_expert_s.items()},
+                       cpu_job_s={t: v * factor for t, v in self.cpu_job_s.items()} if jobs_too else self.cpu_job_s,
+                       sources={**self.sources, "cpu_expert_s": source})
+
+    def starved(self, max_misses: int = 64) -> Costs:
+        """Costs under which the split sends the CPU nothing (its jobs were not even claimed in time): every CPU
+        figure times the smallest factor that makes a one-expert job cost more than the GPU's time for
+        ``max_misses`` misses (their ratios across token counts kept, and the factor no larger than needed, so that
+        shadow jobs bring the host back within a few refreshes once it is free). Pinned figures stay."""
         if self.cpu_pinned:
             return self
-        floor = 255 * self.link_expert_s + self.gpu_fixed_s + 1e-3
-        factor = max(1.0, floor / min(self.cpu_expert_s.values()))
-        cpu = {t: v * factor for t, v in self.cpu_expert_s.items()}
-        return replace(self, cpu_expert_s=cpu, sources={**self.sources, "cpu_expert_s": "starved: jobs not claimed in time"})
+        gpu = self.gpu_fixed_s + max_misses * self.link_expert_s
+        # handoff + factor * (job + expert) just over the GPU's time, at every measured token count
+        factor = max(1.0, max((1.001 * gpu - self.handoff_s) / (self.cpu_per_job(t) + self.cpu_per_expert(t)) for t in self.cpu_expert_s))
+        return self._scaled(factor, "starved: jobs not claimed in time", jobs_too=True)
 
     def with_gpu_line(self, fixed_s: float, per_miss_s: float) -> Costs:
         """The GPU's figures from a live line (:func:`fit_gpu_line`): ``per_miss_s`` becomes the link's cost of an

@@ -129,17 +129,20 @@ class DeviceProducer:
             self._outstanding.append(status)
         return status
 
-    def collect(self, status: torch.Tensor, acc: torch.Tensor, timeout_s: float) -> torch.Tensor:
+    def collect(self, status: torch.Tensor, acc: torch.Tensor, timeout_s: float, info: torch.Tensor | None = None,
+                per_expert_s: float = 0.0, floor_s: float = 0.0) -> torch.Tensor:
         """Wait for the job up to ``timeout_s`` (then take it back); when it is DONE add its partial into ``acc``
-        (fp32 [tokens, hidden], the job's rows) and free the slot. Returns the outcome as a device int32 [1]
-        (an index into ``OUTCOMES``)."""
+        (fp32 [tokens, hidden], the job's rows) and free the slot. With a split's ``info``, the wait is a stop-loss:
+        at most ``per_expert_s`` for each expert the job holds (at least ``floor_s``). Returns the outcome as a device
+        int32 [1] (an index into ``OUTCOMES``)."""
         if acc.dtype != torch.float32 or acc.dim() != 2 or acc.shape[1] != self.ring.layout.hidden or not acc.is_contiguous():
             raise ValueError(f"acc must be contiguous fp32 [tokens, {self.ring.layout.hidden}]")
         if not self._outstanding or self._outstanding[0] is not status:
             raise RuntimeError("jobs are collected in the order they were published")
         self._outstanding.popleft()
         outcome = torch.empty(1, dtype=torch.int32, device=self.device)
-        self.kernels.collect(self.c, status, int(timeout_s * 1e9), outcome, acc, ADD_BLOCKS, self.counters)
+        self.kernels.collect(self.c, status, int(timeout_s * 1e9), outcome, acc, ADD_BLOCKS, self.counters, info,
+                             int(per_expert_s * 1e9), int(floor_s * 1e9))
         return outcome
 
     def stats(self) -> dict[str, int | float | bool]:

@@ -128,7 +128,7 @@ class CtKernels:
             raise NativeBuildError(f"{path}: CtRing is {lib.ct_struct_size()} bytes there, {ctypes.sizeof(CtRing)} here; rebuild it")
         p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
         lib.ct_publish.argtypes = [ctypes.POINTER(CtRing), p, i, i, p, i, p, p, p, p]
-        lib.ct_collect.argtypes = [ctypes.POINTER(CtRing), p, i64, p, p, i, i, p, p]
+        lib.ct_collect.argtypes = [ctypes.POINTER(CtRing), p, i64, p, i64, i64, p, p, i, i, p, p]
         lib.ct_device_pointer.argtypes = [p, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int)]
         lib.ct_split_publish.argtypes = [ctypes.POINTER(CtRing), p, i, i, i, p, p, p, p, p, p, i, i, i, p, p, p, p, p]
         lib.ct_fallback_plan.argtypes = [p, p, p, i, i, i, p, p, p, p, p]
@@ -151,10 +151,12 @@ class CtKernels:
                                             x.data_ptr(), status.data_ptr(), counters.data_ptr(), stream), "ct_publish")
 
     def collect(self, ring: CtRing, status: torch.Tensor, timeout_ns: int, outcome: torch.Tensor, acc: torch.Tensor,
-                add_blocks: int, counters: torch.Tensor) -> None:
+                add_blocks: int, counters: torch.Tensor, info: torch.Tensor | None = None, per_expert_ns: int = 0,
+                floor_ns: int = 0) -> None:
         stream = torch.cuda.current_stream().cuda_stream
-        Kernels._check(self._lib.ct_collect(ctypes.byref(ring), status.data_ptr(), timeout_ns, outcome.data_ptr(), acc.data_ptr(),
-                                            acc.shape[0], add_blocks, counters.data_ptr(), stream), "ct_collect")
+        Kernels._check(self._lib.ct_collect(ctypes.byref(ring), status.data_ptr(), timeout_ns, None if info is None else info.data_ptr(),
+                                            per_expert_ns, floor_ns, outcome.data_ptr(), acc.data_ptr(), acc.shape[0], add_blocks,
+                                            counters.data_ptr(), stream), "ct_collect")
 
     def split_publish(self, ring: CtRing, next_seq: torch.Tensor, layer: int, sel: torch.Tensor, rw: torch.Tensor,
                       y: torch.Tensor, slot_of: torch.Tensor, freq: torch.Tensor, table: torch.Tensor, probe_k: int,

@@ -14,13 +14,17 @@ Per layer, on the compute stream, with no host synchronisation:
    was taken back or refused (nothing, when it arrived). Every routed expert is in every step; the fallbacks are
    counted (``/stats``: ``cpu_tier.device.fallback_jobs``).
 
+The GPU's wait for a job is a stop-loss: at most the time it would take to read the job's experts over the link
+itself (at least ``STOP_LOSS_FLOOR_S``, never over the deadline), so a late job costs about twice its experts' link
+time, not a deadline.
+
 The split follows the host's live rate: the cost table is rebuilt every ``REFRESH_STEPS`` steps from live timings
-(:meth:`after_step`): the worker's busy time per expert (a measurement far from the model replaces it at once, so
-a host that gets busy, or free again, is seen within a refresh), jobs the worker never claimed (a starved host:
-its CPU figure is raised until the table sends nothing), and the GPU's own time for its part of every layer of one
-step in ``SAMPLE_STEPS`` (two CUDA events a layer, read after the step's synchronisation). While the table sends
-the CPU nothing, one step in ``PROBE_STEPS`` publishes shadow jobs (the GPU computes those experts as well) whose
-busy time tells when the host has become fast enough again.
+(:meth:`after_step`): late jobs (more than ``LATE_SHARE`` of a window's: the CPU figures are doubled; they come
+down again slowly), the worker's busy time per expert (a slower host is seen within a refresh), jobs the worker
+never claimed (a starved host: its CPU figures rise until the table sends nothing), and the GPU's own time for its
+part of every layer of one step in ``SAMPLE_STEPS`` (two CUDA events a layer, read after the step's
+synchronisation). While the table sends the CPU nothing, one step in ``PROBE_STEPS`` publishes shadow jobs (the GPU
+computes those experts as well) whose busy time tells when the host has become fast enough again.
 
 Threads: the worker thread takes part in every job it runs, so it is pinned to the first of the tier's CPUs
 (``GLM53_CT_CPUS``) and the pool's threads to the others: one compute thread per CPU; and while the tier runs, the
@@ -61,6 +65,9 @@ PARK_US = 50_000  # the worker parks after this long without a decode step
 PROBE_STEPS = 8  # while the table sends the CPU nothing, one step in this many publishes shadow jobs
 PROBE_EXPERTS = 2  # experts of a shadow job
 STARVED_SHARE = 0.1  # a refresh window whose jobs went unclaimed past their deadline more often than this: starved
+LATE_SHARE = 0.05  # a refresh window with more late jobs (computed by the GPU after all) than this: the CPU is slower
+SLOWER = 2.0  # ... and its figures are multiplied by this (they come back down by at most 1.25x a clean window)
+STOP_LOSS_FLOOR_S = 300e-6  # the GPU waits at least this long for a job (its jitter), at most its experts' link time
 
 
 class FeedingThread:
@@ -133,8 +140,8 @@ class FastTier:
         self.deadline_s = settings.ct_deadline_ms / 1000.0
         self.sent = torch.zeros(4, dtype=torch.int64, device=device)  # hits, misses, experts, picks sent (decode steps)
         self.skipped = 0  # routing calls the tier could not take (too many rows, other dtypes)
-        # the layer's job in flight: (layer row, job status, tokens, the split's record, the experts' input rows)
-        self._pending: tuple[int, torch.Tensor, int, torch.Tensor, torch.Tensor] | None = None
+        # the layer's job in flight: (layer row, job status, tokens, the split's record, the experts' input rows, its info)
+        self._pending: tuple[int, torch.Tensor, int, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         self.enabled = True  # off: every expert on the GPU, exact mode's numerics (paired checks, bench/decode_kl.py)
         self.setup_s = round(time.monotonic() - t0, 2)
         log.info("CPU tier: %d threads (worker on CPU %s), %s codebook, costs per expert: CPU %s us (+ %s us a job), link %.0f us, VRAM "
@@ -210,7 +217,7 @@ class FastTier:
                                                            PROBE_EXPERTS if self._probing else 0)
         self.sent += info
         if not self._probing:  # a shadow job is never collected
-            self._pending = (row, status, T, record, y)
+            self._pending = (row, status, T, record, y, info)
         if self._sampling:
             start = self._event()
             start.record()
@@ -220,7 +227,7 @@ class FastTier:
         """The layer's fp32 routed sum: the CPU's partial is added in place."""
         if self._pending is None or self._pending[0] != row:
             return final_hidden_states
-        _, status, T, record, y = self._pending
+        _, status, T, record, y, info = self._pending
         self._pending = None
         if self._open_sample is not None and self._open_sample[0] == row:
             end = self._event()
@@ -231,7 +238,8 @@ class FastTier:
         if acc.dtype != torch.float32 or not acc.is_contiguous() or acc.shape[-1] != self.hidden:
             raise RuntimeError(f"layer {row}: the routed sum is {acc.dtype} {tuple(acc.shape)}; the CPU tier needs a "
                                f"contiguous fp32 [tokens, {self.hidden}] (exllamav3's internals changed)")
-        outcome = self.producer.collect(status, acc[:T], self.deadline_s)
+        # a stop-loss wait: no longer than the GPU would take to read the job's experts itself (never over the deadline)
+        outcome = self.producer.collect(status, acc[:T], self.deadline_s, info, self.costs.link_expert_s, STOP_LOSS_FLOOR_S)
         count, token_sorted, weight_sorted = self.producer.fallback_plan(status, outcome, record, T, self.top_k,
                                                                          self.store.num_experts)
         self.fallbacks[row](y, acc[:T], count, token_sorted, weight_sorted)
@@ -281,11 +289,18 @@ class FastTier:
         now, device = self.worker.counters(), self.producer.stats()
         jobs, experts = now["jobs"] - self._seen["jobs"], now["experts"] - self._seen["experts"]
         busy, tokens = now["busy_s"] - self._seen["busy_s"], now["tokens"] - self._seen["tokens"]
-        unclaimed = device["taken_back_before_claim"] - self._seen_device["taken_back_before_claim"]
-        published = device["published"] - self._seen_device["published"]
+        seen = self._seen_device
+        unclaimed = device["taken_back_before_claim"] - seen["taken_back_before_claim"]
+        published = device["published"] - seen["published"]
+        late = device["fallback_jobs"] - seen["fallback_jobs"]
+        collected = late + device["done"] - seen["done"]
         self._seen, self._seen_device = now, device
         fresh = self.costs
-        if jobs > 0:
+        if late > max(1, LATE_SHARE * collected):
+            # the worker's busy time does not see all of what makes a job late (its threads preempted, its wake-ups):
+            # the split sends fewer until the windows are clean again
+            fresh = fresh.slower(SLOWER)
+        elif jobs > 0:
             fresh = fresh.refreshed(busy, experts, -(-tokens // jobs), jobs)
         if unclaimed > max(1, STARVED_SHARE * published):
             # the worker did not even get to many of its jobs by their deadline: the host is starved (one such job

@@ -117,12 +117,21 @@ __global__ void ct_publish_kernel(CtRing r, uint64_t* next_seq, int layer, int n
 // computes it), CT_OUT_TAKEN_BACK_BEFORE (the worker had not claimed it: it will skip it) or
 // CT_OUT_TAKEN_BACK_AFTER (it had: its result is discarded), or CT_OUT_NONE for status 0. In every case but DONE
 // the job's experts were not computed by the host as far as the caller is concerned.
-__global__ void ct_wait_kernel(CtRing r, const int64_t* status, int64_t timeout_ns, int32_t* outcome, int64_t* counters)
+// With info (a split's int32 [4], info[2] the experts it sent), the wait is a stop-loss: at most per_expert_ns for
+// each of the job's experts (what the GPU would take to compute them itself), at least floor_ns, never over
+// timeout_ns: a late job then costs the GPU about what computing it on its own would have.
+__global__ void ct_wait_kernel(CtRing r, const int64_t* status, int64_t timeout_ns, const int32_t* info,
+                               int64_t per_expert_ns, int64_t floor_ns, int32_t* outcome, int64_t* counters)
 {
     uint64_t seq = (uint64_t) *status;
     if (seq == 0) {
         *outcome = CT_OUT_NONE;
         return;
+    }
+    if (info != nullptr) {
+        const int64_t loss = per_expert_ns * (int64_t) info[2];
+        const int64_t bound = loss > floor_ns ? loss : floor_ns;
+        timeout_ns = bound < timeout_ns ? bound : timeout_ns;
     }
     char* slot = ct_slot(r, seq);
     const uint64_t* ack = reinterpret_cast<const uint64_t*>(slot + CT_ACK);
@@ -379,11 +388,13 @@ int ct_publish(const CtRing* r, uint64_t* next_seq, int layer, int n_tokens, con
     return (int) cudaGetLastError();
 }
 
-// ct_wait + ct_add: the whole collection of one job into acc (fp32 [n_tokens, hidden]).
-int ct_collect(const CtRing* r, const int64_t* status, int64_t timeout_ns, int32_t* outcome, float* acc, int n_tokens,
-               int add_blocks, int64_t* counters, cudaStream_t stream)
+// ct_wait + ct_add: the whole collection of one job into acc (fp32 [n_tokens, hidden]); info may be NULL (no
+// stop-loss: timeout_ns).
+int ct_collect(const CtRing* r, const int64_t* status, int64_t timeout_ns, const int32_t* info, int64_t per_expert_ns,
+               int64_t floor_ns, int32_t* outcome, float* acc, int n_tokens, int add_blocks, int64_t* counters,
+               cudaStream_t stream)
 {
-    ct_wait_kernel<<<1, 1, 0, stream>>>(*r, status, timeout_ns, outcome, counters);
+    ct_wait_kernel<<<1, 1, 0, stream>>>(*r, status, timeout_ns, info, per_expert_ns, floor_ns, outcome, counters);
     ct_add_kernel<<<add_blocks, 256, 0, stream>>>(*r, status, outcome, acc, n_tokens);
     return (int) cudaGetLastError();
 }

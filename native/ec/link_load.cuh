@@ -1,5 +1,5 @@
 // A slower host link for measurements (bench/link_limiter.py): a host thread keeps SM reads of mapped host memory
-// going on a low-priority stream of its own, paced to a duty cycle, so that the zero-copy reads of expert misses
+// going on a stream of its own, paced to a duty cycle, so that the zero-copy reads of expert misses
 // share the link with it as they would have a slower link to themselves. Copy-engine traffic alone cannot do this
 // on the test host (its copies leave SM reads about three quarters of the link). The thread waits on events created
 // with blocking sync (it sleeps in the driver while the GPU reads), and each kernel is short, so that it never
@@ -27,10 +27,8 @@ struct EcLinkLoad {
 static void ec_link_load_run(EcLinkLoad* L)
 {
     cudaSetDevice(L->device);
-    int least = 0, greatest = 0;
-    cudaDeviceGetStreamPriorityRange(&least, &greatest);
-    cudaStream_t stream;
-    cudaStreamCreateWithPriority(&stream, cudaStreamNonBlocking, least);  // the lowest priority
+    cudaStream_t stream;  // the default priority: a lower one would let a kernel that fills the GPU keep it waiting
+    cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
     cudaEvent_t done[2];
     for (auto& e : done) cudaEventCreateWithFlags(&e, cudaEventBlockingSync | cudaEventDisableTiming);
     int64_t offset = 0;

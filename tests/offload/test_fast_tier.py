@@ -38,8 +38,8 @@ class FakeProducer:
         self.published.append((row, sel.shape, y.shape, slot_of.tolist(), freq.tolist(), probe_k))
         return torch.tensor([len(self.published)]), self.next_info.clone(), torch.full((128,), -1, dtype=torch.int32)
 
-    def collect(self, status, acc, timeout_s):
-        self.collected.append((int(status), tuple(acc.shape), acc.data_ptr(), timeout_s))
+    def collect(self, status, acc, timeout_s, info=None, per_expert_s=0.0, floor_s=0.0):
+        self.collected.append((int(status), tuple(acc.shape), acc.data_ptr(), timeout_s, per_expert_s, floor_s))
         acc += 1.0  # stands in for the partial
         return torch.tensor([1], dtype=torch.int32)
 
@@ -127,8 +127,9 @@ def test_a_decode_step_is_split_then_its_partial_and_the_gpu_fallback_added_to_t
     routed = torch.zeros((2, 1, H), dtype=torch.float32)  # exllamav3's eshape: [tokens, 1, hidden]
     assert t.on_routed_sum(0, routed) is routed and not t.producer.collected  # another layer's sum: untouched
     assert t.on_routed_sum(1, routed) is routed
-    status, shape, ptr, timeout = t.producer.collected[0]
-    assert (status, shape, ptr, timeout) == (1, (2, H), routed.data_ptr(), 0.05)
+    status, shape, ptr, timeout, per_expert, floor = t.producer.collected[0]
+    # a stop-loss wait: the job's experts' link time (the producer's kernel multiplies by the experts sent)
+    assert (status, shape, ptr, timeout, per_expert, floor) == (1, (2, H), routed.data_ptr(), 0.05, 2e-4, ft.STOP_LOSS_FLOOR_S)
     # then the fallback plan from the collection's outcome, and the layer's own fused kernel on the same sum
     assert t.producer.planned == [(1, 1, 2, 8, 3)]
     [(y_ptr, acc_ptr, acc_shape, *plan)] = t.fallbacks[1].calls
@@ -226,12 +227,40 @@ def test_jobs_the_worker_never_claimed_turn_the_cpu_off_until_shadow_jobs_time_i
         t.after_step()
     assert t.cpu_off and not t.cube.any() and "starved" in t.costs.sources["cpu_expert_s"]
     assert t.costs.cpu_expert_s[8] / t.costs.cpu_expert_s[1] == pytest.approx(3.0)  # ratios kept for the recovery
-    # the shadow jobs of the probe steps show a free host again: 100 us an expert
-    t.worker.live = {"jobs": 12, "experts": 24, "tokens": 12, "busy_s": 24 * 100e-6}
+    # the shadow jobs of the probe steps show a free host again: 100 us an expert; the figures come down step by step
+    busy = 0.0
+    for window in range(1, 30):
+        busy += 24 * 100e-6
+        t.worker.live = {"jobs": 12 * window, "experts": 24 * window, "tokens": 12 * window, "busy_s": busy}
+        for _ in range(REFRESH_STEPS):
+            t.after_step()
+        if not t.cpu_off:
+            break
+    assert window < 20, window  # within a few refreshes
+    for window in range(window + 1, window + 30):
+        busy += 24 * 100e-6
+        t.worker.live = {"jobs": 12 * window, "experts": 24 * window, "tokens": 12 * window, "busy_s": busy}
+        for _ in range(REFRESH_STEPS):
+            t.after_step()
+    assert t.costs.cpu_expert_s[1] == pytest.approx(100e-6, rel=0.01) and int(t.cube[1, 0, 4]) == 3
+    assert t.costs.cpu_expert_s[8] == pytest.approx(300e-6, rel=0.01)
+
+
+def test_late_jobs_double_the_cpu_figures_and_clean_windows_bring_them_down_slowly():
+    t = tier()
+    t.costs = Costs({1: 100e-6}, 0.0, 190e-6, 0.0, sources={"cpu_expert_s": "timed"}, cpu_job_s={1: 50e-6})
+    t.use_costs(t.costs)
+    t.producer.counters.update(published=20, done=18, fallback_jobs=2)  # 2 of 20 late: over LATE_SHARE
+    t.worker.live = {"jobs": 20, "experts": 20, "tokens": 20, "busy_s": 20 * 100e-6}
     for _ in range(REFRESH_STEPS):
         t.after_step()
-    assert not t.cpu_off and t.costs.cpu_expert_s[1] == pytest.approx(100e-6) and int(t.cube[1, 0, 4]) == 3
-    assert t.costs.cpu_expert_s[8] == pytest.approx(300e-6)
+    assert t.costs.cpu_expert_s[1] == pytest.approx(200e-6) and t.costs.cpu_job_s[1] == pytest.approx(100e-6)
+    assert "late" in t.costs.sources["cpu_expert_s"]
+    t.producer.counters.update(published=40, done=38)  # a clean window, the worker still at 100 us
+    t.worker.live = {"jobs": 40, "experts": 40, "tokens": 40, "busy_s": 40 * 100e-6}
+    for _ in range(REFRESH_STEPS):
+        t.after_step()
+    assert t.costs.cpu_expert_s[1] == pytest.approx(200e-6 / 1.25)
 
 
 def test_the_gpu_part_of_sampled_steps_sets_the_link_and_fixed_costs():
