@@ -203,8 +203,10 @@ class FastTier:
     # ---- per layer (the offload's hooks call these on the compute stream)
 
     def on_routing(self, row: int, selected: torch.Tensor, weights: torch.Tensor, z: torch.Tensor) -> None:
-        """After the layer's routing and the cache's step, before its experts run."""
-        if not self.enabled:
+        """After the layer's routing and the cache's step, before its experts run. While the table sends the CPU
+        nothing (a busy or slow host) and this is no probe step, nothing is launched: the layer runs as in exact
+        mode, at its cost."""
+        if not self.enabled or (self.cpu_off and not self._probing):
             return
         T = selected.shape[0]
         if T > MAX_TOKENS or weights.dtype != torch.float16 or z.dtype != torch.float16 or not (

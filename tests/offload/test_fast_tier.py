@@ -154,6 +154,9 @@ def test_while_the_table_sends_the_cpu_nothing_one_step_in_probe_steps_publishes
     assert not t.producer.collected and not t.fallbacks[0].calls and bool((routed == 0).all())
     t.after_step()
     assert not t._probing
+    published = len(t.producer.published)
+    t.on_routing(0, *routing(T=1))  # no probe step: nothing is launched at all (the layer runs as in exact mode)
+    assert len(t.producer.published) == published and t._pending is None
     t.cpu_off = False  # the table sends the CPU experts again: no more probes
     for _ in range(PROBE_STEPS):
         t.after_step()
