@@ -226,7 +226,7 @@ class Settings:
     ct_threads: int = setting(_number(int, 0, 4096), 0, "CPU-tier threads; 0: one per CPU of GLM53_CT_CPUS")
     ct_enable: Any = setting(AUTO_BOOL, "auto", "fast mode: compute the coldest decode misses on the CPU tier; auto: on when the costs measured at start give it a share of the misses (one log line says why not, otherwise), a job late for GLM53_CT_DEADLINE_MS is computed on the GPU instead")
     ct_codebook: str = setting(_choice("fma", "fp16"), "fma", "CPU-tier weights: fma, exllamav3's GPU codebook before its fp16 rounding (2.1e-4 relative RMS from the fp16 weights, ~4e-4 per expert output; a third less vector work); fp16, the GPU's fp16 weights bit for bit")
-    ct_deadline_ms: float = setting(_number(float, 0.1, 10000, " ms"), 2.0, "how long the GPU waits, once its own part of a layer is done, for a CPU-tier job before taking it back and computing its experts itself (counted in /stats)")
+    ct_deadline_ms: float = setting(_number(float, 0.1, 10000, " ms"), 2.0, "the longest the GPU waits, once its own part of a layer is done, for a CPU-tier job before taking it back and computing its experts itself (counted in /stats); a job waits less: its experts' link time, at least 0.3 ms")
     ct_b: float | None = setting(_optional(_number(float, 0.0001, None, " ms"), "measured at start"), None, "CPU-tier cost per expert in ms; overrides the value measured at start", show_default="unset (measured)")
 
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)  # setting name -> default|env|flag
