@@ -85,6 +85,22 @@
               fi
               cp found $out
             '';
+        # The disk image keeps the appliance's file systems, the weights partition among them: nixpkgs' disk-image
+        # module defines its own at a raised priority, which would otherwise drop them (appliance/hardware.nix).
+        appliance-mounts =
+          let
+            wanted = import ./appliance/mounts.nix;
+            inherit (import ./nix/lib/mounts.nix) missing;
+            appliance = self.nixosConfigurations.appliance.config;
+            image = appliance.system.build.images.raw-efi.passthru.config;
+            problems =
+              map (p: "toplevel: ${p}") (missing wanted appliance.fileSystems)
+              ++ map (p: "raw-efi image: ${p}") (missing wanted image.fileSystems);
+          in
+          assert lib.assertMsg (problems == [ ]) ''
+            file systems of appliance/mounts.nix missing from the appliance:
+              ${lib.concatStringsSep "\n  " problems}'';
+          pkgs.runCommand "glm53-appliance-mounts" { } "touch $out";
         vm = import ./nix/tests/vm.nix {
           inherit pkgs;
           module = self.nixosModules.default;

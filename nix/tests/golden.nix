@@ -26,6 +26,7 @@ let
   image = import ../lib/image.nix;
   wrapper = import ../lib/wrapper.nix;
   cuda = import ../lib/cuda.nix;
+  mounts = import ../lib/mounts.nix;
   pins = file: import ../lib/pins.nix { inherit file; };
 
   # Stand-ins for store paths: the logic only places them.
@@ -45,6 +46,17 @@ let
     builtins.toFile "pins-${name}-${field}.json" (
       toJSON (data // { packages = data.packages // { ${name} = data.packages.${name} // { ${field} = value; }; }; })
     );
+
+  # The appliance's hardware module, given the one lib function it calls as nixpkgs' lib/modules.nix defines it:
+  # mkImageMediaOverride = mkOverride 60, which wraps the value with its priority.
+  applianceHardware = import ../../appliance/hardware.nix {
+    lib.mkImageMediaOverride = content: {
+      _type = "override";
+      priority = 60;
+      inherit content;
+    };
+  };
+  applianceMounts = import ../../appliance/mounts.nix;
 
   cases = {
     # The defaults of the NixOS module.
@@ -122,6 +134,38 @@ let
       sri-of-another-file = rejects (pins (brokenPins "markupsafe" "hash" (pins fixture).packages.packaging.hash));
       dependency-unpinned = rejects (pins (brokenPins "jinja2" "deps" [ "markupsafe" "babel" ]));
       not-a-wheel = rejects (pins (brokenPins "packaging" "filename" "packaging-26.4.tar.gz"));
+    };
+
+    # The image's file systems (checks.appliance-mounts applies the same function to the evaluated image).
+    appliance-mounts = {
+      # The module system keeps only the definitions of an option at its best (lowest) priority, so hardware.nix's
+      # must be at most that of nixpkgs' disk-image module, 60; a plain definition is 100 and drops out of the image.
+      priority = applianceHardware.fileSystems.priority or 100;
+      mountPoints = attrNames (applianceHardware.fileSystems.content or applianceHardware.fileSystems);
+      # The image as it was with hardware.nix at the normal priority: only what disk-image.nix defines.
+      dropped = mounts.missing applianceMounts {
+        "/" = {
+          device = "/dev/disk/by-label/nixos";
+          autoResize = true;
+          fsType = "ext4";
+        };
+        "/boot" = {
+          device = "/dev/disk/by-label/ESP";
+          fsType = "vfat";
+        };
+      };
+      # Both definitions merged, with the option NixOS adds to every mount.
+      merged = mounts.missing applianceMounts (
+        builtins.mapAttrs (_: fs: fs // { options = [ "defaults" ] ++ fs.options or [ ]; }) applianceMounts
+      );
+      other-device = mounts.missing applianceMounts (
+        applianceMounts
+        // {
+          "/var/lib/private/glm53" = applianceMounts."/var/lib/private/glm53" // {
+            device = "/dev/sdb1";
+          };
+        }
+      );
     };
 
     cuda-arch-list = {
