@@ -16,6 +16,9 @@ in
   imports = [ ./hardware.nix ];
 
   system.stateVersion = "26.05";
+  # flake.nix calls lib.nixosSystem without a system and sets nixpkgs.pkgs, which leaves this option undefined: a
+  # module that reads config.nixpkgs.hostPlatform would throw. The flake's pkgs are built for the same platform.
+  nixpkgs.hostPlatform = "x86_64-linux";
   networking.hostName = "glm53";
 
   # The NVIDIA driver, chosen here and not by the service module. CUDA 13 needs the 580 series or newer.

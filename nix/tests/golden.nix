@@ -168,6 +168,9 @@ let
       );
     };
 
+    # Read without evaluating the rest of the module (attributes are lazy).
+    appliance-platform = (import ../../appliance/default.nix { config = { }; lib = { }; }).nixpkgs.hostPlatform;
+
     cuda-arch-list = {
       default = cuda.torchArchList cuda.defaultCapabilities;
       hopper-specific = cuda.torchArchList [ "9.0a" ];
