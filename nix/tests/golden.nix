@@ -27,6 +27,9 @@ let
   wrapper = import ../lib/wrapper.nix;
   cuda = import ../lib/cuda.nix;
   mounts = import ../lib/mounts.nix;
+  torchCuda = import ../lib/torch-cuda.nix;
+  torchCudaRecord = fromJSON (readFile ../pins/torch-cuda.json);
+  realPins = import ../lib/pins.nix { };
   pins = file: import ../lib/pins.nix { inherit file; };
 
   # Stand-ins for store paths: the logic only places them.
@@ -170,6 +173,48 @@ let
 
     # Read without evaluating the rest of the module (attributes are lazy).
     appliance-platform = (import ../../appliance/default.nix { config = { }; lib = { }; }).nixpkgs.hostPlatform;
+
+    # Where torch's CUDA libraries come from, for the pinned torch and its recorded imports.
+    torch-cuda = torchCuda { };
+    torch-cuda-problems = {
+      # a record made for another torch wheel
+      other-torch = (torchCuda {
+        record = torchCudaRecord // {
+          torch = {
+            filename = "torch-2.14.0-cp313-cp313-manylinux_2_28_x86_64.whl";
+            sha256 = "0000000000000000000000000000000000000000000000000000000000000000";
+          };
+        };
+      }).problems;
+      # NVSHMEM 3.4.5 (in nixpkgs at a revision read) lacks a function torch 2.15 imports
+      nvshmem-3_4_5 = (torchCuda {
+        record = torchCudaRecord // {
+          libraries = torchCudaRecord.libraries // {
+            "libnvshmem_host.so.3" = torchCudaRecord.libraries."libnvshmem_host.so.3" // {
+              required = "3.4.5";
+            };
+          };
+        };
+        pins = realPins // {
+          libraries = realPins.libraries // {
+            nvidia-nvshmem-cu13 = realPins.libraries.nvidia-nvshmem-cu13 // {
+              version = "3.4.5";
+            };
+          };
+        };
+      }).problems;
+    };
+    # Without its wheel pinned, NCCL would come from nixpkgs, and only a nixpkgs NCCL of 2.30.7 would do (nixpkgs
+    # carried 2.27.x and 2.28.7 at revisions read; torch.nix then stops the evaluation).
+    torch-cuda-nccl-from-nixpkgs =
+      (torchCuda {
+        pins = realPins // {
+          libraries = removeAttrs realPins.libraries [ "nvidia-nccl-cu13" ];
+          replaced = realPins.replaced // {
+            nvidia-nccl-cu13 = "2.30.7";
+          };
+        };
+      }).nixpkgs.nccl;
 
     cuda-arch-list = {
       default = cuda.torchArchList cuda.defaultCapabilities;
