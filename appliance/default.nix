@@ -11,6 +11,9 @@
 let
   keyFile = "/var/lib/glm53-secrets/api-key.env";
   rootKeys = config.users.users.root.openssh.authorizedKeys;
+  driver = import ../nix/lib/driver.nix;
+  nvidiaPackages = config.boot.kernelPackages.nvidiaPackages;
+  driverVersion = config.hardware.nvidia.package.version;
 in
 {
   imports = [ ./hardware.nix ];
@@ -21,20 +24,24 @@ in
   nixpkgs.hostPlatform = "x86_64-linux";
   networking.hostName = "glm53";
 
-  # The NVIDIA driver, chosen here and not by the service module. CUDA 13 needs the 580 series or newer.
+  # The NVIDIA driver, chosen here and not by the service module: the production branch if it supports CUDA 13.2
+  # fully (the 595 series or newer), else the latest branch if that does, else production (nix/lib/driver.nix).
   services.xserver.videoDrivers = [ "nvidia" ]; # selects the driver, on a headless host too
   hardware.graphics.enable = true; # /run/opengl-driver/lib, where Nix programs find libcuda.so.1
   hardware.nvidia = {
     open = true;
-    package = config.boot.kernelPackages.nvidiaPackages.production;
+    package = driver.choose [
+      nvidiaPackages.production
+      nvidiaPackages.latest
+    ];
     # Keeps the GPU initialised between clients, so a restart of the service does not pay for it.
     nvidiaPersistenced = true;
     nvidiaSettings = false;
   };
   assertions = [
     {
-      assertion = lib.versionAtLeast config.hardware.nvidia.package.version "580";
-      message = "the appliance needs an NVIDIA driver of the 580 series or newer for CUDA 13 (got ${config.hardware.nvidia.package.version})";
+      assertion = driver.support driverVersion != "unsupported";
+      message = "the appliance needs an NVIDIA driver of the ${driver.minimum} series or newer for CUDA 13, ${driver.full} or newer for full CUDA 13.2 support (got ${driverVersion})";
     }
   ];
 
@@ -80,10 +87,17 @@ in
       PermitRootLogin = "prohibit-password";
     };
   };
-  warnings = lib.optional (rootKeys.keys == [ ] && rootKeys.keyFiles == [ ]) ''
-    The appliance has no SSH key for root, so nobody can log in to read the API key or inspect the service.
-    Extend nixosConfigurations.appliance with users.users.root.openssh.authorizedKeys.keys (see the README).
-  '';
+  warnings =
+    lib.optional (driver.support driverVersion == "compatibility") ''
+      The appliance's NVIDIA driver ${driverVersion} runs CUDA 13.2 only through minor-version compatibility: GPUs
+      outside the build's capabilities fail (no PTX compilation for CUDA 13.2) and so do CUDA calls added after 13.0.
+      Set hardware.nvidia.package to a driver of the ${driver.full} series or newer for full support (the appliance
+      takes nixpkgs' production or latest branch when either is one).
+    ''
+    ++ lib.optional (rootKeys.keys == [ ] && rootKeys.keyFiles == [ ]) ''
+      The appliance has no SSH key for root, so nobody can log in to read the API key or inspect the service.
+      Extend nixosConfigurations.appliance with users.users.root.openssh.authorizedKeys.keys (see the README).
+    '';
 
   nix.settings = {
     experimental-features = [

@@ -28,6 +28,7 @@ let
   cuda = import ../lib/cuda.nix;
   mounts = import ../lib/mounts.nix;
   torchCuda = import ../lib/torch-cuda.nix;
+  driver = import ../lib/driver.nix;
   torchCudaRecord = fromJSON (readFile ../pins/torch-cuda.json);
   realPins = import ../lib/pins.nix { };
   pins = file: import ../lib/pins.nix { inherit file; };
@@ -215,6 +216,22 @@ let
           };
         };
       }).nixpkgs.nccl;
+
+    # What each driver branch supports of CUDA 13.2, and the appliance's choice among nixpkgs' driver packages
+    # (production first, then latest) as the branches stood at nixpkgs revisions read.
+    driver = {
+      support = builtins.listToAttrs (
+        map (version: {
+          name = version;
+          value = driver.support version;
+        }) [ "550.54.15" "575.64.05" "580.159.04" "590.48.01" "595" "595.45.04" "610.43.03" ]
+      );
+      choice = map (candidates: (driver.choose candidates).version) [
+        [ { version = "580.119.02"; } { version = "590.48.01"; } ]
+        [ { version = "580.119.02"; } { version = "595.84"; } ]
+        [ { version = "595.84"; } { version = "610.43.03"; } ]
+      ];
+    };
 
     cuda-arch-list = {
       default = cuda.torchArchList cuda.defaultCapabilities;
