@@ -5,6 +5,15 @@
   # nix/pins/nixpkgs.nix; nix/ci/check.sh fails when the two disagree.
   inputs.nixpkgs.url = "github:NixOS/nixpkgs/nixos-26.05";
 
+  # Binary caches for `nix build` and `nix run` of this flake; Nix asks before using a flake's settings
+  # (--accept-flake-config takes them). cache.nixos-cuda.org holds nixpkgs' CUDA builds for its default configuration;
+  # this project's own packages are in no public cache: add a cache of yours that holds them to both lists (README,
+  # "Build cost"; services.glm53.binaryCaches does the same for a NixOS host).
+  nixConfig = {
+    extra-substituters = [ "https://cache.nixos-cuda.org" ];
+    extra-trusted-public-keys = [ "cache.nixos-cuda.org:74DUi4Ye579gUqzH4ziL9IyiJBlDpMRn9MBN8oNan9M=" ];
+  };
+
   outputs =
     { self, nixpkgs }:
     let
@@ -28,6 +37,7 @@
       packages.${system} = {
         inherit (glm53)
           glm53
+          torch
           exllamav3
           serve-fast
           serve-exact
