@@ -101,8 +101,13 @@
           let
             wanted = import ./appliance/mounts.nix;
             inherit (import ./nix/lib/mounts.nix) missing;
+            inherit (self.nixosConfigurations.appliance) extendModules;
             appliance = self.nixosConfigurations.appliance.config;
-            image = appliance.system.build.images.raw-efi.passthru.config;
+            # The configuration the image is built from: what nixos/modules/image/images.nix passes through, or the
+            # same extension of the appliance by the image's module where a nixpkgs does not pass it.
+            image =
+              appliance.system.build.images.raw-efi.passthru.config
+                or (extendModules { modules = [ appliance.image.modules.raw-efi ]; }).config;
             problems =
               map (p: "toplevel: ${p}") (missing wanted appliance.fileSystems)
               ++ map (p: "raw-efi image: ${p}") (missing wanted image.fileSystems);
