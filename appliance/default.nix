@@ -87,17 +87,11 @@ in
       PermitRootLogin = "prohibit-password";
     };
   };
-  warnings =
-    lib.optional (driver.support driverVersion == "compatibility") ''
-      The appliance's NVIDIA driver ${driverVersion} runs CUDA 13.2 only through minor-version compatibility: GPUs
-      outside the build's capabilities fail (no PTX compilation for CUDA 13.2) and so do CUDA calls added after 13.0.
-      Set hardware.nvidia.package to a driver of the ${driver.full} series or newer for full support (the appliance
-      takes nixpkgs' production or latest branch when either is one).
-    ''
-    ++ lib.optional (rootKeys.keys == [ ] && rootKeys.keyFiles == [ ]) ''
-      The appliance has no SSH key for root, so nobody can log in to read the API key or inspect the service.
-      Extend nixosConfigurations.appliance with users.users.root.openssh.authorizedKeys.keys (see the README).
-    '';
+  # A driver short of full CUDA 13.2 support (neither branch is, at some nixpkgs) is warned about by the module.
+  warnings = lib.optional (rootKeys.keys == [ ] && rootKeys.keyFiles == [ ]) ''
+    The appliance has no SSH key for root, so nobody can log in to read the API key or inspect the service.
+    Extend nixosConfigurations.appliance with users.users.root.openssh.authorizedKeys.keys (see the README).
+  '';
 
   nix.settings = {
     experimental-features = [

@@ -1,7 +1,8 @@
 # nixosModules.default: services.glm53, the server as a hardened systemd service on a host with an NVIDIA GPU.
 #
 # The unit itself is data in nix/lib/unit.nix (golden-tested without nixpkgs); this file declares the options and
-# hands them over. The host chooses and configures the NVIDIA driver: the module only warns when there is none.
+# hands them over. The host chooses and configures the NVIDIA driver: the module only warns when there is none, or
+# when it is older than CUDA 13.2's own branch (nix/lib/driver.nix).
 {
   # the flake's `packages` output, for the default of `package`
   packages,
