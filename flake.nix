@@ -5,6 +5,15 @@
   # nix/pins/nixpkgs.nix; nix/ci/check.sh fails when the two disagree.
   inputs.nixpkgs.url = "github:NixOS/nixpkgs/nixos-26.05";
 
+  # Binary caches for `nix build` and `nix run` of this flake; Nix asks before using a flake's settings
+  # (--accept-flake-config takes them). cache.nixos-cuda.org holds nixpkgs' CUDA builds for its default configuration;
+  # this project's own packages are in no public cache: add a cache of yours that holds them to both lists (README,
+  # "Build cost"; services.glm53.binaryCaches does the same for a NixOS host).
+  nixConfig = {
+    extra-substituters = [ "https://cache.nixos-cuda.org" ];
+    extra-trusted-public-keys = [ "cache.nixos-cuda.org:74DUi4Ye579gUqzH4ziL9IyiJBlDpMRn9MBN8oNan9M=" ];
+  };
+
   outputs =
     { self, nixpkgs }:
     let
@@ -28,6 +37,7 @@
       packages.${system} = {
         inherit (glm53)
           glm53
+          torch
           exllamav3
           serve-fast
           serve-exact
@@ -64,7 +74,9 @@
         golden =
           assert lib.assertMsg (golden.failures == [ ]) (lib.concatStringsSep "\n" golden.failures);
           pkgs.runCommand "glm53-golden" { } "touch $out";
-        # The images must take libcuda.so.1 from the host driver: no file of that name anywhere in the closure.
+        # The images must take libcuda.so.1 and libnvidia-ml.so.1 from the host driver: no driver library anywhere in
+        # the closure. NVIDIA's link-time stubs, which nixpkgs' cuda_cudart installs in lib/stubs, are allowed
+        # (nix/ci/driver-libs.sh tells the two apart; nix/tests/driver-libs.sh is its golden test).
         no-libcuda =
           pkgs.runCommand "glm53-no-libcuda"
             {
@@ -76,13 +88,34 @@
               };
             }
             ''
-              found=$(xargs -a "$closure/store-paths" -I{} find {} -name 'libcuda.so.1' -o -name 'libnvidia-ml.so.1' | head -n 5)
-              if [ -n "$found" ]; then
-                echo "driver libraries in the closure: $found" >&2
+              if ! xargs -a "$closure/store-paths" bash ${./nix/ci/driver-libs.sh} >found; then
+                echo "driver libraries in the closure:" >&2
+                grep '^driver ' found >&2
                 exit 1
               fi
-              touch $out
+              cp found $out
             '';
+        # The disk image keeps the appliance's file systems, the weights partition among them: nixpkgs' disk-image
+        # module defines its own at a raised priority, which would otherwise drop them (appliance/hardware.nix).
+        appliance-mounts =
+          let
+            wanted = import ./appliance/mounts.nix;
+            inherit (import ./nix/lib/mounts.nix) missing;
+            inherit (self.nixosConfigurations.appliance) extendModules;
+            appliance = self.nixosConfigurations.appliance.config;
+            # The configuration the image is built from: what nixos/modules/image/images.nix passes through, or the
+            # same extension of the appliance by the image's module where a nixpkgs does not pass it.
+            image =
+              appliance.system.build.images.raw-efi.passthru.config
+                or (extendModules { modules = [ appliance.image.modules.raw-efi ]; }).config;
+            problems =
+              map (p: "toplevel: ${p}") (missing wanted appliance.fileSystems)
+              ++ map (p: "raw-efi image: ${p}") (missing wanted image.fileSystems);
+          in
+          assert lib.assertMsg (problems == [ ]) ''
+            file systems of appliance/mounts.nix missing from the appliance:
+              ${lib.concatStringsSep "\n  " problems}'';
+          pkgs.runCommand "glm53-appliance-mounts" { } "touch $out";
         vm = import ./nix/tests/vm.nix {
           inherit pkgs;
           module = self.nixosModules.default;

@@ -11,27 +11,37 @@
 let
   keyFile = "/var/lib/glm53-secrets/api-key.env";
   rootKeys = config.users.users.root.openssh.authorizedKeys;
+  driver = import ../nix/lib/driver.nix;
+  nvidiaPackages = config.boot.kernelPackages.nvidiaPackages;
+  driverVersion = config.hardware.nvidia.package.version;
 in
 {
   imports = [ ./hardware.nix ];
 
   system.stateVersion = "26.05";
+  # flake.nix calls lib.nixosSystem without a system and sets nixpkgs.pkgs, which leaves this option undefined: a
+  # module that reads config.nixpkgs.hostPlatform would throw. The flake's pkgs are built for the same platform.
+  nixpkgs.hostPlatform = "x86_64-linux";
   networking.hostName = "glm53";
 
-  # The NVIDIA driver, chosen here and not by the service module. CUDA 13 needs the 580 series or newer.
+  # The NVIDIA driver, chosen here and not by the service module: the production branch if it supports CUDA 13.2
+  # fully (the 595 series or newer), else the latest branch if that does, else production (nix/lib/driver.nix).
   services.xserver.videoDrivers = [ "nvidia" ]; # selects the driver, on a headless host too
   hardware.graphics.enable = true; # /run/opengl-driver/lib, where Nix programs find libcuda.so.1
   hardware.nvidia = {
     open = true;
-    package = config.boot.kernelPackages.nvidiaPackages.production;
+    package = driver.choose [
+      nvidiaPackages.production
+      nvidiaPackages.latest
+    ];
     # Keeps the GPU initialised between clients, so a restart of the service does not pay for it.
     nvidiaPersistenced = true;
     nvidiaSettings = false;
   };
   assertions = [
     {
-      assertion = lib.versionAtLeast config.hardware.nvidia.package.version "580";
-      message = "the appliance needs an NVIDIA driver of the 580 series or newer for CUDA 13 (got ${config.hardware.nvidia.package.version})";
+      assertion = driver.support driverVersion != "unsupported";
+      message = "the appliance needs an NVIDIA driver of the ${driver.minimum} series or newer for CUDA 13, ${driver.full} or newer for full CUDA 13.2 support (got ${driverVersion})";
     }
   ];
 
@@ -77,6 +87,7 @@ in
       PermitRootLogin = "prohibit-password";
     };
   };
+  # A driver short of full CUDA 13.2 support (neither branch is, at some nixpkgs) is warned about by the module.
   warnings = lib.optional (rootKeys.keys == [ ] && rootKeys.keyFiles == [ ]) ''
     The appliance has no SSH key for root, so nobody can log in to read the API key or inspect the service.
     Extend nixosConfigurations.appliance with users.users.root.openssh.authorizedKeys.keys (see the README).

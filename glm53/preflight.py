@@ -16,10 +16,17 @@ Host RAM needed, from the checkpoint's routed-expert bytes E (the sizes of its `
   single copy is kept in the tier's layout.
 
 The need is compared with MemAvailable and, inside a cgroup, with its limit minus what it already uses.
+
+The NVIDIA driver, read from ``nvidia-smi`` too: torch and every kernel here are built with CUDA 13.2. Its own driver
+branch, 595, supports it fully. The 580 branch (CUDA 13.0's) runs it through minor-version compatibility, which
+loads machine code built by any CUDA 13 toolkit but cannot compile CUDA 13.2's PTX, and answers CUDA calls added
+after 13.0 with cudaErrorCallRequiresNewerDriver. Older drivers cannot run CUDA 13 at all. nix/lib/driver.nix holds
+the same two numbers for the NixOS side.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -46,6 +53,9 @@ OTHER_PROCESS_SHARE = 0.05
 
 SUPPORTED_ARCHITECTURE = "Glm5NextForConditionalGeneration"
 
+DRIVER_MINIMUM = 580  # CUDA 13.0's driver branch: the oldest that runs CUDA 13 programs
+DRIVER_FULL = 595  # CUDA 13.2's own branch (13.2.1 shipped 595.58.03, 13.2.2 595.71.05)
+
 
 @dataclass(frozen=True)
 class Check:
@@ -64,7 +74,10 @@ def run_checks(settings: Settings, paths: host.HostPaths | None = None, query_gp
         return checks + [_host_ram(None, settings, paths)]
     model = _model_dir(settings)
     experts = _expert_bytes(settings.model_dir) if model.level == "ok" else None
-    checks += [_exllamav3(), _gpu(settings, query_gpus), model, _host_ram(experts, settings, paths), _memlock(experts), _shm(paths)]
+    query_gpus = functools.cache(query_gpus)  # one nvidia-smi run answers both GPU checks
+    checks += [_exllamav3(), _gpu(settings, query_gpus)]
+    checks += [c for c in [_driver(query_gpus)] if c]
+    checks += [model, _host_ram(experts, settings, paths), _memlock(experts), _shm(paths)]
     if settings.mode == "fast":
         checks.append(_cpu_features(paths))
     return checks
@@ -105,6 +118,36 @@ def _gpu(settings: Settings, query_gpus) -> Check:
     if gpu.free < (1 - OTHER_PROCESS_SHARE) * gpu.total:
         return Check("gpu", "warn", f"{text}: other processes hold {(gpu.total - gpu.free) / GiB:.1f} GiB, which the expert cache cannot use")
     return Check("gpu", "ok", text)
+
+
+def _driver(query_gpus) -> Check | None:
+    """What the NVIDIA driver supports of CUDA 13.2. None where no GPU is visible or nvidia-smi does not answer: the
+    gpu check says so already."""
+    if not cuda_gpu_visible():
+        return None
+    try:
+        gpus = query_gpus()
+    except OSError:
+        return None
+    gpu = host.selected_gpu(gpus, os.environ.get("CUDA_VISIBLE_DEVICES")) or (gpus[0] if gpus else None)
+    if gpu is None:
+        return None
+    try:
+        branch = int(gpu.driver.split(".")[0])
+    except ValueError:
+        return Check("driver", "warn", f"cannot read the NVIDIA driver's version from {gpu.driver!r}; "
+                                       f"CUDA 13.2 needs the {DRIVER_FULL} series or newer (the {DRIVER_MINIMUM} series with limits)")
+    text = f"NVIDIA driver {gpu.driver}"
+    if branch < DRIVER_MINIMUM:
+        return Check("driver", "fail", f"{text} cannot run CUDA 13 programs (the oldest that can is the {DRIVER_MINIMUM} series): "
+                                       f"torch and the kernels here are built with CUDA 13.2; install the {DRIVER_FULL} series or newer")
+    if branch < DRIVER_FULL:
+        return Check("driver", "warn", f"{text} runs CUDA 13.2 only through minor-version compatibility. Works: machine code built for "
+                                       "this GPU (torch's kernels, exllamav3's and this project's, Triton's, which it compiles itself). "
+                                       "Does not: a GPU the builds have no machine code for (the driver cannot compile CUDA 13.2's PTX), "
+                                       "and CUDA calls added after 13.0 (cudaErrorCallRequiresNewerDriver). "
+                                       f"The {DRIVER_FULL} series or newer supports CUDA 13.2 fully")
+    return Check("driver", "ok", f"{text} supports CUDA 13.2 fully ({DRIVER_FULL} series or newer)")
 
 
 def _model_dir(settings: Settings) -> Check:

@@ -1,7 +1,8 @@
 # nixosModules.default: services.glm53, the server as a hardened systemd service on a host with an NVIDIA GPU.
 #
 # The unit itself is data in nix/lib/unit.nix (golden-tested without nixpkgs); this file declares the options and
-# hands them over. The host chooses and configures the NVIDIA driver: the module only warns when there is none.
+# hands them over. The host chooses and configures the NVIDIA driver: the module only warns when there is none, or
+# when it is older than CUDA 13.2's own branch (nix/lib/driver.nix).
 {
   # the flake's `packages` output, for the default of `package`
   packages,
@@ -52,6 +53,8 @@ let
 
   hasNvidiaDriver =
     lib.elem "nvidia" config.services.xserver.videoDrivers || config.hardware.nvidia.datacenter.enable;
+  driver = import ./lib/driver.nix;
+  driverVersion = config.hardware.nvidia.package.version;
 in
 {
   options.services.glm53 = {
@@ -167,6 +170,32 @@ in
       description = "Open `port` in the firewall.";
     };
 
+    binaryCaches = mkOption {
+      type = types.listOf (
+        types.submodule {
+          options = {
+            url = mkOption {
+              type = types.str;
+              example = "https://glm53.cachix.org";
+              description = "The cache's URL, as Nix's `substituters` setting takes it.";
+            };
+            publicKey = mkOption {
+              type = types.str;
+              example = "glm53.cachix.org-1:AAAA...=";
+              description = "The key the cache signs with, as Nix's `trusted-public-keys` setting takes it.";
+            };
+          };
+        }
+      );
+      default = [ ];
+      description = ''
+        Binary caches that hold this flake's builds, added to the host's `nix.settings` (`extra-substituters`,
+        `extra-trusted-public-keys`). No public cache holds them (custom CUDA capabilities, the pinned wheels), so a
+        host that rebuilds without one compiles exllamav3's kernels itself; push a release builder's store paths to a
+        cache of your own (Cachix, attic, `nix copy --to`) and list it here. `[ ]`: none beyond the host's own.
+      '';
+    };
+
     gpu = mkOption {
       type = types.nullOr types.ints.unsigned;
       default = 0;
@@ -186,14 +215,34 @@ in
       }
     ];
 
-    warnings = lib.optional (!hasNvidiaDriver) ''
-      services.glm53 is enabled but this host configures no NVIDIA driver, so only the CPU demo engine
-      (--engine tiny) can run. The module does not choose a driver: set services.xserver.videoDrivers = [ "nvidia" ]
-      (also on headless hosts), hardware.nvidia.open and a hardware.nvidia.package of the 580 series or newer.
-    '';
+    warnings =
+      if !hasNvidiaDriver then
+        [
+          ''
+            services.glm53 is enabled but this host configures no NVIDIA driver, so only the CPU demo engine
+            (--engine tiny) can run. The module does not choose a driver: set services.xserver.videoDrivers = [ "nvidia" ]
+            (also on headless hosts), hardware.nvidia.open and a hardware.nvidia.package of the ${driver.full} series or
+            newer (CUDA 13.2's own; the ${driver.minimum} series runs it with limits).
+          ''
+        ]
+      else
+        lib.optional (driver.support driverVersion != "full") ''
+          services.glm53 runs CUDA 13.2, and this host's NVIDIA driver ${driverVersion} is older than the ${driver.full}
+          series that supports it fully. ${
+            if driver.support driverVersion == "compatibility" then
+              "Minor-version compatibility runs the server's machine code, but GPUs outside the build's capabilities fail and so do CUDA calls added after 13.0."
+            else
+              "It cannot run CUDA 13 at all (the oldest that can is the ${driver.minimum} series); the server will refuse to start."
+          } Set hardware.nvidia.package to a driver of the ${driver.full} series or newer.
+        '';
 
     systemd.services.glm53 = unit.service;
 
     networking.firewall = lib.mkIf cfg.openFirewall { allowedTCPPorts = [ cfg.port ]; };
+
+    nix.settings = lib.mkIf (cfg.binaryCaches != [ ]) {
+      extra-substituters = map (c: c.url) cfg.binaryCaches;
+      extra-trusted-public-keys = map (c: c.publicKey) cfg.binaryCaches;
+    };
   };
 }

@@ -224,3 +224,65 @@ def test_exl3_preflight_puts_it_together(tmp_path, monkeypatch):
     assert by_name["host_ram"].level == "ok" and by_name["cpu"].level == "ok"
     exact = preflight.run_checks(config.load(["-m", str(d), "--mode", "exact"], {}), fake_host(tmp_path, 1), lambda: gpus)
     assert "cpu" not in {c.name for c in exact} and "host_ram" in {c.name for c in preflight.failures(exact)}
+
+
+def gpu_with_driver(driver: str) -> list[host.Gpu]:
+    return [host.Gpu(0, "GPU-a", "NVIDIA RTX 4090", 24 * GiB, 24 * GiB, driver, "8.9")]
+
+
+@pytest.mark.parametrize("driver, level, says", [
+    ("550.54.15", "fail", "cannot run CUDA 13 programs (the oldest that can is the 580 series)"),
+    ("575.64.05", "fail", "install the 595 series or newer"),
+    ("580.159.04", "warn", "only through minor-version compatibility"),
+    ("590.48.01", "warn", "cudaErrorCallRequiresNewerDriver"),
+    ("595.45.04", "ok", "supports CUDA 13.2 fully"),
+    ("610.43.03", "ok", "supports CUDA 13.2 fully"),
+])
+def test_driver_branch_says_what_cuda_13_2_can_do(monkeypatch, driver, level, says):
+    monkeypatch.setattr(preflight, "cuda_gpu_visible", lambda: True)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    c = preflight._driver(lambda: gpu_with_driver(driver))
+    assert (c.name, c.level) == ("driver", level) and says in c.message and f"NVIDIA driver {driver}" in c.message
+
+
+def test_compatibility_driver_names_what_works_and_what_does_not(monkeypatch):
+    monkeypatch.setattr(preflight, "cuda_gpu_visible", lambda: True)
+    c = preflight._driver(lambda: gpu_with_driver("580.159.04"))
+    assert "Works: machine code built for this GPU" in c.message
+    assert "Does not: a GPU the builds have no machine code for" in c.message
+    assert c.message.endswith("The 595 series or newer supports CUDA 13.2 fully")
+
+
+def test_driver_check_is_left_out_without_a_gpu_or_nvidia_smi(monkeypatch):
+    monkeypatch.setattr(preflight, "cuda_gpu_visible", lambda: False)
+    assert preflight._driver(lambda: gpu_with_driver("580.159.04")) is None
+    monkeypatch.setattr(preflight, "cuda_gpu_visible", lambda: True)
+
+    def absent():
+        raise OSError("nvidia-smi is missing")
+
+    assert preflight._driver(absent) is None
+    c = preflight._driver(lambda: gpu_with_driver("N/A"))
+    assert c.level == "warn" and "'N/A'" in c.message
+
+
+def test_driver_of_the_selected_gpu_and_one_nvidia_smi_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(preflight, "cuda_gpu_visible", lambda: True)
+    monkeypatch.setattr(preflight, "resolve_engine", lambda s: ("exl3", "test"))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-b")
+    runs = []
+
+    def query():
+        runs.append(1)
+        return [host.Gpu(0, "GPU-a", "NVIDIA H200", 141 * GiB, 141 * GiB, "595.71.05", "9.0"),
+                host.Gpu(1, "GPU-b", "NVIDIA RTX 3090", 24 * GiB, 24 * GiB, "580.159.04", "8.6")]
+
+    checks = preflight.run_checks(config.load(["-m", str(expert_checkpoint(tmp_path))], {}), fake_host(tmp_path, 64 * GiB // 1024), query)
+    driver = {c.name: c for c in checks}["driver"]
+    assert driver.level == "warn" and "580.159.04" in driver.message and len(runs) == 1
+
+
+def test_driver_floors_match_the_nixos_side():
+    # nix/lib/driver.nix gives the NixOS module and the appliance the same two branches
+    text = (Path(__file__).resolve().parents[1] / "nix" / "lib" / "driver.nix").read_text()
+    assert f'minimum = "{preflight.DRIVER_MINIMUM}";' in text and f'full = "{preflight.DRIVER_FULL}";' in text

@@ -5,7 +5,8 @@
 #   2 lock    flake.lock: one nixpkgs node at the revision of nix/pins/nixpkgs.nix, a well-formed narHash, and
 #             Nix itself finds the lock up to date with flake.nix
 #   3 golden  the project's Nix logic (nix/lib: systemd unit for both modes, OCI image config, wrapper flags, pins
-#             to SRI hashes, CUDA arch list) against nix/tests/golden/*.json
+#             to SRI hashes, CUDA arch list) against nix/tests/golden/*.json, and the no-libcuda check's classifier
+#             (nix/ci/driver-libs.sh) on fixtures against nix/tests/golden/driver-libs.txt
 #   4 pins    pyproject.toml still asks for what nix/pins/pypi.json pins, and every pinned PyPI file is fetched
 #             through Nix's fixed-output fetcher and matched against its hash
 #
@@ -206,6 +207,7 @@ if ((update_golden)); then
 		fi
 		echo "wrote ${out#"$REPO"/}"
 	done
+	"$REPO/nix/tests/driver-libs.sh" --update
 	exit 0
 fi
 
@@ -254,10 +256,12 @@ fi
 if ! out=$(run nix eval --raw --file nix/tests/golden.nix failures --apply 'builtins.concatStringsSep "\n"' 2>&1) ||
 	[ -n "$out" ]; then
 	fail "$out"
+elif ! out=$("$REPO/nix/tests/driver-libs.sh" 2>&1); then
+	fail "$out"
 elif [ -n "$unknown" ]; then
 	fail "set by the Nix files but not a setting of glm53/config.py: $unknown"
 else
-	pass "$(run nix eval --raw --file nix/tests/golden.nix names --apply 'n: toString (builtins.length n)') cases; $settings_note"
+	pass "$(run nix eval --raw --file nix/tests/golden.nix names --apply 'n: toString (builtins.length n)') cases and the driver-library fixtures; $settings_note"
 fi
 
 # 4. pins

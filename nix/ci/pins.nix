@@ -1,7 +1,7 @@
 # Tier 4 of nix/ci/check.sh, builtins only.
 #
 #   requirements   pyproject.toml still asks for what nix/pins/pypi.json was generated from (throws otherwise)
-#   fetch          every pin as a fixed-output derivation made by Nix's own fetcher, <nix/fetchurl.nix> (the
+#   fetch          every pin (the CUDA library wheels too) as a fixed-output derivation made by Nix's own fetcher, <nix/fetchurl.nix> (the
 #                  builtin:fetchurl that nixpkgs' fetchurl bootstraps from): building it downloads the file from
 #                  its content-addressed URL and fails unless the file's sha256 is the pinned one
 {
@@ -30,7 +30,7 @@ in
 {
   requirements =
     if asked == pins.requirements then
-      "pyproject.toml asks for what nix/pins/pypi.json pins (${toString (builtins.length pins.names)} packages)"
+      "pyproject.toml asks for what nix/pins/pypi.json pins (${toString (builtins.length pins.names)} packages, ${toString (builtins.length (builtins.attrNames pins.libraries))} CUDA library wheels)"
     else
       throw (concatStringsSep "\n" [
         "pyproject.toml's requirements changed since nix/pins/pypi.json was generated;"
@@ -45,5 +45,5 @@ in
       inherit (pin) url hash;
       name = pin.filename;
     }
-  ) pins.packages;
+  ) (pins.packages // pins.libraries);
 }

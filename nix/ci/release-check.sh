@@ -1,29 +1,52 @@
 #!/usr/bin/env bash
 # The release gate: everything nix/ci/check.sh cannot do offline. Needs a Linux x86_64 machine with Nix (flakes
-# enabled) and network to GitHub and the binary caches, KVM for the NixOS VM test, Docker for the image, and
-# optionally an NVIDIA GPU with the 580 driver or newer. First run: hours (exllamav3's CUDA kernels for every
-# configured capability dominate); later runs reuse the store.
+# enabled) and network to GitHub and the binary caches, KVM for the NixOS VM test and the disk image, Docker for the
+# image, and optionally an NVIDIA GPU with a driver of the 595 series or newer (580 with limits). First run: hours
+# (exllamav3's CUDA kernels for every configured capability dominate; README, "Build cost"); later runs reuse the
+# store.
 #
-#   nix/ci/release-check.sh
+#   nix/ci/release-check.sh 2>&1 | tee release-check.log
 #
-# Steps, each of which stops the run when it fails:
-#   1 nix flake check: fetches nixpkgs (confirming the narHash of flake.lock), evaluates every output, builds the
-#     checks: both servers, the golden tests, the no-libcuda closure check, the NixOS VM test of the service
-#   2 the servers' closure: torch reports CUDA 13.2, triton and exllamav3_ext import, exllamav3_ext and glm53's
-#     expert-cache library hold machine code for exactly the configured capabilities, and glm53 loads its CPU
-#     kernels from the package
-#   3 serve-fast with the CPU demo engine answers /health and /v1/models
-#   4 the OCI image loads into Docker and serves the demo engine
-#   5 the appliance: its system toplevel and its raw-efi disk image build
-#   6 with a GPU: a synthetic checkpoint served by the exl3 engine from serve-exact answers a chat request
+# Every step prints what it proves and each command it runs ("$ ..."), so that a run on a networked builder can be
+# reported step by step; the first failure stops the run and names the step and the command. The steps:
+#   1 nix flake check
+#   2 the servers' closure
+#   3 serve-fast with the CPU demo engine
+#   4 the OCI image under Docker
+#   5 the appliance: toplevel and raw-efi disk image
+#   6 with a GPU: the exl3 engine on a synthetic checkpoint
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
 port=30871
-step() { printf '\n== %s\n' "$*"; }
-nix_build() { nix build --no-link --print-out-paths -L "$@"; }
+current="setup"
+
+step() { # NUMBER TITLE PROOF...: a step's heading and what it proves
+	current="$1 $2"
+	printf '\n== step %s: %s\n' "$1" "$2"
+	shift 2
+	printf 'proves: %s\n' "$1"
+	shift
+	printf '        %s\n' "$@"
+}
+run() { # COMMAND...: print it, then run it
+	printf '$ %s\n' "$*" >&2
+	"$@"
+}
+nix_build() { run nix build --no-link --print-out-paths -L "$@"; }
+# What to stop or remove when the run ends, set by the steps that start a server or a container.
+cleanup=:
+on_exit() {
+	local status=$?
+	eval "$cleanup"
+	if [ "$status" != 0 ]; then
+		printf '\nFAILED in step %s (exit %s): the last command printed above\n' "$current" "$status" >&2
+	fi
+}
+trap on_exit EXIT
 
 wait_healthy() { # URL PID: until the URL answers 200, or fail when PID has exited
+	printf '$ (poll %s for 200, up to 3 minutes)\n' "$1" >&2
 	for _ in $(seq 1 180); do
 		if curl --silent --fail --output /dev/null --max-time 5 "$1"; then return 0; fi
 		kill -0 "$2" 2>/dev/null || {
@@ -36,23 +59,35 @@ wait_healthy() { # URL PID: until the URL answers 200, or fail when PID has exit
 	return 1
 }
 
-step "1 nix flake check"
-nix flake check -L
+step 1 "nix flake check" \
+	"nixpkgs is fetched at the locked revision and its narHash is the one in flake.lock (Nix refuses a mismatch);" \
+	"every output evaluates (packages, apps, the NixOS module, the appliance, the VM test), including torch.nix's" \
+	"assertion that cudaPackages_13_2's builds are ones nix/pins/torch-cuda.json shows to satisfy torch; the checks" \
+	"build: both servers (torch's import check loads every CUDA library it NEEDs, binding all their symbols), the" \
+	"golden tests, no-libcuda (no driver library in the closure, stubs allowed), appliance-mounts (the disk image's" \
+	"evaluated fileSystems hold the weights partition), and the NixOS VM test of the unit with the CPU demo engine"
+run nix flake check -L
 
-step "2 the servers' closure"
+step 2 "the servers' closure" \
+	"torch reports CUDA 13.2 and takes each CUDA library from where nix/lib/torch-cuda.nix says; triton, exllamav3" \
+	"and exllamav3_ext import; exllamav3_ext and glm53's expert-cache library hold machine code for exactly the" \
+	"configured capabilities; glm53 loads its CPU kernels from the package"
+run nix eval --json ".#torch.cudaLibraries"
 env=$(nix_build ".#serve-fast.env")
+printf '$ %s\n' "$env/bin/python -c 'import torch, triton, exllamav3_ext, exllamav3, glm53; ...'" >&2
 "$env/bin/python" - <<'EOF'
 import torch, triton, exllamav3_ext, exllamav3, glm53
 assert torch.version.cuda == "13.2", torch.version.cuda
 print("torch", torch.__version__, "CUDA", torch.version.cuda, "triton", triton.__version__)
 EOF
-expected=$(nix eval --raw ".#exllamav3.ext.torchCudaArchList")
+expected=$(run nix eval --raw ".#exllamav3.ext.torchCudaArchList")
 mapfile -t cuobjdump_outputs < <(nix_build ".#exllamav3.ext.cudaPackages.cuda_cuobjdump^*")
 cuobjdump=$(find "${cuobjdump_outputs[@]}" -name cuobjdump -type f | head -n1)
 # the machine code (SASS) in a library, as a sorted list of sm_ names
 machine_code() { "$cuobjdump" --list-elf "$1" | grep -Eo 'sm_[0-9]+[af]?' | sort -uV | tr '\n' ' '; }
 want=$(tr ';' '\n' <<<"$expected" | sed 's/\.//; s/^/sm_/' | sort -uV | tr '\n' ' ')
 for lib in "$(find "$env/" -name 'exllamav3_ext*.so' | head -n1)" "$(find "$env/" -path '*/glm53/_native/libglm53_ec_*.so' | head -n1)"; do
+	printf '$ cuobjdump --list-elf %s\n' "$lib" >&2
 	found=$(machine_code "$lib")
 	[ "$found" = "$want" ] || {
 		echo "$lib holds machine code for $found; the configured capabilities are $want" >&2
@@ -60,55 +95,70 @@ for lib in "$(find "$env/" -name 'exllamav3_ext*.so' | head -n1)" "$(find "$env/
 	}
 	echo "$(basename "$lib"): $found"
 done
+printf '$ %s\n' "$env/bin/python -c 'from glm53.offload import cpu_expert; ...'" >&2
 "$env/bin/python" - <<'EOF'
 from glm53.offload import cpu_expert
 print("glm53 CPU tier:", cpu_expert.locate(), "ISAs", ", ".join(cpu_expert.available_isas()))
 EOF
 
-step "3 serve-fast with the CPU demo engine"
+step 3 "serve-fast with the CPU demo engine" \
+	"the packaged server starts from its wrapper and answers /health and /v1/models (OpenAI model list)"
 serve=$(nix_build ".#serve-fast")
+printf '$ %s\n' "$serve/bin/serve-fast --engine tiny --port $port &" >&2
 "$serve/bin/serve-fast" --engine tiny --port "$port" &
 server=$!
-trap 'kill "$server" 2>/dev/null || true' EXIT
+cleanup='kill "$server" 2>/dev/null || true'
 wait_healthy "http://127.0.0.1:$port/health" "$server"
-curl --silent --fail "http://127.0.0.1:$port/v1/models" | grep -q '"glm-5.3-flash"'
+run curl --silent --fail "http://127.0.0.1:$port/v1/models" | grep -q '"glm-5.3-flash"'
 kill "$server"
 wait "$server" || true
-trap - EXIT
+cleanup=:
 
-step "4 the OCI image"
-"$(nix_build ".#oci-fast")" | docker load
+step 4 "the OCI image" \
+	"the streamed image loads into Docker, and the server in it starts and answers /v1/models"
+image=$(nix_build ".#oci-fast")
+printf '$ %s | docker load\n' "$image" >&2
+"$image" | docker load
 container=glm53-release-check-$$
-docker run --detach --rm --name "$container" --publish "127.0.0.1:$port:30000" glm53:fast --engine tiny >/dev/null
-trap 'docker rm --force "$container" >/dev/null 2>&1 || true' EXIT
+run docker run --detach --rm --name "$container" --publish "127.0.0.1:$port:30000" glm53:fast --engine tiny >/dev/null
+cleanup='docker rm --force "$container" >/dev/null 2>&1 || true'
+printf '$ (poll http://127.0.0.1:%s/health, up to 2 minutes)\n' "$port" >&2
 for _ in $(seq 1 120); do
 	curl --silent --fail --output /dev/null "http://127.0.0.1:$port/health" && break
 	sleep 1
 done
-curl --silent --fail "http://127.0.0.1:$port/v1/models" | grep -q '"glm-5.3-flash"'
-docker rm --force "$container" >/dev/null
-trap - EXIT
+run curl --silent --fail "http://127.0.0.1:$port/v1/models" | grep -q '"glm-5.3-flash"'
+run docker rm --force "$container" >/dev/null
+cleanup=:
 
-step "5 the appliance"
+step 5 "the appliance" \
+	"the appliance's NixOS system (driver, service, SSH, file systems) and its raw-efi disk image build; the" \
+	"image's build VM needs KVM"
 nix_build ".#nixosConfigurations.appliance.config.system.build.toplevel"
 nix_build ".#appliance-image"
 
-step "6 the exl3 engine on a GPU"
+step 6 "the exl3 engine on a GPU" \
+	"on this machine's GPU and driver: preflight passes, serve-exact loads a synthetic checkpoint (real shapes and" \
+	"EXL3 format) through exllamav3 and torch's CUDA libraries, and answers a chat request"
 if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi --list-gpus >/dev/null 2>&1; then
+	run nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv
 	work=$(mktemp -d)
 	exact=$(nix_build ".#serve-exact")
 	# an installed glm53 has no default routing profile (glm53/models/synth/writer.py): the checkout's is given
-	"$env/bin/glm53" synth --preset tiny --out "$work/model" --profile reference/glm53-flash-routing-profile.json
+	run "$env/bin/glm53" synth --preset tiny --out "$work/model" --profile reference/glm53-flash-routing-profile.json
+	printf '$ %s\n' "$exact/bin/serve-exact --engine exl3 -m $work/model --root $work/state --port $port &" >&2
 	"$exact/bin/serve-exact" --engine exl3 -m "$work/model" --root "$work/state" --port "$port" &
 	server=$!
-	trap 'kill "$server" 2>/dev/null || true; rm -rf "$work"' EXIT
+	cleanup='kill "$server" 2>/dev/null || true; rm -rf "$work"'
 	wait_healthy "http://127.0.0.1:$port/health" "$server"
-	curl --silent --fail "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' \
+	run curl --silent --fail "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' \
 		-d '{"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}' | grep -q '"finish_reason"'
 	kill "$server"
 	wait "$server" || true
+	cleanup=:
 else
 	echo "skipped: no NVIDIA GPU on this machine; run the release check on a GPU host before a release"
 fi
 
-step "release checks passed"
+current=done
+printf '\n== release checks passed\n'

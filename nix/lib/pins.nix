@@ -4,7 +4,7 @@
 # bad one stops evaluation instead of fetching something else: the file must be a wheel whose name is a valid store
 # path name, the URL must be content-addressed on files.pythonhosted.org and end in that name, the digest must be 64
 # hex digits, the SRI hash must hold the same digest (checked with builtins.convertHash where Nix has it, 2.19 and
-# later), and every dependency must itself be pinned.
+# later), and every dependency must itself be pinned. The CUDA library wheels ("libraries") are checked alike.
 {
   file ? ../pins/pypi.json,
 }:
@@ -61,7 +61,7 @@ let
       )
     ]
     ++ map (dep: "depends on ${dep}, which is not pinned") (
-      filter (dep: !(hasAttr dep data.packages)) pin.deps
+      filter (dep: !(hasAttr dep data.packages)) (pin.deps or [ ])
     );
 
   checked =
@@ -91,4 +91,6 @@ else
       }
     ) data.packages;
     names = attrNames data.packages;
+    # CUDA wheels whose shared libraries torch is linked against (nix/pkgs/cuda-wheel-libs.nix), checked the same way.
+    libraries = builtins.mapAttrs checked (data.libraries or { });
   }

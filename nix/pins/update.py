@@ -16,9 +16,11 @@ Steps, in order:
    version pip resolved that a requirement refuses, stops the script.
 4. Take every file's URL and sha256 from PyPI's JSON simple index (PEP 691) and refuse a file whose hash differs
    from the one pip saw, or that is yanked.
-5. Leave out the CUDA runtime wheels (``nvidia-*``, ``cuda-toolkit``): the Nix build links the libraries of
-   ``cudaPackages_13_2`` instead, the way nixpkgs' ``torch-bin`` does. Their resolved versions are kept under
-   ``replaced`` so they can be compared with the CUDA package set.
+5. Leave out the CUDA runtime wheels (``nvidia-*``, ``cuda-toolkit``) as Python packages. Those of ``LINKED`` are
+   pinned under ``libraries``: the Nix build links torch against their shared libraries. The others' libraries
+   come from ``cudaPackages_13_2``, the way nixpkgs' ``torch-bin`` does; their resolved versions are kept under
+   ``replaced``. ``nix/pins/torch_cuda.py`` then records which of these torch needs and that the versions used
+   satisfy it (``nix/pins/torch-cuda.json``).
 
 Resolution follows PyPI as it is today, so running this script twice a week apart can give different pins: it
 is run by hand when the dependencies change, never by CI. CI checks the pins themselves (``nix/ci/check.sh``).
@@ -61,6 +63,11 @@ MANYLINUX_MAX = 40
 CONSTRAINTS = ["torch==2.15.0", "triton==3.9.0"]
 RUNTIME_EXTRAS = ("serve", "gpu", "hub")
 DEV_EXTRAS = ("dev",)
+# CUDA wheels torch's metadata pins to an exact build (``==``) outside the CUDA 13.2 toolkit release: nixpkgs builds
+# other versions (at the revisions read: NCCL 2.27-2.30, NVSHMEM 3.4-3.6, cuDNN 9.20 or 9.27, cuSPARSELt 0.8.1 or
+# 0.10.0), and the older NCCL and NVSHMEM lack functions torch imports (nix/pins/torch-cuda.json), so the Nix build
+# links torch against these wheels' libraries (nix/pkgs/cuda-wheel-libs.nix).
+LINKED = {"nvidia-cudnn-cu13", "nvidia-cusparselt-cu13", "nvidia-nccl-cu13", "nvidia-nvshmem-cu13"}
 # Packages the Nix build provides another way, with the reason recorded next to the pins.
 REMOVED = {
     "ninja": "exllamav3 only runs ninja for its first-import JIT build; Nix compiles exllamav3_ext at build time",
@@ -83,9 +90,14 @@ TARGET_ENV = {
 }
 
 
-def is_replaced(name: str) -> bool:
-    """CUDA runtime wheels, whose libraries come from cudaPackages_13_2 in the Nix build."""
+def is_cuda_wheel(name: str) -> bool:
+    """CUDA runtime wheels: never a Python dependency in the Nix build."""
     return name.startswith("nvidia-") or name == "cuda-toolkit"
+
+
+def is_replaced(name: str) -> bool:
+    """CUDA runtime wheels whose libraries come from cudaPackages_13_2 in the Nix build."""
+    return is_cuda_wheel(name) and name not in LINKED
 
 
 def requirement_groups(pyproject: Path) -> dict[str, list[str]]:
@@ -125,21 +137,23 @@ class Closure:
         self.deps: dict[str, set[str]] = defaultdict(set)
         self.dropped: dict[str, set[str]] = defaultdict(set)
         self.visited: set[str] = set()
+        self.libraries: set[str] = set()
 
     def add(self, requirement: str, parent: str | None = None) -> str | None:
         req = Requirement(requirement)
         name = canonicalize_name(req.name)
-        if is_replaced(name) or name in REMOVED:
+        if is_cuda_wheel(name) or name in REMOVED:
             if parent:
                 self.dropped[parent].add(name)
+            if name in LINKED:
+                self._check_version(req, name, parent)
+                self.libraries.add(name)
             return None
         item = self.resolved.get(name)
         if item is None:
             raise SystemExit(f"{requirement!r} (needed by {parent or 'pyproject.toml'}) was not resolved by pip; "
                              "its marker is true on the target but not on the interpreter pip ran on")
-        version = item["metadata"]["version"]
-        if not req.specifier.contains(Version(version), prereleases=True):
-            raise SystemExit(f"pip resolved {name} {version}, which {requirement!r} refuses")
+        self._check_version(req, name, parent)
         if parent:
             self.deps[parent].add(name)
         new_extras = set(req.extras) - self.extras[name]
@@ -151,6 +165,14 @@ class Closure:
             if self._applies(Requirement(dep), name):
                 self.add(dep, name)
         return name
+
+    def _check_version(self, req: Requirement, name: str, parent: str | None) -> None:
+        item = self.resolved.get(name)
+        if item is None:
+            raise SystemExit(f"{str(req)!r} (needed by {parent or 'pyproject.toml'}) was not resolved by pip")
+        version = item["metadata"]["version"]
+        if not req.specifier.contains(Version(version), prereleases=True):
+            raise SystemExit(f"pip resolved {name} {version}, which {str(req)!r} refuses")
 
     def _applies(self, req: Requirement, name: str) -> bool:
         if req.marker is None:
@@ -182,6 +204,23 @@ def sri(hex_digest: str) -> str:
     return "sha256-" + base64.b64encode(bytes.fromhex(hex_digest)).decode()
 
 
+def pinned_file(item: dict) -> dict:
+    """The file pip chose for one package, by content-addressed URL and hash, checked against PyPI's index."""
+    name = canonicalize_name(item["metadata"]["name"])
+    url = item["download_info"]["url"]
+    filename = url.rsplit("/", 1)[1]
+    pip_sha256 = item["download_info"]["archive_info"]["hashes"]["sha256"]
+    entry = index_entry(name, filename)
+    if entry["hashes"].get("sha256") != pip_sha256:
+        raise SystemExit(f"{filename}: PyPI's index says sha256 {entry['hashes'].get('sha256')}, pip saw {pip_sha256}")
+    if entry.get("yanked"):
+        raise SystemExit(f"{filename} is yanked on PyPI ({entry['yanked']}); pin another version")
+    if not entry["url"].startswith(FILES_HOST) or not entry["url"].endswith("/" + filename):
+        raise SystemExit(f"{filename}: the index gives {entry['url']}, not a content-addressed files.pythonhosted.org URL")
+    return {"version": item["metadata"]["version"], "filename": filename, "url": entry["url"],
+            "sha256": pip_sha256, "hash": sri(pip_sha256)}
+
+
 def pins(pyproject: Path) -> dict:
     groups = requirement_groups(pyproject)
     with tempfile.TemporaryDirectory() as tmp:
@@ -191,29 +230,10 @@ def pins(pyproject: Path) -> dict:
         closure.add(constraint)
     roots = {group: closure.roots(requirements) for group, requirements in groups.items()}
 
-    packages = {}
-    for name in sorted(closure.visited):
-        item = resolved[name]
-        url = item["download_info"]["url"]
-        filename = url.rsplit("/", 1)[1]
-        pip_sha256 = item["download_info"]["archive_info"]["hashes"]["sha256"]
-        entry = index_entry(name, filename)
-        if entry["hashes"].get("sha256") != pip_sha256:
-            raise SystemExit(f"{filename}: PyPI's index says sha256 {entry['hashes'].get('sha256')}, pip saw {pip_sha256}")
-        if entry.get("yanked"):
-            raise SystemExit(f"{filename} is yanked on PyPI ({entry['yanked']}); pin another version")
-        if not entry["url"].startswith(FILES_HOST) or not entry["url"].endswith("/" + filename):
-            raise SystemExit(f"{filename}: the index gives {entry['url']}, not a content-addressed files.pythonhosted.org URL")
-        packages[name] = {
-            "version": item["metadata"]["version"],
-            "filename": filename,
-            "url": entry["url"],
-            "sha256": pip_sha256,
-            "hash": sri(pip_sha256),
-            "deps": sorted(closure.deps[name]),
-            "dropped": sorted(closure.dropped[name]),
-        }
-    unused = sorted(n for n in resolved if n not in closure.visited and not is_replaced(n) and n not in REMOVED)
+    packages = {name: pinned_file(resolved[name]) | {"deps": sorted(closure.deps[name]), "dropped": sorted(closure.dropped[name])}
+                for name in sorted(closure.visited)}
+    libraries = {name: pinned_file(resolved[name]) for name in sorted(closure.libraries)}
+    unused = sorted(n for n in resolved if n not in closure.visited and not is_cuda_wheel(n) and n not in REMOVED)
     if unused:
         print(f"left out (resolved by pip, unused on CPython {PYTHON} Linux): {', '.join(unused)}", file=sys.stderr)
     return {
@@ -224,6 +244,7 @@ def pins(pyproject: Path) -> dict:
         "roots": roots,
         "removed": REMOVED,
         "replaced": {n: resolved[n]["metadata"]["version"] for n in sorted(resolved) if is_replaced(n)},
+        "libraries": libraries,
         "packages": packages,
     }
 
@@ -236,14 +257,17 @@ def main() -> int:
     args = ap.parse_args()
     new = pins(args.pyproject)
     text = json.dumps(new, indent=2, sort_keys=True) + "\n"
-    old = json.loads(args.out.read_text())["packages"] if args.out.exists() else {}
-    for name in sorted(set(old) | set(new["packages"])):
-        before, after = old.get(name, {}).get("version"), new["packages"].get(name, {}).get("version")
-        if before != after:
-            print(f"{name}: {before or '-'} -> {after or '-'}")
+    previous = json.loads(args.out.read_text()) if args.out.exists() else {}
+    for section in ("packages", "libraries"):
+        old, now = previous.get(section, {}), new[section]
+        for name in sorted(set(old) | set(now)):
+            before, after = old.get(name, {}).get("version"), now.get(name, {}).get("version")
+            if before != after:
+                print(f"{name}: {before or '-'} -> {after or '-'}")
     if not args.dry_run:
         args.out.write_text(text)
-        print(f"wrote {args.out.relative_to(REPO)} ({len(new['packages'])} packages)")
+        where = args.out.relative_to(REPO) if args.out.is_relative_to(REPO) else args.out
+        print(f"wrote {where} ({len(new['packages'])} packages, {len(new['libraries'])} CUDA libraries)")
     return 0
 
 

@@ -14,6 +14,10 @@
 }:
 let
   pins = import ../lib/pins.nix { };
+  cudaWheelLibs = callPackage ./cuda-wheel-libs.nix {
+    inherit cudaPackages;
+    pins = pins.libraries;
+  };
 
   # A manylinux_2_N wheel needs glibc 2.N or later; update.py accepts wheels up to pins.manylinuxMax.
   glibc = stdenv.cc.libc.version;
@@ -57,7 +61,7 @@ let
       torch = callPackage ./torch.nix {
         inherit python cudaPackages;
         wheel = fromWheel self "torch" pins.packages.torch;
-        replaced = pins.replaced;
+        inherit pins cudaWheelLibs;
       };
       triton = callPackage ./triton.nix {
         inherit python;
@@ -79,7 +83,7 @@ let
 in
 packages
 // {
-  inherit pins;
+  inherit pins cudaWheelLibs;
   # The packages below each group's roots in pyproject.toml (runtime: dependencies + serve, gpu, hub; dev: dev).
   runtimeRoots = map (name: packages.${name}) pins.roots.runtime;
   devRoots = map (name: packages.${name}) pins.roots.dev;

@@ -1,6 +1,13 @@
 # torch from its PyPI wheel (built by PyTorch for CUDA 13.2), patched the way nixpkgs' torch-bin patches the
-# pytorch.org wheels: every ELF file is pointed at the CUDA libraries of cudaPackages_13_2 (the wheel's own RPATH
-# names pip's nvidia-* wheels, which are not installed), and libcuda.so.1 is left to the host driver.
+# pytorch.org wheels: every ELF file is pointed at the CUDA libraries of the Nix store (the wheel's own RPATH names
+# pip's nvidia-* wheels, which are not installed), and libcuda.so.1 is left to the host driver.
+#
+# Which CUDA libraries, and from where, is decided from nix/pins/torch-cuda.json by nix/lib/torch-cuda.nix: those
+# torch's metadata pins to exact builds of their own (NCCL, NVSHMEM, cuDNN, cuSPARSELt) from their pinned wheels
+# (cuda-wheel-libs.nix), the CUDA 13.2 toolkit libraries from cudaPackages_13_2, at a build the record shows to export
+# every symbol torch imports. What cudaPackages_13_2 holds at the pinned nixpkgs could not be read offline; the
+# assertions below check it, at evaluation, before anything is built. libcurand and cuda_nvtx, which nixpkgs'
+# torch-bin adds, are not among them: this wheel neither NEEDs nor dlopen()s them (the record lists what it NEEDs).
 {
   lib,
   stdenv,
@@ -11,39 +18,30 @@
   autoAddDriverRunpath,
   # the generic wheel builder of python-set.nix, applied to torch's pin
   wheel,
-  # CUDA wheels pip resolved next to torch, with versions (nix/pins/pypi.json "replaced")
-  replaced,
+  # nix/lib/pins.nix's result
+  pins,
+  # cuda-wheel-libs.nix's result: pinned CUDA wheel -> its libraries
+  cudaWheelLibs,
 }:
 let
   inherit (cudaPackages) cudaMajorMinorVersion;
 
-  # Each CUDA library torch's ELF files NEED (read from the wheel with readelf), the package of cudaPackages
-  # that provides it, and the pip wheel torch was built against. NVIDIA breaks ABI only across major versions, so
-  # the majors must agree. What cudaPackages_13_2 holds at the pinned nixpkgs could not be read offline; this
-  # assertion is what checks it, at evaluation, before anything is built.
-  libraries = with cudaPackages; [
-    { package = cuda_cudart; wheel = "nvidia-cuda-runtime"; } # libcudart.so.13
-    { package = cuda_cupti; wheel = "nvidia-cuda-cupti"; } # libcupti.so.13
-    { package = cuda_nvrtc; wheel = "nvidia-cuda-nvrtc"; } # libnvrtc.so.13
-    { package = cudnn; wheel = "nvidia-cudnn-cu13"; } # libcudnn.so.9
-    { package = libcublas; wheel = "nvidia-cublas"; } # libcublas.so.13, libcublasLt.so.13
-    { package = libcufft; wheel = "nvidia-cufft"; } # libcufft.so.12
-    { package = libcufile; wheel = "nvidia-cufile"; } # libcufile.so.0
-    { package = libcusolver; wheel = "nvidia-cusolver"; } # libcusolver.so.12
-    { package = libcusparse; wheel = "nvidia-cusparse"; } # libcusparse.so.12
-    { package = libcusparse_lt; wheel = "nvidia-cusparselt-cu13"; } # libcusparseLt.so.0
-    { package = nccl; wheel = "nvidia-nccl-cu13"; } # libnccl.so.2
-    { package = libnvshmem; wheel = "nvidia-nvshmem-cu13"; } # libnvshmem_host.so.3
-  ];
-  mismatches = lib.filter (
-    l: lib.versions.major l.package.version != lib.versions.major replaced.${l.wheel}
-  ) libraries;
-  describe = l: "${l.package.pname} ${l.package.version} (torch was built with ${l.wheel} ${replaced.${l.wheel}})";
+  cuda = import ../lib/torch-cuda.nix { inherit pins; };
+  fromNixpkgs = lib.mapAttrsToList (attr: want: want // { package = cudaPackages.${attr}; }) cuda.nixpkgs;
+  fromWheels = map (name: cudaWheelLibs.${name}) (lib.attrNames cuda.wheels);
+  unsatisfied = lib.filter (l: !(lib.elem l.package.version l.versions)) fromNixpkgs;
+  describe =
+    l:
+    "${l.package.pname} ${l.package.version} (${lib.concatStringsSep ", " l.sonames}; checked to satisfy torch: ${lib.concatStringsSep ", " l.versions})";
 in
 assert lib.assertMsg (cudaMajorMinorVersion == "13.2")
   "torch 2.15.0's wheel is built for CUDA 13.2; the package set given is CUDA ${cudaMajorMinorVersion}";
-assert lib.assertMsg (mismatches == [ ])
-  "CUDA libraries whose major version differs from torch's build: ${lib.concatMapStringsSep ", " describe mismatches}";
+assert lib.assertMsg (cuda.problems == [ ]) (lib.concatStringsSep "\n" cuda.problems);
+assert lib.assertMsg (unsatisfied == [ ]) ''
+  cudaPackages_13_2 holds builds that nix/pins/torch-cuda.json does not show to export every symbol torch imports:
+    ${lib.concatMapStringsSep "\n  " describe unsatisfied}
+  Add this CUDA release to CUDA_RELEASES in nix/pins/torch_cuda.py and rerun it; if a build lacks symbols, link
+  torch against that library's pinned wheel instead (LINKED in nix/pins/update.py).'';
 wheel {
   nativeBuildInputs = [
     autoPatchelfHook
@@ -54,7 +52,8 @@ wheel {
     stdenv.cc.cc.lib
     zlib
   ]
-  ++ map (l: l.package) libraries;
+  ++ map (l: l.package) fromNixpkgs
+  ++ fromWheels;
 
   # The driver's userspace library: it must come from the machine the program runs on (/run/opengl-driver/lib
   # on NixOS, a mount by the NVIDIA container toolkit in a container), never from the store.
@@ -81,12 +80,17 @@ wheel {
 
   passthru = {
     inherit cudaPackages;
+    # where each CUDA library torch NEEDs comes from (nix/ci/release-check.sh prints it)
+    cudaLibraries = {
+      nixpkgs = lib.mapAttrs (attr: _: cudaPackages.${attr}.version) cuda.nixpkgs;
+      wheels = lib.mapAttrs (_: w: w.version) cuda.wheels;
+    };
     cudaSupport = true;
     cudaCapabilities = cudaPackages.flags.cudaCapabilities;
   };
 
   meta = {
-    description = "PyTorch from PyPI's CUDA 13.2 wheel, linked against nixpkgs' cudaPackages_13_2";
+    description = "PyTorch from PyPI's CUDA 13.2 wheel, linked against nixpkgs' cudaPackages_13_2 and the CUDA wheels it pins";
     homepage = "https://pytorch.org/";
     # BSD-3 for torch itself; the wheel links NVIDIA's CUDA libraries and bundles Intel's oneDNN/MKL pieces.
     license = with lib.licenses; [

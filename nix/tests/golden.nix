@@ -26,6 +26,11 @@ let
   image = import ../lib/image.nix;
   wrapper = import ../lib/wrapper.nix;
   cuda = import ../lib/cuda.nix;
+  mounts = import ../lib/mounts.nix;
+  torchCuda = import ../lib/torch-cuda.nix;
+  driver = import ../lib/driver.nix;
+  torchCudaRecord = fromJSON (readFile ../pins/torch-cuda.json);
+  realPins = import ../lib/pins.nix { };
   pins = file: import ../lib/pins.nix { inherit file; };
 
   # Stand-ins for store paths: the logic only places them.
@@ -45,6 +50,17 @@ let
     builtins.toFile "pins-${name}-${field}.json" (
       toJSON (data // { packages = data.packages // { ${name} = data.packages.${name} // { ${field} = value; }; }; })
     );
+
+  # The appliance's hardware module, given the one lib function it calls as nixpkgs' lib/modules.nix defines it:
+  # mkImageMediaOverride = mkOverride 60, which wraps the value with its priority.
+  applianceHardware = import ../../appliance/hardware.nix {
+    lib.mkImageMediaOverride = content: {
+      _type = "override";
+      priority = 60;
+      inherit content;
+    };
+  };
+  applianceMounts = import ../../appliance/mounts.nix;
 
   cases = {
     # The defaults of the NixOS module.
@@ -122,6 +138,99 @@ let
       sri-of-another-file = rejects (pins (brokenPins "markupsafe" "hash" (pins fixture).packages.packaging.hash));
       dependency-unpinned = rejects (pins (brokenPins "jinja2" "deps" [ "markupsafe" "babel" ]));
       not-a-wheel = rejects (pins (brokenPins "packaging" "filename" "packaging-26.4.tar.gz"));
+    };
+
+    # The image's file systems (checks.appliance-mounts applies the same function to the evaluated image).
+    appliance-mounts = {
+      # The module system keeps only the definitions of an option at its best (lowest) priority, so hardware.nix's
+      # must be at most that of nixpkgs' disk-image module, 60; a plain definition is 100 and drops out of the image.
+      priority = applianceHardware.fileSystems.priority or 100;
+      mountPoints = attrNames (applianceHardware.fileSystems.content or applianceHardware.fileSystems);
+      # The image as it was with hardware.nix at the normal priority: only what disk-image.nix defines.
+      dropped = mounts.missing applianceMounts {
+        "/" = {
+          device = "/dev/disk/by-label/nixos";
+          autoResize = true;
+          fsType = "ext4";
+        };
+        "/boot" = {
+          device = "/dev/disk/by-label/ESP";
+          fsType = "vfat";
+        };
+      };
+      # Both definitions merged, with the option NixOS adds to every mount.
+      merged = mounts.missing applianceMounts (
+        builtins.mapAttrs (_: fs: fs // { options = [ "defaults" ] ++ fs.options or [ ]; }) applianceMounts
+      );
+      other-device = mounts.missing applianceMounts (
+        applianceMounts
+        // {
+          "/var/lib/private/glm53" = applianceMounts."/var/lib/private/glm53" // {
+            device = "/dev/sdb1";
+          };
+        }
+      );
+    };
+
+    # Read without evaluating the rest of the module (attributes are lazy).
+    appliance-platform = (import ../../appliance/default.nix { config = { }; lib = { }; }).nixpkgs.hostPlatform;
+
+    # Where torch's CUDA libraries come from, for the pinned torch and its recorded imports.
+    torch-cuda = torchCuda { };
+    torch-cuda-problems = {
+      # a record made for another torch wheel
+      other-torch = (torchCuda {
+        record = torchCudaRecord // {
+          torch = {
+            filename = "torch-2.14.0-cp313-cp313-manylinux_2_28_x86_64.whl";
+            sha256 = "0000000000000000000000000000000000000000000000000000000000000000";
+          };
+        };
+      }).problems;
+      # NVSHMEM 3.4.5 (in nixpkgs at a revision read) lacks a function torch 2.15 imports
+      nvshmem-3_4_5 = (torchCuda {
+        record = torchCudaRecord // {
+          libraries = torchCudaRecord.libraries // {
+            "libnvshmem_host.so.3" = torchCudaRecord.libraries."libnvshmem_host.so.3" // {
+              required = "3.4.5";
+            };
+          };
+        };
+        pins = realPins // {
+          libraries = realPins.libraries // {
+            nvidia-nvshmem-cu13 = realPins.libraries.nvidia-nvshmem-cu13 // {
+              version = "3.4.5";
+            };
+          };
+        };
+      }).problems;
+    };
+    # Without its wheel pinned, NCCL would come from nixpkgs, and only a nixpkgs NCCL of 2.30.7 would do (nixpkgs
+    # carried 2.27.x and 2.28.7 at revisions read; torch.nix then stops the evaluation).
+    torch-cuda-nccl-from-nixpkgs =
+      (torchCuda {
+        pins = realPins // {
+          libraries = removeAttrs realPins.libraries [ "nvidia-nccl-cu13" ];
+          replaced = realPins.replaced // {
+            nvidia-nccl-cu13 = "2.30.7";
+          };
+        };
+      }).nixpkgs.nccl;
+
+    # What each driver branch supports of CUDA 13.2, and the appliance's choice among nixpkgs' driver packages
+    # (production first, then latest) as the branches stood at nixpkgs revisions read.
+    driver = {
+      support = builtins.listToAttrs (
+        map (version: {
+          name = version;
+          value = driver.support version;
+        }) [ "550.54.15" "575.64.05" "580.159.04" "590.48.01" "595" "595.45.04" "610.43.03" ]
+      );
+      choice = map (candidates: (driver.choose candidates).version) [
+        [ { version = "580.119.02"; } { version = "590.48.01"; } ]
+        [ { version = "580.119.02"; } { version = "595.84"; } ]
+        [ { version = "595.84"; } { version = "610.43.03"; } ]
+      ];
     };
 
     cuda-arch-list = {

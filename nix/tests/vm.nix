@@ -5,6 +5,10 @@
   pkgs,
   module,
 }:
+# The node's platform is that of pkgs: runNixOSTest hands pkgs to the node and makes the nixpkgs.* options
+# read-only (nixos/modules/misc/nixpkgs/read-only.nix sets nixpkgs.hostPlatform from pkgs), so the node cannot set
+# nixpkgs.hostPlatform itself (a second definition of a read-only option is an error). It is asserted here instead.
+assert pkgs.stdenv.hostPlatform.system == "x86_64-linux";
 pkgs.testers.runNixOSTest {
   name = "glm53-service";
 
