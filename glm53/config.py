@@ -211,7 +211,8 @@ class Settings:
     max_batch_size: int = setting(_number(int, 1, 256), 8, "jobs generated concurrently (continuous batching)")
     chunk_size: int = setting(_number(int, 16, 1048576), 8192, "prefill chunk in tokens", flags=("-chunk_size",))
     prefill_last_page_split: bool = setting(BOOL, {"fast": False, "exact": True}, "prefill a prompt's last page in a forward of its own, as stock exllamav3 does for recurrent models "
-                                            "(a recurrent-state checkpoint there for prefix reuse; offloaded, each forward streams the non-resident experts once)")
+                                            "(a recurrent-state checkpoint there for prefix reuse; offloaded, each forward streams the non-resident experts once; "
+                                            "off, the recurrent layers make that checkpoint inside the one forward)")
     recurrent_cache_gb: float = setting(_number(float, 0, None, " GB"), 4.0, "host RAM for recurrent-state checkpoints (least recently used dropped first; each counted at its measured size): "
                                         "one at the end of each prompt and of each answer lets an agent's next turn prefill only its new tokens")
     ambs: int = setting(_number(int, 1, 256), 4, "streams decoded together in one batched step (recurrent-state slots)", flags=("-ambs",))
