@@ -171,14 +171,15 @@ class MessagesBase(Lenient):
     output_config: OutputConfig | None = None
     context_management: dict[str, Any] | None = None  # read for clear_thinking's keep: "all"
 
-    @model_validator(mode="after")
-    def _tool_choice_needs_tools(self):
-        choice = self.tool_choice
-        if isinstance(choice, (ToolChoiceAny, ToolChoiceTool)) and not self.tools:
-            raise ValueError(f"tool_choice {choice.type!r} needs 'tools'")
-        if isinstance(choice, ToolChoiceTool) and choice.name not in {t.name for t in self.tools}:
-            raise ValueError(f"tool_choice names {choice.name!r}, which is not in 'tools'")
-        return self
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice_needs_tools(cls, choice, info):
+        tools = info.data.get("tools")  # validated before tool_choice (field order)
+        if isinstance(choice, (ToolChoiceAny, ToolChoiceTool)) and not tools:
+            raise ValueError(f"{choice.type!r} needs 'tools'")
+        if isinstance(choice, ToolChoiceTool) and choice.name not in {t.name for t in tools}:
+            raise ValueError(f"names {choice.name!r}, which is not in 'tools'")
+        return choice
 
     def keeps_all_thinking(self) -> bool:
         """The client asked for every earlier turn's thinking to stay in context (a clear_thinking edit keeping all)."""

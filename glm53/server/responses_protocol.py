@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .protocol import Lenient, PositiveInt, Strict, Temperature, TopP
 
@@ -161,16 +161,22 @@ class ResponsesRequest(Lenient):
                 raise ValueError(f"item {i} has type {kind!r}; supported input items: {', '.join(INPUT_ITEMS)}")
         return value
 
-    @model_validator(mode="after")
-    def _cross_field_rules(self):
-        if self.background:
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice_needs_functions(cls, choice, info):
+        functions = {t.name for t in info.data.get("tools") or [] if isinstance(t, FunctionTool)}  # tools come first
+        if isinstance(choice, NamedFunction) and choice.name not in functions:
+            raise ValueError(f"names {choice.name!r}, which is not a function in 'tools'")
+        if choice == "required" and not functions:
+            raise ValueError("'required' needs function tools")
+        return choice
+
+    @field_validator("background")
+    @classmethod
+    def _foreground(cls, value):
+        if value:
             raise ValueError("background responses are not supported; stream instead")
-        functions = {t.name for t in self.functions()}
-        if isinstance(self.tool_choice, NamedFunction) and self.tool_choice.name not in functions:
-            raise ValueError(f"tool_choice names {self.tool_choice.name!r}, which is not a function in 'tools'")
-        if self.tool_choice == "required" and not functions:
-            raise ValueError("tool_choice 'required' needs function tools")
-        return self
+        return value
 
     def functions(self) -> list[FunctionTool]:
         return [t for t in self.tools or [] if isinstance(t, FunctionTool)]
