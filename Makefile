@@ -7,8 +7,13 @@ BIN    := $(VENV)/bin
 # multi-GB CUDA build (pip takes this version from a local wheel where one is provided, as on CI).
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed-serve-dev-hub
+# The agent CLIs that tests/server/test_agent_clis.py drives, pinned; each npm package brings its native binary.
+CLAUDE_CODE := 2.1.332
+CODEX_CLI   := 0.171.0
+NPM_TOOLS   := .npm-tools
+NPM_STAMP   := $(NPM_TOOLS)/.installed-claude-$(CLAUDE_CODE)-codex-$(CODEX_CLI)
 
-.PHONY: demo test test-nix native readme clean
+.PHONY: demo test test-nix native agent-clis readme clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,8 +24,16 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/glm53 serve
 
-test: $(STAMP) test-nix native
+test: $(STAMP) test-nix native agent-clis
 	$(BIN)/python -m pytest -q -m 'not gpu'
+
+agent-clis: $(NPM_STAMP)
+
+$(NPM_STAMP):
+	rm -rf $(NPM_TOOLS)
+	npm install --prefix $(NPM_TOOLS) --no-save --no-package-lock --no-audit --no-fund --loglevel=error \
+		@anthropic-ai/claude-code@$(CLAUDE_CODE) @openai/codex@$(CODEX_CLI)
+	touch $@
 
 # The CPU tier's kernel library, native/build/libglm53_cpu_expert.so (g++; tests/native checks it).
 native:
@@ -36,4 +49,4 @@ readme: $(STAMP)
 	$(BIN)/python -c "import pathlib, glm53.config as c; p = pathlib.Path('README.md'); p.write_text(c.readme_with_table(p.read_text()))"
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis build native/build *.egg-info
+	rm -rf $(VENV) $(NPM_TOOLS) .pytest_cache .hypothesis build native/build *.egg-info

@@ -206,13 +206,17 @@ class Settings:
     max_request_mb: float = setting(_number(float, 0.01, 1024, " MB"), 16.0, "largest request body accepted (413 beyond)")
     sse_keepalive_s: float = setting(_number(float, 0.1, 300, " s"), 5.0, "idle time after which a stream gets an SSE comment (keeps proxies and clients from timing out)")
     shutdown_grace_s: float = setting(_number(float, 0, 3600, " s"), 30.0, "on SIGTERM, how long in-flight requests may run to completion while new ones get 503; the rest are then cancelled")
+    responses_store: int = setting(_number(int, 0, 100000), 256, "responses /v1/responses keeps in memory for previous_response_id (least recently used dropped first; 0: none)")
     log_prompts: bool = setting(BOOL, False, "put prompt and completion text in the per-request access-log line (off: counts and timings only)")
     # --- engine
     cache_size: int = setting(_multiple_of(_number(int, 256, 16 * 1048576), 256), 131072, "KV cache size in tokens: the context one sequence may use, shared by all", flags=("-cs",))
     max_batch_size: int = setting(_number(int, 1, 256), 8, "jobs generated concurrently (continuous batching)")
     chunk_size: int = setting(_number(int, 16, 1048576), 8192, "prefill chunk in tokens", flags=("-chunk_size",))
     prefill_last_page_split: bool = setting(BOOL, {"fast": False, "exact": True}, "prefill a prompt's last page in a forward of its own, as stock exllamav3 does for recurrent models "
-                                            "(a recurrent-state checkpoint there for prefix reuse; offloaded, each forward streams the non-resident experts once)")
+                                            "(a recurrent-state checkpoint there for prefix reuse; offloaded, each forward streams the non-resident experts once; "
+                                            "off, the recurrent layers make that checkpoint inside the one forward)")
+    recurrent_cache_gb: float = setting(_number(float, 0, None, " GB"), 4.0, "host RAM for recurrent-state checkpoints (least recently used dropped first; each counted at its measured size): "
+                                        "one at the end of each prompt and of each answer lets an agent's next turn prefill only its new tokens")
     ambs: int = setting(_number(int, 1, 256), 4, "streams decoded together in one batched step (recurrent-state slots)", flags=("-ambs",))
     vram_limit_gb: float | None = setting(_optional(_number(float, 1, None, " GB"), "the whole GPU"), None, "use at most this much VRAM (emulates a smaller card on a larger one)", show_default="unset (whole GPU)")
     triton_pin: Path | None = setting(_optional(PATH, "autotune"), None, "pin file of Triton autotune choices for the KDA kernels (autotuned picks change rounding)", show_default="unset (autotune)")

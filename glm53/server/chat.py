@@ -44,8 +44,18 @@ def chat_completions():
     req = parse_body(ChatCompletionRequest)
     check_model(req.model)
     plan = plan_chat(req)
+    group = JobGroup(generation_requests(req, plan), request.environ)
+    meta = {"id": "chatcmpl-" + uuid.uuid4().hex[:24], "created": int(time.time()), "model": runtime().settings.served_name}
+    if req.stream:
+        return stream_response(_stream(group, plan, req, meta, runtime().settings.sse_keepalive_s))
+    return _collect(group, plan, req, meta)
+
+
+def generation_requests(req: ChatCompletionRequest, plan: ChatPlan) -> list[GenerationRequest]:
+    """The scheduler jobs of a planned request, one per choice (also those of /v1/messages and /v1/responses,
+    which arrive here translated into a chat request). :raise 400: the prompt leaves no room in the context."""
     budget = max_new_tokens(req.requested_max_tokens(), len(plan.prompt_ids))
-    jobs = [
+    return [
         GenerationRequest(
             prompt_ids=tuple(plan.prompt_ids),
             max_new_tokens=budget,
@@ -55,11 +65,6 @@ def chat_completions():
         )
         for choice in range(req.n)
     ]
-    group = JobGroup(jobs, request.environ)
-    meta = {"id": "chatcmpl-" + uuid.uuid4().hex[:24], "created": int(time.time()), "model": runtime().settings.served_name}
-    if req.stream:
-        return stream_response(_stream(group, plan, req, meta, runtime().settings.sse_keepalive_s))
-    return _collect(group, plan, req, meta)
 
 
 def plan_chat(req: ChatCompletionRequest) -> ChatPlan:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 
-from flask import Flask, Response, current_app, request
+from flask import Flask, Response, current_app, has_request_context, request
 from pydantic import ValidationError
 from werkzeug.exceptions import HTTPException
 
@@ -92,8 +93,23 @@ def from_validation_error(exc: ValidationError) -> APIError:
     return APIError(400, message, param=param, code=err["type"])
 
 
+# APIs with an error shape of their own (Anthropic's): path prefix -> the body of an error on that API, so that
+# every error a client of it can meet (validation, auth, drain, routing) arrives in the shape its SDK reads.
+_shapes: dict[str, Callable[[APIError], dict]] = {}
+
+
+def use_shape(prefix: str, body: Callable[[APIError], dict]) -> None:
+    _shapes[prefix] = body
+
+
+def shaped_body(err: APIError) -> dict:
+    path = request.path if has_request_context() else ""
+    shape = next((body for prefix, body in _shapes.items() if path.startswith(prefix)), None)
+    return shape(err) if shape is not None else err.body()
+
+
 def json_error(err: APIError) -> Response:
-    resp = Response(json.dumps(err.body()), status=err.status, mimetype="application/json")
+    resp = Response(json.dumps(shaped_body(err)), status=err.status, mimetype="application/json")
     for k, v in err.headers.items():
         resp.headers[k] = v
     return resp

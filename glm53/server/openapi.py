@@ -14,7 +14,9 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from .. import __version__
+from .anthropic_protocol import CountTokensRequest, MessagesRequest
 from .protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, GenerateRequest, TokenizeRequest
+from .responses_protocol import ResponsesRequest
 
 bp = Blueprint("openapi", __name__)
 
@@ -23,11 +25,14 @@ bp = Blueprint("openapi", __name__)
 REQUEST_BODIES: dict[str, type[BaseModel]] = {
     "/v1/chat/completions": ChatCompletionRequest,
     "/v1/completions": CompletionRequest,
+    "/v1/messages": MessagesRequest,
+    "/v1/messages/count_tokens": CountTokensRequest,
+    "/v1/responses": ResponsesRequest,
     "/generate": GenerateRequest,
     "/tokenize": TokenizeRequest,
     "/detokenize": DetokenizeRequest,
 }
-STREAMING = frozenset({"/v1/chat/completions", "/v1/completions", "/generate"})
+STREAMING = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/responses", "/generate"})
 TEXT_RESPONSES = frozenset({"/metrics"})
 
 ERROR_SCHEMA = {
@@ -68,7 +73,7 @@ def describe(app: Flask) -> dict:
     return {
         "openapi": "3.1.0",
         "info": {"title": "glm53", "version": __version__,
-                 "description": "GLM-5.3-Flash behind an OpenAI-compatible API (and SGLang's /generate)."},
+                 "description": "GLM-5.3-Flash behind OpenAI-compatible APIs, Anthropic's Messages API and SGLang's /generate."},
         "paths": paths,
         "components": {
             "schemas": {**defs["$defs"], "Error": ERROR_SCHEMA},

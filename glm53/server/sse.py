@@ -18,6 +18,11 @@ def frame(obj: dict) -> str:
     return "data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n\n"
 
 
+def named_frame(event: str, obj: dict) -> str:
+    """A typed event (``event:`` and ``data:`` lines), as the Anthropic and Responses APIs stream them."""
+    return f"event: {event}\n" + frame(obj)
+
+
 def stream_response(chunks) -> Response:
     """A streamed ``text/event-stream`` response; every chunk is written as soon as it is yielded."""
     return Response(_encoded(chunks), mimetype="text/event-stream", headers=HEADERS, direct_passthrough=True)

@@ -25,7 +25,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-ANNOTATIONS = frozenset({"title", "description", "default", "examples"})
+# ``discriminator`` only names the property whose ``const`` picks a ``oneOf`` member: the members constrain it
+ANNOTATIONS = frozenset({"title", "description", "default", "examples", "discriminator"})
 KEYWORDS = frozenset({
     "$ref", "anyOf", "oneOf", "const", "enum", "type", "properties", "required", "additionalProperties", "items",
     "minItems", "maxItems", "minLength", "maxLength", "pattern", "minimum", "maximum", "exclusiveMinimum",
@@ -167,7 +168,8 @@ def _random_slot(draw, value, depth: int = 0):
 # ----- this server's operations
 
 ENDPOINTS = [
-    ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("POST", "/generate"), ("POST", "/tokenize"),
+    ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("POST", "/v1/messages"), ("POST", "/v1/messages/count_tokens"),
+    ("POST", "/v1/responses"), ("POST", "/generate"), ("POST", "/tokenize"),
     ("POST", "/detokenize"), ("GET", "/v1/models/{model_id}"), ("GET", "/v1/models"), ("GET", "/health"),
     ("GET", "/stats"), ("GET", "/server_info"), ("GET", "/metrics"), ("GET", "/openapi.json"),
 ]
@@ -177,6 +179,8 @@ HINTS = {
     "ChatMessage": {"required": ["role", "content"]},
     "ContentPart": {"properties": {"type": {"const": "text"}, "text": {"type": "string"}}, "required": ["type", "text"]},
     "ResponseFormat": {"properties": {"type": {"const": "text"}}},
+    "TextFormat": {"properties": {"type": {"const": "text"}}},
+    "HostedTool": {"properties": {"type": {"const": "web_search"}}},
 }
 GPU_CORPUS = Path(__file__).resolve().parents[1] / "gpu" / "fuzz_corpus.json"
 GPU_CORPUS_CASES = {"POST": 24, "GET": 4, "GET /v1/models/{model_id}": 6}  # 150 in all

@@ -4,7 +4,8 @@ The last ``[[script:NAME]]`` marker in the prompt picks the output from SCRIPTS 
 ``[[script:fail]]`` makes the backend's step raise while that sequence is active (the whole batch fails);
 ``[[script:fail_alone]]`` fails that sequence alone after two tokens; ``[[script:slow_prefill]]`` spends
 PREFILL_STEPS steps prefilling; ``[[script:long]]`` writes LONG_TOKENS tokens. ``[[cached:N]]`` makes the first
-token report N prompt tokens served from a prefix cache.
+token report N prompt tokens served from a prefix cache. An agent script (AGENT_CALLS) plays one tool-use turn:
+until a tool result follows its marker it calls its tool, then it answers with that result.
 Run: ``python -m tests.server.scripted_server [setting flags]``; ``SCRIPTED_STEP_S`` in the environment makes each
 engine step take that many seconds (so a test can act while a job is in a given phase).
 """
@@ -42,6 +43,27 @@ SCRIPTS = {
     "forced": "<arg_key>city</arg_key><arg_value>Oslo</arg_value></tool_call>",
 }
 
+# Agent scripts: the tool called and its arguments. The command's output (glm53-42) differs from its text, so an
+# answer that quotes it shows that the client really ran the command and sent the result back.
+AGENT_COMMAND = "echo glm53-$((6*7))"
+AGENT_CALLS = {
+    "claude_bash": ("Bash", {"command": AGENT_COMMAND, "description": "Print a number"}),
+    "codex_exec": ("exec_command", {"cmd": AGENT_COMMAND}),
+    "agent_weather": ("get_weather", {"city": "Oslo"}),
+}
+AGENT_ANSWER = "The tool said: "
+
+
+def agent_turn(prompt: str, tool: str, args: dict[str, str]) -> str:
+    """The output of one step of a tool-use loop: a call to ``tool``, or, once a tool result follows the script's
+    marker, an answer quoting the last result (each after a short reasoning when the prompt opened one)."""
+    results = re.findall(r"<tool_response>(.*?)</tool_response>", prompt[prompt.rfind("[[script:"):], re.S)
+    think = prompt.rstrip().endswith("<think>")
+    if results:
+        return ("Reading the result.</think>" if think else "") + AGENT_ANSWER + results[-1].strip()
+    pairs = "".join(f"<arg_key>{k}</arg_key><arg_value>{v}</arg_value>" for k, v in args.items())
+    return ("Calling the tool.</think>" if think else "") + f"<tool_call>{tool}{pairs}</tool_call>"
+
 
 class FailingBackend(ScriptedBackend):
     def step(self):
@@ -62,6 +84,8 @@ def script(prompt_ids: list[int]) -> list[int]:
         return [PREFILL] * PREFILL_STEPS + list(SCRIPTS["plain"].encode())
     if name == "long":
         return [ord("x")] * LONG_TOKENS
+    if name in AGENT_CALLS:
+        return list(agent_turn(text, *AGENT_CALLS[name]).encode())
     return list(SCRIPTS[name].encode())
 
 
