@@ -266,7 +266,8 @@ def _argument_parser() -> argparse.ArgumentParser:
     for f in setting_fields():
         if f.metadata["secret"]:
             continue  # secrets only from the environment: command lines are visible to every user
-        ap.add_argument(*flag_names(f), dest=f.name, default=None, metavar="VALUE", help=f.metadata["meaning"])
+        # argparse %-formats help texts (for %(default)s); a meaning is plain text, so its "%" is escaped
+        ap.add_argument(*flag_names(f), dest=f.name, default=None, metavar="VALUE", help=f.metadata["meaning"].replace("%", "%%"))
     return ap
 
 
