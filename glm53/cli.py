@@ -91,12 +91,19 @@ def _info(settings: config.Settings, as_json: bool) -> int:
                           "preflight": [c.__dict__ for c in checks]}, indent=2))
     else:
         print(f"glm53 {__version__}\n\nsettings:")
-        for name, value in settings.public().items():
-            print(f"  {config.env_var(name):24} {value!s:44} ({settings.sources[name]})")
+        print("\n".join(_settings_table(settings)))
         print("\npreflight:")
         for c in checks:
             print(f"  [{c.level:4}] {c.name}: {c.message}")
     return 1 if preflight.failures(checks) else 0
+
+
+def _settings_table(settings: config.Settings) -> list[str]:
+    """One row per setting: variable, value and where it came from, in columns as wide as their longest entry."""
+    rows = [(config.env_var(name), str(value), settings.sources[name]) for name, value in settings.public().items()]
+    name_width = max(len(r[0]) for r in rows)
+    value_width = max(len(r[1]) for r in rows)
+    return [f"  {name:{name_width}} {value:{value_width}} ({source})" for name, value, source in rows]
 
 
 def _synth(ns: argparse.Namespace) -> int:

@@ -43,3 +43,16 @@ def test_help_lists_every_setting_flag_with_its_meaning_intact(capsys, command):
     # a help text with a percent sign comes through as written
     assert "adds 8-11 % to one stream" in text
 
+
+def test_info_table_keeps_its_columns_for_long_names_and_values(tmp_path):
+    model_dir = tmp_path / ("a-long-directory-name-" * 3) / "GLM-5.3-Flash-exl3"
+    settings = config.load(["-m", str(model_dir)], {})
+    rows = cli._settings_table(settings)
+    assert len(rows) == len(config.setting_fields())
+    names = [config.env_var(name) for name in settings.public()]
+    values = [str(v) for v in settings.public().values()]
+    value_at = {row.index(" " + value + " ", row.index(name) + len(name)) + 1 for row, name, value in zip(rows, names, values)}
+    source_at = {row.rindex("(") for row in rows}
+    assert len(value_at) == 1 and len(source_at) == 1
+    model_row = rows[names.index("GLM53_MODEL_DIR")]
+    assert model_row.split() == ["GLM53_MODEL_DIR", str(model_dir), "(flag)"]
