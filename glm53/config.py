@@ -98,7 +98,6 @@ def _parse_bool(text: str) -> bool:
 
 
 BOOL = Parser("1/0, true/false, yes/no, on/off", _parse_bool)
-TEXT = Parser("any text", lambda t: t)
 
 
 def _parse_nonempty(text: str) -> str:
@@ -129,6 +128,19 @@ def _parse_cpus(text: str) -> str | tuple[int, ...]:
     if len(set(cpus)) != len(cpus):
         raise ValueError(text)
     return tuple(cpus)
+
+
+def _parse_api_key(text: str) -> str | None:
+    """Empty means no key. Otherwise what an ``Authorization: Bearer`` header carries intact: a space, a control
+    character or a non-ASCII letter would be cut, folded or re-encoded on the way, and no client could match."""
+    if text == "":
+        return None
+    if not all("!" <= c <= "~" for c in text):
+        raise ValueError("not printable ASCII")
+    return text
+
+
+API_KEY = Parser("printable ASCII without spaces, or empty (no key)", _parse_api_key)
 
 
 CPUS = Parser("auto, or a CPU list such as 2-11,14", _parse_cpus)
@@ -199,7 +211,7 @@ class Settings:
     host: str = setting(HOST, "127.0.0.1", "address to listen on (use 0.0.0.0 to serve other machines)")
     port: int = setting(_number(int, 1, 65535), 30000, "TCP port to listen on")
     served_name: str = setting(NAME, "glm-5.3-flash", "model id reported by /v1/models and accepted in requests")
-    api_key: str | None = setting(_optional(TEXT, "no key"), None, "when set, every endpoint but /health requires `Authorization: Bearer <key>`", secret=True, show_default="unset (no key)")
+    api_key: str | None = setting(API_KEY, None, "when set, every endpoint but /health requires `Authorization: Bearer <key>`", secret=True, show_default="unset (no key)")
     max_queue: int = setting(_number(int, 0, 100000), 256, "requests that may wait for a batch slot; beyond that, 429 with Retry-After")
     max_request_mb: float = setting(_number(float, 0.01, 1024, " MB"), 16.0, "largest request body accepted (413 beyond)")
     sse_keepalive_s: float = setting(_number(float, 0.1, 300, " s"), 5.0, "idle time after which a stream gets an SSE comment (keeps proxies and clients from timing out)")
