@@ -25,6 +25,8 @@ ENV_PREFIX = "GLM53_"
 # Variables with the prefix that are not settings: the GPU kit's prep.sh exports GLM53_SITE (its wheel dir);
 # GLM53_NATIVE_BUILD is where the native libraries are looked for first (glm53/offload/native_lib.py).
 FOREIGN_ENV = frozenset({"GLM53_SITE", "GLM53_NATIVE_BUILD"})
+# nix/ci/check.sh's variables had the prefix once; a shell that still exports one is told the new name.
+RENAMED_ENV = {"GLM53_NIX_CHROOT": "NIXCI_CHROOT", "GLM53_DEBIAN_MIRROR": "NIXCI_DEBIAN_MIRROR"}
 
 
 class ConfigError(ValueError):
@@ -297,6 +299,8 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     environ = os.environ if environ is None else environ
     flags = _parse_flags(argv or [])
     unknown = sorted(k for k in environ if k.startswith(ENV_PREFIX) and k not in FOREIGN_ENV and k not in _ENV_NAMES)
+    if unknown and unknown[0] in RENAMED_ENV:
+        raise ConfigError(f"{unknown[0]} is not a glm53 setting: nix/ci/check.sh reads it as {RENAMED_ENV[unknown[0]]} now")
     if unknown:
         raise ConfigError(f"{unknown[0]} is not a glm53 setting; known variables: {', '.join(sorted(_ENV_NAMES))}")
     by_name = {f.name: f for f in setting_fields()}

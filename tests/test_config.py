@@ -1,10 +1,13 @@
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from glm53 import config
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
 
 
 def load(argv=(), **env):
@@ -86,3 +89,19 @@ def test_the_native_library_directory_is_not_refused():
 def test_readme_table_is_generated_from_the_definitions():
     text = README.read_text()
     assert config.readme_with_table(text) == text, "README config table is stale: run `make readme`"
+
+
+def test_variables_the_projects_scripts_read_do_not_stop_the_server():
+    """A variable a script of this project reads may be exported in the shell that then runs `glm53 serve`."""
+    files = subprocess.run(["git", "ls-files", "*.sh", ".ci/run"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    assert "nix/ci/check.sh" in files
+    read = {(f, name) for f in files for name in re.findall(r"\bGLM53_[A-Z0-9_]+", (REPO / f).read_text())}
+    known = {config.env_var(f.name) for f in config.setting_fields()} | config.FOREIGN_ENV
+    assert sorted((f, name) for f, name in read if name not in known) == []
+
+
+@pytest.mark.parametrize("old,new", [("GLM53_NIX_CHROOT", "NIXCI_CHROOT"), ("GLM53_DEBIAN_MIRROR", "NIXCI_DEBIAN_MIRROR")])
+def test_the_ci_variables_old_names_say_what_they_are_now(old, new):
+    with pytest.raises(config.ConfigError) as exc:
+        load(**{old: "/somewhere"})
+    assert str(exc.value) == f"{old} is not a glm53 setting: nix/ci/check.sh reads it as {new} now"
