@@ -137,15 +137,21 @@ def _serve(settings: config.Settings) -> int:
         print("glm53: not starting: " + "; ".join(c.message for c in preflight.failures(checks)), file=sys.stderr)
         return 1
     from .server.gunicorn_app import serve
+    from .server.listener import ListenError, bind, bind_address
 
-    url = f"http://{settings.host}:{settings.port}"
+    try:
+        listener = bind(settings.host, settings.port)  # before saying where it listens
+    except ListenError as exc:
+        print(f"glm53: not starting: {exc}", file=sys.stderr)
+        return 1
+    url = f"http://{bind_address(settings.host, settings.port)}"
     print(
         f"glm53 {__version__} listening on {url} (model {settings.served_name!r}; /health says when it is ready)\n"
         f"try:  curl {url}/v1/chat/completions -H 'Content-Type: application/json' "
         f"-d '{{\"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}], \"max_tokens\": 64}}'",
         flush=True,
     )
-    serve(settings)
+    serve(settings, listener=listener)
     return 0
 
 
