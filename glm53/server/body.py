@@ -56,7 +56,7 @@ def check_structure(data: object) -> None:
     while stack:
         value, path = stack.pop()
         if len(path) > MAX_DEPTH:
-            raise APIError(400, f"the request body nests more than {MAX_DEPTH} levels deep (at {_dotted(path[:8])}...)", code="invalid_body")
+            raise APIError(400, f"the request body nests more than {MAX_DEPTH} levels deep (at {_dotted(path[:8])}...)", param=str(path[0]), code="invalid_body")
         if isinstance(value, str):
             _check_text(value, path)
         elif isinstance(value, dict):

@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from .errors import FieldError
+
 log = logging.getLogger("glm53.server")
 
 MAX_STOP_STRINGS = 64
@@ -97,9 +99,9 @@ class ContentPart(Strict):
     @model_validator(mode="after")
     def _text_only(self):
         if self.type != "text":
-            raise ValueError(f"content parts of type {self.type!r} are not supported; only 'text' is")
+            raise FieldError("type", f"content parts of type {self.type!r} are not supported; only 'text' is")
         if self.text is None:
-            raise ValueError("a 'text' content part needs a 'text' string")
+            raise FieldError("text", "a 'text' content part needs a 'text' string")
         return self
 
 
@@ -128,9 +130,9 @@ class ChatMessage(BaseModel):
     @model_validator(mode="after")
     def _content_present(self):
         if self.content is None and self.role != "assistant":
-            raise ValueError(f"a {self.role} message needs 'content'")
+            raise FieldError("content", f"a {self.role} message needs 'content'")
         if self.tool_calls and self.role != "assistant":
-            raise ValueError("only assistant messages carry 'tool_calls'")
+            raise FieldError("tool_calls", "only assistant messages carry 'tool_calls'")
         return self
 
 
@@ -197,19 +199,19 @@ class ChatCompletionRequest(SamplingFields):
     @model_validator(mode="after")
     def _cross_field_rules(self):
         if self.stream_options is not None and not self.stream:
-            raise ValueError("stream_options is only allowed when stream is true")
+            raise FieldError("stream_options", "only allowed when stream is true")
         if self.logprobs:
-            raise ValueError("logprobs are not supported on /v1/chat/completions; use /generate with return_logprob")
+            raise FieldError("logprobs", "not supported on /v1/chat/completions; use /generate with return_logprob")
         if isinstance(self.tool_choice, NamedToolChoice) or self.tool_choice == "required":
             if not self.tools:
-                raise ValueError("tool_choice needs 'tools'")
+                raise FieldError("tool_choice", "'required' and a named function need 'tools'")
         if isinstance(self.tool_choice, NamedToolChoice):
             names = {t.function.name for t in self.tools}
             if self.tool_choice.function.name not in names:
-                raise ValueError(f"tool_choice names {self.tool_choice.function.name!r}, which is not in 'tools'")
+                raise FieldError("tool_choice", f"names {self.tool_choice.function.name!r}, which is not in 'tools'")
         kwargs = self.chat_template_kwargs or {}
         if "enable_thinking" in kwargs and not isinstance(kwargs["enable_thinking"], bool):
-            raise ValueError("chat_template_kwargs.enable_thinking must be true or false")
+            raise FieldError("chat_template_kwargs.enable_thinking", "must be true or false")
         return self
 
     def requested_max_tokens(self) -> int | None:
@@ -234,13 +236,13 @@ class CompletionRequest(SamplingFields):
     @model_validator(mode="after")
     def _cross_field_rules(self):
         if self.stream_options is not None and not self.stream:
-            raise ValueError("stream_options is only allowed when stream is true")
+            raise FieldError("stream_options", "only allowed when stream is true")
         if self.suffix:
-            raise ValueError("suffix (fill-in-the-middle) is not supported")
+            raise FieldError("suffix", "fill-in-the-middle is not supported")
         if self.logprobs is not None:
-            raise ValueError("logprobs are not supported on /v1/completions; use /generate with return_logprob")
+            raise FieldError("logprobs", "not supported on /v1/completions; use /generate with return_logprob")
         if self.best_of not in (None, 1):
-            raise ValueError("best_of other than 1 is not supported; use n")
+            raise FieldError("best_of", "values other than 1 are not supported; use n")
         return self
 
     def requested_max_tokens(self) -> int | None:
@@ -286,7 +288,7 @@ class GenerateRequest(Lenient):
     @model_validator(mode="after")
     def _one_input(self):
         if (self.text is None) == (self.input_ids is None):
-            raise ValueError("give exactly one of 'text' and 'input_ids'")
+            raise FieldError("text", "give exactly one of 'text' and 'input_ids'")
         return self
 
 
@@ -297,7 +299,7 @@ class TokenizeRequest(Lenient):
     @model_validator(mode="after")
     def _one_input(self):
         if (self.text is None) == (self.prompt is None):
-            raise ValueError("give exactly one of 'text' and 'prompt'")
+            raise FieldError("text", "give exactly one of 'text' and 'prompt'")
         return self
 
 

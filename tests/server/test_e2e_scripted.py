@@ -232,14 +232,14 @@ def test_models_endpoint(client):
         ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400, "max_tokens"),
         ({"messages": [{"role": "user", "content": "x"}], "n": 1000}, 400, "n"),
         ({"messages": [{"role": "user", "content": "x"}], "stop": ["a"] * 1000}, 400, "stop"),
-        ({"messages": [{"role": "user", "content": "x"}], "logprobs": True}, 400, None),
-        ({"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": True}}, 400, None),
+        ({"messages": [{"role": "user", "content": "x"}], "logprobs": True}, 400, "logprobs"),
+        ({"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": True}}, 400, "stream_options"),
         ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]}, 400, "tools.0.function.parameters"),
-        ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, 400, None),
-        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "messages.0.content.0"),
+        ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, 400, "tool_choice"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "messages.0.content.0.type"),
         ({"messages": [{"role": "user", "content": "x" * 5000}]}, 400, "messages"),
         ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"999999": 5}}, 400, "logit_bias"),
-        ({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"enable_thinking": "no"}}, 400, None),
+        ({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"enable_thinking": "no"}}, 400, "chat_template_kwargs.enable_thinking"),
         ({"messages": [{"role": "user", "content": "x"}], "top_p": 0}, 400, "top_p"),
         ({"messages": [{"role": "user", "content": "x"}], "top_k": -2}, 400, "top_k"),
         ({"messages": [{"role": "user", "content": "x"}], "min_p": 1.5}, 400, "min_p"),
@@ -260,8 +260,7 @@ def test_bad_chat_requests_get_clear_4xx(server, body, status, param):
     assert code == status, resp
     err = resp["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["message"]
-    if param is not None:
-        assert err["param"] == param
+    assert err["param"] == param
 
 
 def test_context_length_error_quotes_the_numbers(server):
