@@ -1,21 +1,18 @@
 """Wire types of the request bodies, validated at the boundary.
 
 Types are strict (a string is not a number, a number is not a boolean) and ranges are checked here, so past
-this module every value is known to be good. Unknown top-level fields are accepted and logged once (clients
-send many harmless extras); inside objects whose typos would silently change behaviour (``sampling_params``,
-``stream_options``, tool definitions' ``function``) unknown fields are refused.
+this module every value is known to be good. Unknown top-level fields are accepted (clients send many harmless
+extras; ``server/unknown_fields.py`` logs and counts them); inside objects whose typos would silently change
+behaviour (``sampling_params``, ``stream_options``, tool definitions' ``function``) unknown fields are refused.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .errors import FieldError
-
-log = logging.getLogger("glm53.server")
 
 MAX_STOP_STRINGS = 64
 MAX_STOP_LENGTH = 1024
@@ -31,25 +28,14 @@ PositiveInt = Annotated[int, Field(ge=1)]
 Seed = Annotated[int, Field(ge=-(2**63), lt=2**64)]
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_LENGTH)]
 
-_logged_extras: set[str] = set()
-
-
 class Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
 
 class Lenient(BaseModel):
-    """Top-level bodies: unknown fields are accepted and logged once per field name."""
+    """Top-level bodies: unknown fields are accepted (``model_extra``)."""
 
     model_config = ConfigDict(strict=True, extra="allow")
-
-    @model_validator(mode="after")
-    def _log_extras(self):
-        for name in self.model_extra or {}:
-            if name not in _logged_extras:
-                _logged_extras.add(name)
-                log.info("ignoring unknown request field %r (%s)", name, type(self).__name__)
-        return self
 
 
 def _stop_list(value: str | list[str] | None) -> list[str]:
