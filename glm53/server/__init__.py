@@ -13,7 +13,7 @@ from ..engine import create_backend
 from ..engine.interface import Backend
 from ..engine.scheduler import Scheduler
 from . import auth, drain, errors
-from .access_log import AccessLog
+from .access_log import AccessLog, current_record
 from .jobs import Runtime
 from .metrics import Metrics
 
@@ -47,11 +47,13 @@ def create_app(
         app.register_blueprint(module.bp)
 
     @app.after_request
-    def _count(response):
-        rule = request.url_rule.rule if request.url_rule else "unmatched"
-        rt.metrics.request_done(rule, response.status_code)
+    def _note_endpoint(response):
+        record = current_record()
+        if record is not None and request.url_rule is not None:
+            record.endpoint = request.url_rule.rule
         return response
 
-    app.wsgi_app = AccessLog(app.wsgi_app, settings.log_prompts)
+    # counted when the response is closed, with the status it ended with (a stream's can change)
+    app.wsgi_app = AccessLog(app.wsgi_app, settings.log_prompts, rt.metrics.request_done)
     scheduler.start(on_failure=on_load_failure)
     return app

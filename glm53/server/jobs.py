@@ -144,7 +144,7 @@ class JobGroup:
             raise APIError(503, f"the model is not ready ({exc})", code="model_not_ready", headers={"Retry-After": "5"}) from None
         if self._record is not None:
             self._note_prompts(requests)
-        self._watcher = DisconnectWatcher(environ, self.cancel)
+        self._watcher = DisconnectWatcher(environ, self._client_gone)
 
     def events(self, keepalive_s: float | None) -> Iterator[tuple[int, object] | None]:
         while self._open:
@@ -202,6 +202,13 @@ class JobGroup:
             record.finishes.append(event.reason)
         elif isinstance(event, Scored):
             record.finishes.append("scored")
+
+    def _client_gone(self) -> None:
+        # a hang-up while jobs run is the client's doing, logged and counted as such whatever the response says;
+        # once they have all ended, a close may simply follow a complete answer that is still being written
+        if self._record is not None and self._open:
+            self._record.client_gone = True
+        self.cancel()
 
     def cancel(self) -> None:
         for job in self._jobs:
