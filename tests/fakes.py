@@ -36,6 +36,9 @@ class ByteTokens:
         out.append(buf.decode(errors="replace"))
         return "".join(out)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        return b"<eos>" if token_id == EOS else bytes([token_id])
+
 
 class ScriptedBackend:
     """Sequence i emits ``script(prompt_ids)`` one token per step (after a prefill step), then EOS forever.
