@@ -18,6 +18,7 @@ MAX_STOP_STRINGS = 64
 MAX_STOP_LENGTH = 1024
 MAX_N = 16
 MAX_TOP_LOGPROBS = 64
+MAX_CHAT_TOP_LOGPROBS = 20  # OpenAI's limit
 
 Temperature = Annotated[float, Field(ge=0.0, le=100.0, allow_inf_nan=False)]
 TopP = Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
@@ -178,7 +179,7 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "max"] | None = None
     logprobs: bool | None = None
-    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_CHAT_TOP_LOGPROBS)] | None = None
     response_format: ResponseFormat | None = None
     user: str | None = None
 
@@ -186,8 +187,8 @@ class ChatCompletionRequest(SamplingFields):
     def _cross_field_rules(self):
         if self.stream_options is not None and not self.stream:
             raise FieldError("stream_options", "only allowed when stream is true")
-        if self.logprobs:
-            raise FieldError("logprobs", "not supported on /v1/chat/completions; use /generate with return_logprob")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise FieldError("top_logprobs", "needs logprobs: true")
         if isinstance(self.tool_choice, NamedToolChoice) or self.tool_choice == "required":
             if not self.tools:
                 raise FieldError("tool_choice", "'required' and a named function need 'tools'")
