@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from . import __version__, config, panel, preflight
+from .progress import TerminalProgress
 from .models.synth import presets
 from .offload import triton_pin_record
 
@@ -110,9 +111,10 @@ def _synth(ns: argparse.Namespace) -> int:
     # Imported here: only this command needs numpy and the writer.
     from .models.synth.writer import write_checkpoint
 
+    bar = TerminalProgress()
     try:
         write_checkpoint(ns.out, ns.preset, seed=ns.seed, moe_layers=ns.moe_layers, profile=ns.profile,
-                         force=ns.force, stats_out=ns.stats_out, log=lambda line: print(line, flush=True))
+                         force=ns.force, stats_out=ns.stats_out, log=bar.echo, progress=bar)
     except (OSError, ValueError) as exc:
         print(f"glm53: {exc}", file=sys.stderr)
         return 1
@@ -158,7 +160,8 @@ def _serve(settings: config.Settings) -> int:
 def _calibrate(ns: argparse.Namespace) -> int:
     from .models.synth.calibrate import calibrate
 
-    report = calibrate(ns.model_dir, ns.profile, rounds=ns.rounds, tolerance=ns.tolerance)
+    bar = TerminalProgress()
+    report = calibrate(ns.model_dir, ns.profile, rounds=ns.rounds, tolerance=ns.tolerance, log=bar.echo, progress=bar)
     if ns.report:
         ns.report.write_text(json.dumps(report, indent=1))
     last = report["rounds"][-1]

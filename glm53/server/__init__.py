@@ -12,6 +12,7 @@ from ..config import Settings
 from ..engine import create_backend
 from ..engine.interface import Backend
 from ..engine.scheduler import Scheduler
+from ..progress import LoggedProgress, Progress
 from . import auth, drain, errors
 from .access_log import AccessLog, current_record
 from .jobs import Runtime
@@ -24,18 +25,22 @@ def create_app(
     settings: Settings,
     backend_factory: Callable[[], Backend] | None = None,
     on_load_failure: Callable[[str], None] | None = None,
+    progress: Progress | None = None,
 ) -> Flask:
     """Build the app and start loading the model on the scheduler's thread (the port answers meanwhile).
 
     :param backend_factory: makes the backend (default: the one ``settings.engine`` selects); tests pass theirs.
     :param on_load_failure: called with the reason when loading fails (gunicorn stops the server).
+    :param progress: where the load reports its phases, which ``/health`` shows while loading (default: one that
+        also logs them; a test's factory reports into the one it passes).
     """
     app = Flask("glm53")
     app.config["MAX_CONTENT_LENGTH"] = int(settings.max_request_mb * 1_000_000)
     app.json.sort_keys = False
     app.json.ensure_ascii = False
-    scheduler = Scheduler(backend_factory or partial(create_backend, settings), settings.max_queue)
-    rt = Runtime(settings, scheduler, Metrics())
+    progress = progress or LoggedProgress(logging.getLogger("glm53.load"))
+    scheduler = Scheduler(backend_factory or partial(create_backend, settings, progress), settings.max_queue)
+    rt = Runtime(settings, scheduler, Metrics(), progress=progress)
     app.extensions["glm53"] = rt
 
     errors.init_app(app)

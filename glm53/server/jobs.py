@@ -13,6 +13,7 @@ from flask import current_app
 from ..config import Settings
 from ..engine.interface import Backend, SamplingParams
 from ..engine.scheduler import Delta, Finish, GenerationRequest, NotReady, QueueFull, Scheduler, ScoreRequest, Scored
+from ..progress import Progress
 from .access_log import current_record
 from .bridge import make_channel
 from .disconnect import DisconnectWatcher
@@ -32,6 +33,7 @@ class Runtime:
     scheduler: Scheduler
     metrics: Metrics
     drain: Drain = field(default_factory=Drain)
+    progress: Progress = field(default_factory=Progress)  # the model load's, shown by /health while loading
     started: float = field(default_factory=time.time)
     _template: object = None
 
