@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 from pathlib import Path
@@ -11,8 +12,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_make_demo_appends_args_to_the_server_command():
     # -n prints the recipe without running it; its last line is the server command
-    out = subprocess.run(["make", "-n", "demo", "ARGS=--port 38123 --max-batch-size 2"], cwd=REPO,
-                         capture_output=True, text=True, check=True).stdout
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}  # also under `make test`
+    out = subprocess.run(["make", "-n", "--no-print-directory", "demo", "ARGS=--port 38123 --max-batch-size 2"], cwd=REPO,
+                         env=env, capture_output=True, text=True, check=True).stdout
     assert shlex.split(out.strip().splitlines()[-1]) == [".venv/bin/glm53", "serve", "--port", "38123", "--max-batch-size", "2"]
 
 
