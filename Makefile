@@ -21,8 +21,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[serve,dev,hub]'
 	touch $(STAMP)
 
+# ARGS is appended to the server's command line (make demo ARGS="--port 38123"): the last value of a flag wins.
 demo: $(STAMP)
-	$(BIN)/glm53 serve
+	$(BIN)/glm53 serve $(ARGS)
 
 test: $(STAMP) test-nix native agent-clis
 	$(BIN)/python -m pytest -q -m 'not gpu'

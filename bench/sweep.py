@@ -18,6 +18,12 @@ decode mode, ``/stats`` snapshots around every phase and the server's effective 
 4. ``C1@LEN`` for each ``--prefix`` LEN: the C1 measurement behind LEN random ids placed before the chat prompt.
 
 Random ids are drawn from ``--id-range`` (the original's [1000, 150000)), cut to the vocabulary the server reports.
+
+The original's command line works as written: ``--card`` names the machine and arm (recorded, and the key of its
+entry in the best-known file ``--best``), ``--config`` is recorded as given, ``--template`` picks the decode
+prompts' chat format by name, and the early exit is the original's: after each prefill length and after C1 and
+C4, a median below ``(1 - --tol)`` x the card's best known value ends the run (exit status 3, ``status``
+``EARLY_EXIT ...``, the result so far written) unless ``--no-early-exit`` is given.
 Python standard library only; works against any server with ``/generate`` and ``/tokenize``; ``/stats`` and
 ``/server_info`` are recorded when the server has them (else null). Writes JSON to ``--out`` (or prints it).
 """
@@ -27,6 +33,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import random
 import statistics
 import sys
@@ -36,6 +43,10 @@ import time
 from client import THINKING_OFF, Client, ServerError, add_server_args, client_from_args, utc_now, write_json
 
 PROTOCOL = "bench/sweep.py P2 (glm53 v1)"
+# The decode prompts' chat formats by name, thinking off (the original's two)
+TEMPLATES = {"glm": THINKING_OFF, "qwen": "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"}
+DEFAULT_BEST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference", "best_known.json")
+EARLY_EXIT_STATUS = 3
 WARMUP_TOKENS = 512
 TOPICS = (
     "how a compiler turns source code into machine code", "the causes and consequences of the French Revolution",
@@ -72,13 +83,15 @@ def spread(values: list[float], digits: int = 2) -> dict:
 
 class ChatPrompts:
     """Token ids of the decode prompts: natural (the chat prompt as the server tokenises it) or, with
-    ``fixed_context``, padded with ``FILLER`` to exactly that many tokens."""
+    ``fixed_context``, padded with ``FILLER`` to exactly that many tokens. ``template`` is the chat format, a
+    ``TEMPLATES`` value with ``{}`` for the user's text."""
 
-    def __init__(self, client: Client, seed: int, fixed_context: int | None):
+    def __init__(self, client: Client, seed: int, fixed_context: int | None, template: str = THINKING_OFF):
         self.client = client
         self.fixed_context = fixed_context
+        self.template = template
         self.nonce_prefix = f"{seed:08x}"
-        self._head, _, tail = THINKING_OFF.partition("{}")
+        self._head, _, tail = template.partition("{}")
         if fixed_context:
             self._tail = self._tokenize(tail)
             self._filler = self._tokenize(FILLER)
@@ -93,7 +106,7 @@ class ChatPrompts:
     def ids(self, phase: str, rnd: int, stream: int) -> list[int]:
         text = self.user_text(phase, rnd, stream)
         if not self.fixed_context:
-            return self._tokenize(THINKING_OFF.format(text))
+            return self._tokenize(self.template.format(text))
         head = self._tokenize(self._head + text + "\n\n")
         need = self.fixed_context - len(head) - len(self._tail)
         if need < 0:
@@ -134,14 +147,43 @@ def run_stream(client: Client, ids: list[int], max_new: int, ignore_eos: bool, s
             "cached_tokens": meta.get("cached_tokens")}
 
 
+class EarlyExit(Exception):
+    """A gate failed: the run ends here (the message is the result's status)."""
+
+
+class Gates:
+    """The original's early exit: a phase's median against the card's best known value (``--best``)."""
+
+    def __init__(self, best: dict, tol: float, early_exit: bool):
+        self.best, self.tol, self.early_exit = best, tol, early_exit
+        self.results: dict[str, dict] = {}
+
+    def check(self, key: str, value: float) -> None:
+        """Record the gate; :raise EarlyExit: when ``value`` is below (1 - tol) x the best known and early exit is on."""
+        best = self.best.get(key)
+        passed = best is None or value >= (1 - self.tol) * best
+        self.results[key] = {"value": value, "best_known": best, "pass": passed}
+        if not passed and self.early_exit:
+            raise EarlyExit(f"EARLY_EXIT at {key}: {value:.1f} < {1 - self.tol:.2f} x best known {best}")
+
+
+def load_best(path: str, card: str | None) -> dict:
+    """The card's entry of a best-known file (``{card: {gate: value}}``); empty without a card or a file."""
+    if card is None or not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return json.load(f).get(card, {})
+
+
 def warm_up(client: Client, seed: int, ctx: int, id_range: tuple[int, int]) -> None:
     ids = random_ids(seed, "warmup", max(1, min(WARMUP_TOKENS, ctx - 32)), id_range)
     run_stream(client, ids, 16, ignore_eos=True)
 
 
-def prefill_phase(client: Client, lengths: list[int], reps: int, seed: int, ctx: int, id_range: tuple[int, int]) -> tuple[dict, dict]:
-    """``{length: spread of rates}`` and ``{length: sha256 of its prompts}``."""
-    results, hashes = {}, {}
+def prefill_phase(client: Client, lengths: list[int], reps: int, seed: int, ctx: int, id_range: tuple[int, int],
+                  results: dict, hashes: dict, gates: Gates) -> None:
+    """Fills ``{length: spread of rates}`` and ``{length: sha256 of its prompts}`` length by length (what was
+    measured stays when a gate ends the run)."""
     for n in lengths:
         if n >= ctx:
             results[str(n)] = {"skipped": f"{n} tokens do not fit the context ({ctx})"}
@@ -158,7 +200,7 @@ def prefill_phase(client: Client, lengths: list[int], reps: int, seed: int, ctx:
             print(f"prefill {n}: rep {rep}: {n / ttft:.1f} tok/s", file=sys.stderr)
         results[str(n)] = {**spread(rates), "ttft_s": [round(t, 4) for t in ttfts], "cached_tokens": cached}
         hashes[str(n)] = ids_sha256(prompts)
-    return results, hashes
+        gates.check(f"prefill_{n}", results[str(n)]["median"])
 
 
 def decode_round(client: Client, prompts: list[list[int]], max_new: int, ignore_eos: bool) -> dict:
@@ -258,10 +300,11 @@ class StatsRecorder:
 
     def around(self, phase: str, fn, *args):
         before = self.snapshot()
-        result = fn(*args)
-        after = self.snapshot()
-        self.phases[phase] = {"before": before, "after": after, "delta": stats_delta(before, after) if before else None}
-        return result
+        try:
+            return fn(*args)
+        finally:  # a phase a gate ended early keeps its snapshots too
+            after = self.snapshot()
+            self.phases[phase] = {"before": before, "after": after, "delta": stats_delta(before, after) if before else None}
 
 
 def context_length(client: Client, info: dict | None, given: int | None) -> int:
@@ -302,6 +345,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--ctx", type=int, help="the context length (default: what the server reports)")
     ap.add_argument("--id-range", type=int, nargs=2, default=[1000, 150000], metavar=("LO", "HI"), help="random ids come from [LO, HI)")
     ap.add_argument("--seed", type=int, help="seed of every random prompt and nonce (default: a fresh one, recorded)")
+    ap.add_argument("--card", help="the machine and arm, e.g. rtx-3090-24gb/glm-5.3-flash-offload (recorded; its entry in --best is what the gates compare with)")
+    ap.add_argument("--config", help="free text describing the server's configuration, e.g. '<commit> fast' (recorded)")
+    ap.add_argument("--template", choices=sorted(TEMPLATES), default="glm", help="chat format of the decode prompts (default glm, thinking off)")
+    ap.add_argument("--best", default=DEFAULT_BEST, help="best-known values, {card: {gate: value}} (default reference/best_known.json, if present)")
+    ap.add_argument("--tol", type=float, default=0.05, help="a gate fails below (1 - TOL) x the best known value (default 0.05)")
+    ap.add_argument("--no-early-exit", dest="early_exit", action="store_false", help="record failed gates but run every phase")
     args = ap.parse_args(argv)
     counts = {"--prefill": args.prefill, "--conc": args.conc, "--prefix": args.prefix, "--reps": [args.reps],
               "--dec-reps": [args.dec_reps], "--fixed-decode": [] if args.fixed_decode is None else [args.fixed_decode], "--fixed-context": [args.fixed_context]}
@@ -313,19 +362,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def measure(client: Client, args, result: dict, stats: StatsRecorder) -> None:
+def measure(client: Client, args, result: dict, stats: StatsRecorder, gates: Gates) -> None:
+    """Every phase, in order, filling ``result`` as it goes. :raise EarlyExit: a gate failed."""
     ctx, id_range, seed = result["ctx_len"], tuple(result["params"]["id_range"]), args.seed
     warm_up(client, seed, ctx, id_range)
-    result["prefill"], result["prompt_sha256"]["prefill"] = stats.around("prefill", prefill_phase, client, args.prefill, args.reps, seed, ctx, id_range)
-    prompts = ChatPrompts(client, seed, args.fixed_context if args.fixed_decode else None)
+    stats.around("prefill", prefill_phase, client, args.prefill, args.reps, seed, ctx, id_range,
+                 result["prefill"], result["prompt_sha256"]["prefill"], gates)
+    prompts = ChatPrompts(client, seed, args.fixed_context if args.fixed_decode else None, TEMPLATES[args.template])
     result["nonce_prefix"] = prompts.nonce_prefix
     levels = [(f"C{c}", c, 0) for c in args.conc] + [(f"C1@{_short(n)}", 1, n) for n in args.prefix]
     for name, c, prefix in levels:
         # tokenised here, before the phase's first /stats snapshot
         rounds = [[random_ids(seed, f"prefix:{prefix}:{r}", prefix, id_range) + prompts.ids(name, r, s) for s in range(c)]
                   for r in range(args.dec_reps)]
-        result["decode"][name] = stats.around(name, decode_level, client, name, rounds, ctx, args.fixed_decode)
+        result["decode"][name] = level = stats.around(name, decode_level, client, name, rounds, ctx, args.fixed_decode)
         result["prompt_sha256"]["decode"][name] = ids_sha256(rounds)
+        if c in (1, 4) and not prefix and level.get("aggregate"):  # the original's decode gates
+            gates.check(f"decode_{name}", level["aggregate"]["median"])
 
 
 def _short(n: int) -> str:
@@ -337,15 +390,25 @@ def sweep(client: Client, args: argparse.Namespace) -> dict:
     info = client.get_optional("/server_info")
     stats = StatsRecorder(client)
     result = {
-        "label": args.label, "url": client.base, "started": started, "finished": None, "protocol": PROTOCOL,
-        "template": "glm thinking-off: " + THINKING_OFF.format("{user}"), "ctx_len": context_length(client, info, args.ctx),
+        "label": args.label, "card": args.card, "config": args.config, "url": client.base, "started": started, "finished": None,
+        "protocol": PROTOCOL, "status": "RUNNING",
+        "template": {"name": args.template, "prompt": TEMPLATES[args.template].format("{user}")},
+        "ctx_len": context_length(client, info, args.ctx),
         "params": {"prefill": args.prefill, "reps": args.reps, "conc": args.conc, "dec_reps": args.dec_reps,
                    "prefix": args.prefix, "decode_mode": "fixed" if args.fixed_decode else "natural",
                    "fixed_decode": args.fixed_decode, "fixed_context": args.fixed_context if args.fixed_decode else None,
                    "id_range": list(token_id_range(tuple(args.id_range), info)), "seed": args.seed, "warmup_tokens": WARMUP_TOKENS},
         "server_info": info, "prefill": {}, "decode": {}, "prompt_sha256": {"prefill": {}, "decode": {}}, "nonce_prefix": None,
+        "tol": args.tol, "best_known_before": load_best(args.best, args.card),
     }
-    measure(client, args, result, stats)
+    gates = Gates(result["best_known_before"], args.tol, args.early_exit)
+    try:
+        measure(client, args, result, stats, gates)
+        result["status"] = "DONE"
+    except EarlyExit as e:
+        result["status"] = str(e)
+        print(result["status"], file=sys.stderr)
+    result["gates"] = gates.results
     result["stats"] = stats.phases if stats.available else None
     result["finished"] = utc_now()
     return result
@@ -359,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     write_json(result, args.out)
-    return 0
+    return EARLY_EXIT_STATUS if result["status"] != "DONE" else 0
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from . import __version__, config, panel, preflight
+from .progress import TerminalProgress
 from .models.synth import presets
 from .offload import triton_pin_record
 
@@ -91,21 +92,29 @@ def _info(settings: config.Settings, as_json: bool) -> int:
                           "preflight": [c.__dict__ for c in checks]}, indent=2))
     else:
         print(f"glm53 {__version__}\n\nsettings:")
-        for name, value in settings.public().items():
-            print(f"  {config.env_var(name):24} {value!s:44} ({settings.sources[name]})")
+        print("\n".join(_settings_table(settings)))
         print("\npreflight:")
         for c in checks:
             print(f"  [{c.level:4}] {c.name}: {c.message}")
     return 1 if preflight.failures(checks) else 0
 
 
+def _settings_table(settings: config.Settings) -> list[str]:
+    """One row per setting: variable, value and where it came from, in columns as wide as their longest entry."""
+    rows = [(config.env_var(name), str(value), settings.sources[name]) for name, value in settings.public().items()]
+    name_width = max(len(r[0]) for r in rows)
+    value_width = max(len(r[1]) for r in rows)
+    return [f"  {name:{name_width}} {value:{value_width}} ({source})" for name, value, source in rows]
+
+
 def _synth(ns: argparse.Namespace) -> int:
     # Imported here: only this command needs numpy and the writer.
     from .models.synth.writer import write_checkpoint
 
+    bar = TerminalProgress()
     try:
         write_checkpoint(ns.out, ns.preset, seed=ns.seed, moe_layers=ns.moe_layers, profile=ns.profile,
-                         force=ns.force, stats_out=ns.stats_out, log=lambda line: print(line, flush=True))
+                         force=ns.force, stats_out=ns.stats_out, log=bar.echo, progress=bar)
     except (OSError, ValueError) as exc:
         print(f"glm53: {exc}", file=sys.stderr)
         return 1
@@ -130,22 +139,29 @@ def _serve(settings: config.Settings) -> int:
         print("glm53: not starting: " + "; ".join(c.message for c in preflight.failures(checks)), file=sys.stderr)
         return 1
     from .server.gunicorn_app import serve
+    from .server.listener import ListenError, bind, bind_address
 
-    url = f"http://{settings.host}:{settings.port}"
+    try:
+        listener = bind(settings.host, settings.port)  # before saying where it listens
+    except ListenError as exc:
+        print(f"glm53: not starting: {exc}", file=sys.stderr)
+        return 1
+    url = f"http://{bind_address(settings.host, settings.port)}"
     print(
         f"glm53 {__version__} listening on {url} (model {settings.served_name!r}; /health says when it is ready)\n"
         f"try:  curl {url}/v1/chat/completions -H 'Content-Type: application/json' "
         f"-d '{{\"messages\": [{{\"role\": \"user\", \"content\": \"Hello\"}}], \"max_tokens\": 64}}'",
         flush=True,
     )
-    serve(settings)
+    serve(settings, listener=listener)
     return 0
 
 
 def _calibrate(ns: argparse.Namespace) -> int:
     from .models.synth.calibrate import calibrate
 
-    report = calibrate(ns.model_dir, ns.profile, rounds=ns.rounds, tolerance=ns.tolerance)
+    bar = TerminalProgress()
+    report = calibrate(ns.model_dir, ns.profile, rounds=ns.rounds, tolerance=ns.tolerance, log=bar.echo, progress=bar)
     if ns.report:
         ns.report.write_text(json.dumps(report, indent=1))
     last = report["rounds"][-1]

@@ -25,6 +25,8 @@ ENV_PREFIX = "GLM53_"
 # Variables with the prefix that are not settings: the GPU kit's prep.sh exports GLM53_SITE (its wheel dir);
 # GLM53_NATIVE_BUILD is where the native libraries are looked for first (glm53/offload/native_lib.py).
 FOREIGN_ENV = frozenset({"GLM53_SITE", "GLM53_NATIVE_BUILD"})
+# nix/ci/check.sh's variables had the prefix once; a shell that still exports one is told the new name.
+RENAMED_ENV = {"GLM53_NIX_CHROOT": "NIXCI_CHROOT", "GLM53_DEBIAN_MIRROR": "NIXCI_DEBIAN_MIRROR"}
 
 
 class ConfigError(ValueError):
@@ -100,7 +102,6 @@ def _parse_bool(text: str) -> bool:
 BOOL = Parser("1/0, true/false, yes/no, on/off", _parse_bool)
 AUTO_BOOL = Parser("auto, or 1/0, true/false, yes/no, on/off",
                    lambda t: "auto" if t.strip().lower() == "auto" else _parse_bool(t))
-TEXT = Parser("any text", lambda t: t)
 
 
 def _parse_nonempty(text: str) -> str:
@@ -131,6 +132,19 @@ def _parse_cpus(text: str) -> str | tuple[int, ...]:
     if len(set(cpus)) != len(cpus):
         raise ValueError(text)
     return tuple(cpus)
+
+
+def _parse_api_key(text: str) -> str | None:
+    """Empty means no key. Otherwise what an ``Authorization: Bearer`` header carries intact: a space, a control
+    character or a non-ASCII letter would be cut, folded or re-encoded on the way, and no client could match."""
+    if text == "":
+        return None
+    if not all("!" <= c <= "~" for c in text):
+        raise ValueError("not printable ASCII")
+    return text
+
+
+API_KEY = Parser("printable ASCII without spaces, or empty (no key)", _parse_api_key)
 
 
 CPUS = Parser("auto, or a CPU list such as 2-11,14", _parse_cpus)
@@ -201,7 +215,7 @@ class Settings:
     host: str = setting(HOST, "127.0.0.1", "address to listen on (use 0.0.0.0 to serve other machines)")
     port: int = setting(_number(int, 1, 65535), 30000, "TCP port to listen on")
     served_name: str = setting(NAME, "glm-5.3-flash", "model id reported by /v1/models and accepted in requests")
-    api_key: str | None = setting(_optional(TEXT, "no key"), None, "when set, every endpoint but /health requires `Authorization: Bearer <key>`", secret=True, show_default="unset (no key)")
+    api_key: str | None = setting(API_KEY, None, "when set, every endpoint but /health requires `Authorization: Bearer <key>`", secret=True, show_default="unset (no key)")
     max_queue: int = setting(_number(int, 0, 100000), 256, "requests that may wait for a batch slot; beyond that, 429 with Retry-After")
     max_request_mb: float = setting(_number(float, 0.01, 1024, " MB"), 16.0, "largest request body accepted (413 beyond)")
     sse_keepalive_s: float = setting(_number(float, 0.1, 300, " s"), 5.0, "idle time after which a stream gets an SSE comment (keeps proxies and clients from timing out)")
@@ -272,7 +286,8 @@ def _argument_parser() -> argparse.ArgumentParser:
     for f in setting_fields():
         if f.metadata["secret"]:
             continue  # secrets only from the environment: command lines are visible to every user
-        ap.add_argument(*flag_names(f), dest=f.name, default=None, metavar="VALUE", help=f.metadata["meaning"])
+        # argparse %-formats help texts (for %(default)s); a meaning is plain text, so its "%" is escaped
+        ap.add_argument(*flag_names(f), dest=f.name, default=None, metavar="VALUE", help=f.metadata["meaning"].replace("%", "%%"))
     return ap
 
 
@@ -290,6 +305,8 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     environ = os.environ if environ is None else environ
     flags = _parse_flags(argv or [])
     unknown = sorted(k for k in environ if k.startswith(ENV_PREFIX) and k not in FOREIGN_ENV and k not in _ENV_NAMES)
+    if unknown and unknown[0] in RENAMED_ENV:
+        raise ConfigError(f"{unknown[0]} is not a glm53 setting: nix/ci/check.sh reads it as {RENAMED_ENV[unknown[0]]} now")
     if unknown:
         raise ConfigError(f"{unknown[0]} is not a glm53 setting; known variables: {', '.join(sorted(_ENV_NAMES))}")
     by_name = {f.name: f for f in setting_fields()}

@@ -36,6 +36,16 @@ class ByteTokens:
         out.append(buf.decode(errors="replace"))
         return "".join(out)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        return b"<eos>" if token_id == EOS else bytes([token_id])
+
+
+def _logprobs(tok: int, request: LogprobRequest | None) -> TokenLogprobs | None:
+    """A scripted token's logprob is -0.5; the runners-up are the next byte values at -1.5, -2.5, ..."""
+    if request is None:
+        return None
+    return TokenLogprobs(-0.5, tuple(((tok + k) % (EOS + 1), -0.5 - k) for k in range(request.top_n)))
+
 
 class ScriptedBackend:
     """Sequence i emits ``script(prompt_ids)`` one token per step (after a prefill step), then EOS forever.
@@ -54,6 +64,7 @@ class ScriptedBackend:
         self._cached = cached or (lambda prompt: 0)
         self.seqs: dict[int, list[int]] = {}
         self._first_token_cached: dict[int, int] = {}  # sequences whose first token is still to come -> its cached tokens
+        self._logprobs: dict[int, LogprobRequest | None] = {}
         self.added: list[int] = []
         self.removed: list[int] = []
         self.failed: set[int] = set()
@@ -69,6 +80,7 @@ class ScriptedBackend:
         if self.refuse_leading_zero and prompt_ids and prompt_ids[0] == 0:
             raise ValueError("prompts starting with byte 0 are refused (test hook)")
         self.seqs[seq_id] = [PREFILL] + list(self._script(list(prompt_ids)))
+        self._logprobs[seq_id] = logprobs
         self._first_token_cached[seq_id] = self._cached(list(prompt_ids))
         self.added.append(seq_id)
         self.max_active = max(self.max_active, len(self.seqs))
@@ -78,6 +90,7 @@ class ScriptedBackend:
             self.removed.append(seq_id)
         self.failed.discard(seq_id)
         self._first_token_cached.pop(seq_id, None)
+        self._logprobs.pop(seq_id, None)
 
     def step(self) -> dict[int, list[SampledToken] | SequenceFailure]:
         self.steps += 1
@@ -94,7 +107,7 @@ class ScriptedBackend:
                 self.failed.add(seq_id)
                 out[seq_id] = SequenceFailure(f"injected failure of sequence {seq_id}")
             elif tok != PREFILL:
-                out[seq_id] = [SampledToken(tok, TokenLogprobs(-0.5, ((tok, -0.5),)), self._first_token_cached.pop(seq_id, 0))]
+                out[seq_id] = [SampledToken(tok, _logprobs(tok, self._logprobs[seq_id]), self._first_token_cached.pop(seq_id, 0))]
         return out
 
     def score(self, ids, start, request):

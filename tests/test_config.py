@@ -1,10 +1,13 @@
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from glm53 import config
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
 
 
 def load(argv=(), **env):
@@ -60,15 +63,19 @@ def test_cpu_lists_and_optional_values():
     assert load(GLM53_CT_B="").ct_b is None and load(GLM53_CT_B="0.1").ct_b == 0.1
 
 
-def test_secrets_are_redacted_and_never_flags():
+@pytest.mark.parametrize("unsendable", ["sk-secret with a space", "sk-secret\n", "sk-secrét", " "])
+def test_secrets_are_redacted_and_never_flags(unsendable):
     s = load(GLM53_API_KEY="sk-secret")
     assert s.api_key == "sk-secret" and s.public()["api_key"] == "<redacted>"
     assert load(GLM53_API_KEY="").api_key is None
     with pytest.raises(config.ConfigError):
         load(["--api-key", "x"])
+    # a key no client could send (it would not survive an Authorization header) is refused without being shown
     with pytest.raises(config.ConfigError) as exc:
-        load(GLM53_API_KEY="x", GLM53_PORT="bad")
-    assert "sk-" not in str(exc.value)
+        load(GLM53_API_KEY=unsendable)
+    message = str(exc.value)
+    assert message.startswith("GLM53_API_KEY=<redacted> is not accepted: expected printable ASCII without spaces")
+    assert "secret" not in message
 
 
 def test_the_gpu_kits_variable_is_not_refused():
@@ -82,3 +89,19 @@ def test_the_native_library_directory_is_not_refused():
 def test_readme_table_is_generated_from_the_definitions():
     text = README.read_text()
     assert config.readme_with_table(text) == text, "README config table is stale: run `make readme`"
+
+
+def test_variables_the_projects_scripts_read_do_not_stop_the_server():
+    """A variable a script of this project reads may be exported in the shell that then runs `glm53 serve`."""
+    files = subprocess.run(["git", "ls-files", "*.sh", ".ci/run"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    assert "nix/ci/check.sh" in files
+    read = {(f, name) for f in files for name in re.findall(r"\bGLM53_[A-Z0-9_]+", (REPO / f).read_text())}
+    known = {config.env_var(f.name) for f in config.setting_fields()} | config.FOREIGN_ENV
+    assert sorted((f, name) for f, name in read if name not in known) == []
+
+
+@pytest.mark.parametrize("old,new", [("GLM53_NIX_CHROOT", "NIXCI_CHROOT"), ("GLM53_DEBIAN_MIRROR", "NIXCI_DEBIAN_MIRROR")])
+def test_the_ci_variables_old_names_say_what_they_are_now(old, new):
+    with pytest.raises(config.ConfigError) as exc:
+        load(**{old: "/somewhere"})
+    assert str(exc.value) == f"{old} is not a glm53 setting: nix/ci/check.sh reads it as {new} now"

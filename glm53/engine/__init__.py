@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from ..config import Settings
+from ..progress import Progress
 from .interface import Backend
 
 log = logging.getLogger("glm53.engine")
@@ -37,7 +38,8 @@ def resolve_engine(settings: Settings) -> tuple[str, str]:
     return "exl3", f"CUDA GPU and model at {settings.model_dir}"
 
 
-def create_backend(settings: Settings) -> Backend:
+def create_backend(settings: Settings, progress: Progress | None = None) -> Backend:
+    """:param progress: where loading the GPU engine's model reports its phases (the demo model loads at once)."""
     engine, why = resolve_engine(settings)
     log.info("engine %s: %s", engine, why)
     if engine == "tiny":
@@ -46,4 +48,4 @@ def create_backend(settings: Settings) -> Backend:
         return TinyBackend(context_length=settings.cache_size, max_batch_size=settings.max_batch_size, chunk_size=settings.chunk_size)
     from .exl3.backend import Exl3Backend
 
-    return Exl3Backend(settings)
+    return Exl3Backend(settings, progress=progress)

@@ -102,6 +102,10 @@ class Tokenizer(Protocol):
     def decode(self, ids: Sequence[int], skip_special: bool = False) -> str:
         """Text of ``ids``; bytes that do not form complete UTF-8 yet decode to U+FFFD."""
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token adds to the text: a piece of a UTF-8 character for a token that splits one, a
+        special token's own text for a special token."""
+
 
 class Backend(Protocol):
     info: ModelInfo

@@ -136,6 +136,7 @@ class HostStore:
     def load(self, threads: int = READ_THREADS, progress: Callable[[int, int], None] | None = None) -> float:
         """Allocate the arenas and read every expert trellis into them; returns the seconds it took.
 
+        :param progress: called with (bytes read, bytes to read) as the reads complete.
         :raise OSError: a shard that cannot be read, or a short read.
         """
         import time
@@ -150,22 +151,25 @@ class HostStore:
             self.arenas.append(torch.frombuffer(mm, dtype=torch.uint8))
         jobs = sorted(self._sources.items(), key=lambda kv: (str(kv[1].file), kv[1].offset))  # file order
         done = 0
-        total = len(jobs)
+        total = sum(src.nbytes for _, src in jobs)
+        if progress is not None:
+            progress(0, total)
         fds: dict[Path, int] = {}
         try:
             for file in {src.file for _, src in jobs}:
                 fds[file] = os.open(file, os.O_RDONLY)
             with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-                for _ in pool.map(lambda job: self._read(fds[job[1].file], job[0], job[1]), jobs):
-                    done += 1
-                    if progress is not None and (done % 256 == 0 or done == total):
+                for nbytes in pool.map(lambda job: self._read(fds[job[1].file], job[0], job[1]), jobs):
+                    done += nbytes
+                    if progress is not None:
                         progress(done, total)
         finally:
             for fd in fds.values():
                 os.close(fd)
         return time.monotonic() - t0
 
-    def _read(self, fd: int, where: tuple[int, int, int], src: _Source) -> None:
+    def _read(self, fd: int, where: tuple[int, int, int], src: _Source) -> int:
+        """Read one trellis into its place; returns its bytes."""
         row, expert, proj = where
         begin = expert * self.layout.block_bytes + self.layout.offsets[proj]
         view = memoryview(self._maps[row])[begin : begin + src.nbytes]
@@ -175,17 +179,27 @@ class HostStore:
             if n <= 0:
                 raise OSError(f"{src.file}: short read at byte {src.offset + got} (expert {expert} of {self.layer_keys[row]})")
             got += n
+        return got
 
     # ---- the GPU side
 
-    def pin_and_map(self, device: torch.device, register: Callable[[int, int], None], device_view: Callable[[torch.Tensor, int], torch.Tensor]) -> None:
+    def pin_and_map(self, device: torch.device, register: Callable[[int, int], None], device_view: Callable[[torch.Tensor, int], torch.Tensor],
+                    progress: Callable[[int, int], None] | None = None) -> None:
         """Register every arena with CUDA as mapped memory and make the CUDA aliases.
 
         :param register: ``(address, nbytes)`` -> page-locks and maps that range (cudaHostRegister).
         :param device_view: (pinned CPU tensor, device index) -> a CUDA tensor aliasing it.
+        :param progress: called with (bytes pinned, bytes to pin), before the first arena and after each.
         """
+        total = sum(arena.numel() for arena in self.arenas)
+        done = 0
+        if progress is not None:
+            progress(0, total)
         for arena in self.arenas:
             register(arena.data_ptr(), arena.numel())
+            done += arena.numel()
+            if progress is not None:
+                progress(done, total)
         self._registered = True
         self._cuda_arenas = [device_view(arena, device.index or 0) for arena in self.arenas]
 

@@ -29,6 +29,7 @@ import torch
 
 from ..config import Settings
 from ..models.checkpoint import ROUTING_PROFILE_FILE
+from ..progress import Progress
 from . import exl3_patch
 from .cache import ExpertCache, Policy
 from .ec_native import Kernels
@@ -43,7 +44,10 @@ CUDA_HOST_REGISTER_PORTABLE_MAPPED = 0x01 | 0x02
 
 
 class Offload:
-    def __init__(self, settings: Settings, device: torch.device | None = None, policy: Policy | None = None):
+    def __init__(self, settings: Settings, device: torch.device | None = None, policy: Policy | None = None,
+                 progress: Progress | None = None):
+        """:param progress: where reading the shards and pinning report their bytes."""
+        progress = progress or Progress()
         self.settings = settings
         self.model_dir = Path(settings.model_dir)
         self.device = device or torch.device("cuda", torch.cuda.current_device())
@@ -51,7 +55,7 @@ class Offload:
         self.timings: dict[str, float] = {}
         t0 = time.monotonic()
         self.store = HostStore.scan(self.model_dir)
-        self.timings["store_read_s"] = round(self.store.load(), 2)
+        self.timings["store_read_s"] = round(self.store.load(progress=progress.steps("reading shards")), 2)
         t1 = time.monotonic()
         cudart = torch.cuda.cudart()
 
@@ -61,7 +65,7 @@ class Offload:
                 raise RuntimeError(f"cudaHostRegister of {nbytes / GB:.2f} GB of expert memory failed (error {int(err)}): "
                                    "page-locked memory is limited (ulimit -l; set memlock to unlimited)")
 
-        self.store.pin_and_map(self.device, register, exl3_patch.pinned_cuda_view)
+        self.store.pin_and_map(self.device, register, exl3_patch.pinned_cuda_view, progress=progress.steps("pinning"))
         self._unregister = lambda ptr: cudart.cudaHostUnregister(ptr)
         self.timings["store_pin_s"] = round(time.monotonic() - t1, 2)
         self.timings["store_total_s"] = round(time.monotonic() - t0, 2)

@@ -6,6 +6,10 @@ stream is logged at its end with its real token counts and duration.
 The line carries no prompt or completion text unless ``GLM53_LOG_PROMPTS`` asks for it: prompts are the
 users' data, and logs are kept longer and read by more people than responses. Headers are never logged (the
 API key travels in one).
+
+The same moment counts the request in the metrics, with the status it really ended with: a client that went away
+(noticed while its job ran, or because the server could not send it everything) is 499, nginx's "client closed
+request", whatever the response would have said; 5xx counts only the server's own faults.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from flask import request
@@ -21,6 +25,7 @@ from flask import request
 log = logging.getLogger("glm53.access")
 
 ENVIRON_KEY = "glm53.access"
+CLIENT_CLOSED = 499
 
 
 @dataclass
@@ -28,6 +33,8 @@ class RequestRecord:
     """What a request's handlers add to its line (the generating endpoints, through ``JobGroup``)."""
 
     with_text: bool  # GLM53_LOG_PROMPTS: keep the texts below
+    endpoint: str = "unmatched"  # the URL rule that served it, the metrics' label
+    client_gone: bool = False  # the client went away before the response was sent
     prompt_tokens: int = 0
     completion_tokens: int = 0
     first_token_s: float | None = None
@@ -55,11 +62,13 @@ def current_record() -> RequestRecord | None:
 
 
 class AccessLog:
-    """WSGI middleware: gives each request a :class:`RequestRecord` and logs it when the response is closed."""
+    """WSGI middleware: gives each request a :class:`RequestRecord`, and when the response is closed logs it and
+    passes ``(endpoint, status)`` to ``count``."""
 
-    def __init__(self, app, with_text: bool):
+    def __init__(self, app, with_text: bool, count: Callable[[str, int], None]):
         self.app = app
         self.with_text = with_text
+        self.count = count
 
     def __call__(self, environ, start_response):
         t0 = time.monotonic()
@@ -70,8 +79,12 @@ class AccessLog:
             status[:] = [status_line.split(" ", 1)[0]]
             return start_response(status_line, headers, exc_info)
 
-        def _done():
-            parts = [environ.get("REQUEST_METHOD", "-"), environ.get("PATH_INFO", "-"), status[0] if status else "-", record.fields()]
+        def _done(sent_all: bool):
+            record.client_gone = record.client_gone or not sent_all
+            code = str(CLIENT_CLOSED) if record.client_gone else (status[0] if status else "-")
+            if code.isdigit():
+                self.count(record.endpoint, int(code))
+            parts = [environ.get("REQUEST_METHOD", "-"), environ.get("PATH_INFO", "-"), code, record.fields()]
             line = " ".join(p for p in parts if p) + f" total_ms={1000 * (time.monotonic() - t0):.1f}"
             if record.finishes:
                 line += " finish=" + ",".join(record.finishes)
@@ -83,18 +96,29 @@ class AccessLog:
 
 
 class _ClosingIterable:
-    """The app's response iterable, with a callback once the server has closed it (sent, or client gone)."""
+    """The app's response iterable, with a callback once the server has closed it: ``on_close(sent_all)``, false
+    when the server stopped before the end (it closes early only when a write to the client failed)."""
 
-    def __init__(self, inner: Iterable[bytes], on_close):
+    def __init__(self, inner: Iterable[bytes], on_close: Callable[[bool], None]):
         self._inner = inner
         self._on_close = on_close
+        self._items = None
+        self._sent_all = False
 
     def __iter__(self):
-        return iter(self._inner)
+        self._items = iter(self._inner)
+        return self
+
+    def __next__(self) -> bytes:
+        try:
+            return next(self._items)
+        except StopIteration:
+            self._sent_all = True
+            raise
 
     def close(self) -> None:
         try:
             if hasattr(self._inner, "close"):
                 self._inner.close()
         finally:
-            self._on_close()
+            self._on_close(self._sent_all)

@@ -39,11 +39,14 @@ def parse_body(model: type[BaseModel]):
         raise APIError(400, f"the request body must be a JSON object, got {type(data).__name__}", code="invalid_body")
     check_structure(data)
     try:
-        return model.model_validate(data)
+        body = model.model_validate(data)
     except ValidationError as exc:
         raise from_validation_error(exc) from None
     except RecursionError:
         raise APIError(400, "the request body nests too deeply", code="invalid_body") from None
+    if body.model_extra:  # top-level bodies accept unknown fields (protocol.Lenient)
+        current_app.extensions["glm53"].metrics.unknown_fields.note(request.url_rule.rule, body.model_extra)
+    return body
 
 
 def check_structure(data: object) -> None:
@@ -56,7 +59,7 @@ def check_structure(data: object) -> None:
     while stack:
         value, path = stack.pop()
         if len(path) > MAX_DEPTH:
-            raise APIError(400, f"the request body nests more than {MAX_DEPTH} levels deep (at {_dotted(path[:8])}...)", code="invalid_body")
+            raise APIError(400, f"the request body nests more than {MAX_DEPTH} levels deep (at {_dotted(path[:8])}...)", param=str(path[0]), code="invalid_body")
         if isinstance(value, str):
             _check_text(value, path)
         elif isinstance(value, dict):

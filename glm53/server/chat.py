@@ -11,14 +11,17 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
+from functools import partial
 
 from flask import Blueprint, request
 
+from ..engine.interface import LogprobRequest
 from ..engine.scheduler import Delta, Finish, GenerationRequest
 from .body import parse_body
 from .chat_template import TemplateError
 from .errors import APIError
 from .jobs import JobGroup, check_model, max_new_tokens, runtime, sampling_params
+from .logprobs import chat_logprobs
 from .parsing import ContentText, OutputParser, ReasoningText, ToolCallArguments, ToolCallBegin, parse_output
 from .protocol import ChatCompletionRequest, NamedToolChoice
 from .responses import cached_prompt_tokens, engine_failure, finish_reason, usage
@@ -46,9 +49,11 @@ def chat_completions():
     plan = plan_chat(req)
     group = JobGroup(generation_requests(req, plan), request.environ)
     meta = {"id": "chatcmpl-" + uuid.uuid4().hex[:24], "created": int(time.time()), "model": runtime().settings.served_name}
+    # (token ids, their TokenLogprobs) -> the choice's "logprobs"; None when they were not asked for
+    logprobs = partial(chat_logprobs, runtime().backend.tokenizer) if req.logprobs else None
     if req.stream:
-        return stream_response(_stream(group, plan, req, meta, runtime().settings.sse_keepalive_s))
-    return _collect(group, plan, req, meta)
+        return stream_response(_stream(group, plan, req, meta, runtime().settings.sse_keepalive_s, logprobs))
+    return _collect(group, plan, req, meta, logprobs)
 
 
 def generation_requests(req: ChatCompletionRequest, plan: ChatPlan) -> list[GenerationRequest]:
@@ -62,6 +67,7 @@ def generation_requests(req: ChatCompletionRequest, plan: ChatPlan) -> list[Gene
             sampling=sampling_params(req, choice),
             stop_strings=tuple(req.stop_strings()),
             ignore_eos=req.ignore_eos,
+            logprobs=LogprobRequest(top_n=req.top_logprobs or 0) if req.logprobs else None,
         )
         for choice in range(req.n)
     ]
@@ -109,15 +115,16 @@ def _deltas(events: list) -> list[dict]:
     return out
 
 
-def _stream(group: JobGroup, plan: ChatPlan, req: ChatCompletionRequest, meta: dict, keepalive_s: float):
-    """The SSE body; runs after the view returned (outside the app context), so it gets what it needs."""
+def _stream(group: JobGroup, plan: ChatPlan, req: ChatCompletionRequest, meta: dict, keepalive_s: float, logprobs):
+    """The SSE body; runs after the view returned (outside the app context), so it gets what it needs. A step's
+    token logprobs ride on the last chunk made from that step (on an empty delta when its text is held back)."""
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     parsers = [OutputParser(plan.tools, plan.reasoning_open) for _ in range(req.n)]
     called = [False] * req.n
     finishes: list[Finish | None] = [None] * req.n
 
-    def chunk(index: int, delta: dict, finish: str | None = None) -> str:
-        body = {**meta, "object": "chat.completion.chunk", "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+    def chunk(index: int, delta: dict, finish: str | None = None, lps: dict | None = None) -> str:
+        body = {**meta, "object": "chat.completion.chunk", "choices": [{"index": index, "delta": delta, "logprobs": lps, "finish_reason": finish}]}
         if include_usage:
             body["usage"] = None
         return frame(body)
@@ -138,8 +145,12 @@ def _stream(group: JobGroup, plan: ChatPlan, req: ChatCompletionRequest, meta: d
                 finishes[i] = ev
                 events = parsers[i].finish()
             called[i] = called[i] or any(isinstance(e, ToolCallBegin) for e in events)
-            for delta in _deltas(events):
-                yield chunk(i, delta)
+            deltas = _deltas(events)
+            lps = logprobs(ev.token_ids, ev.logprobs) if logprobs and isinstance(ev, Delta) and ev.token_ids else None
+            if lps and not deltas:
+                deltas = [{}]
+            for n, delta in enumerate(deltas, start=1):
+                yield chunk(i, delta, lps=lps if n == len(deltas) else None)
             if isinstance(ev, Finish):
                 yield chunk(i, {}, finish_reason(ev, called[i]))
         if include_usage and not group.failed:
@@ -150,14 +161,17 @@ def _stream(group: JobGroup, plan: ChatPlan, req: ChatCompletionRequest, meta: d
         group.close()
 
 
-def _collect(group: JobGroup, plan: ChatPlan, req: ChatCompletionRequest, meta: dict):
+def _collect(group: JobGroup, plan: ChatPlan, req: ChatCompletionRequest, meta: dict, logprobs):
     texts = [[plan.prefix] for _ in range(req.n)]
+    tokens = [([], []) for _ in range(req.n)]  # per choice: token ids and their TokenLogprobs
     finishes: list[Finish | None] = [None] * req.n
     try:
         for item in group.events(None):
             i, ev = item
             if isinstance(ev, Delta):
                 texts[i].append(ev.text)
+                tokens[i][0].extend(ev.token_ids)
+                tokens[i][1].extend(ev.logprobs or ())
             else:
                 finishes[i] = ev
     finally:
@@ -172,7 +186,8 @@ def _collect(group: JobGroup, plan: ChatPlan, req: ChatCompletionRequest, meta: 
             message["tool_calls"] = [
                 {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in parsed.tool_calls
             ]
-        choices.append({"index": i, "message": message, "logprobs": None, "finish_reason": finish_reason(fin, bool(parsed.tool_calls))})
+        lps = logprobs(*tokens[i]) if logprobs else None
+        choices.append({"index": i, "message": message, "logprobs": lps, "finish_reason": finish_reason(fin, bool(parsed.tool_calls))})
     completion = sum(f.completion_tokens for f in finishes)
     return {**meta, "object": "chat.completion", "choices": choices,
             "usage": usage(len(plan.prompt_ids), completion, cached_prompt_tokens(finishes, req.n))}

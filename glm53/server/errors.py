@@ -50,6 +50,15 @@ class APIError(Exception):
         return error_body(self.status, self.message, self.param, self.code)
 
 
+class FieldError(ValueError):
+    """Raised by a request model's cross-field rule: the message is about ``param``, a field path relative to
+    the model (pydantic puts model-level errors at the model itself, which would leave ``param`` empty)."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
+
+
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
     return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"), "param": param, "code": code}}
 
@@ -69,23 +78,44 @@ def _field_path(loc: tuple) -> list[str]:
     return out
 
 
+def _error_path(err: dict) -> list[str]:
+    """Where an error is: its location, and below it the field a :class:`FieldError` names."""
+    path = _field_path(err["loc"])
+    cause = (err.get("ctx") or {}).get("error")
+    return path + cause.param.split(".") if isinstance(cause, FieldError) else path
+
+
+# Length limits, by pydantic error type: the bound, its context key, and what is counted
+_LENGTH_LIMITS = {
+    "too_long": ("takes at most", "max_length", "item"),
+    "too_short": ("needs at least", "min_length", "item"),
+    "string_too_long": ("takes at most", "max_length", "character"),
+    "string_too_short": ("needs at least", "min_length", "character"),
+}
+
+
 def from_validation_error(exc: ValidationError) -> APIError:
-    """A 400 naming the offending field, its value and what is accepted.
+    """A 400 naming the offending field, its value and what is accepted (a length limit quotes the counts).
 
     Of several errors the deepest is reported: for a union (``str | list[Part]``) that is the member that got
     furthest, whose message is the useful one; members that failed at the same depth are joined with "or",
     type mismatches only when nothing more specific was said.
     """
     errors = exc.errors(include_url=False)
-    depth = max(len(_field_path(e["loc"])) for e in errors)
-    deepest = [e for e in errors if len(_field_path(e["loc"])) == depth]
+    depth = max(len(_error_path(e)) for e in errors)
+    deepest = [e for e in errors if len(_error_path(e)) == depth]
     # a member whose type did not even match says less than one that got to check the value
     specific = [e for e in deepest if not e["type"].endswith("_type")]
     deepest = specific or deepest
     err = deepest[0]
-    param = ".".join(_field_path(err["loc"])) or None
+    param = ".".join(_error_path(err)) or None
     if err["type"] == "extra_forbidden":
         return APIError(400, f"{param}: unknown field", param=param, code="extra_forbidden")
+    if err["type"] in _LENGTH_LIMITS:
+        bound, key, noun = _LENGTH_LIMITS[err["type"]]
+        limit = err["ctx"][key]
+        message = f"{bound} {limit} {noun}{'' if limit == 1 else 's'}, got {len(err['input'])}"
+        return APIError(400, f"{param}: {message}" if param else message, param=param, code=err["type"])
     reasons = " or ".join(dict.fromkeys(e["msg"].removeprefix("Value error, ") for e in deepest))
     message = f"{param}: {reasons}" if param else reasons
     if err["type"] != "missing" and not err["type"].startswith("value_error"):

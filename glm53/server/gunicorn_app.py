@@ -11,17 +11,20 @@ from __future__ import annotations
 import logging
 import math
 import os
+import socket
 import time
 from collections.abc import Callable
 from functools import partial
 
 from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
+from gunicorn.sock import create_sockets
 from gunicorn.workers.ggevent import GeventWorker as _GunicornGeventWorker
 
 from ..config import Settings
 from ..engine.interface import Backend
 from . import create_app
+from .listener import bind, bind_address
 
 log = logging.getLogger("glm53.server")
 
@@ -29,10 +32,6 @@ log = logging.getLogger("glm53.server")
 # event and close. gunicorn's arbiter kills the worker this long after the grace period.
 CANCEL_FLUSH_S = 2.0
 ARBITER_MARGIN_S = 5.0
-
-
-def bind_address(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _exit_worker(reason: str) -> None:
@@ -123,10 +122,18 @@ class GeventWorker(_GunicornGeventWorker):
 
 
 class GunicornServer(BaseApplication):
-    def __init__(self, settings: Settings, backend_factory: Callable[[], Backend] | None = None):
+    def __init__(self, settings: Settings, listener: socket.socket, backend_factory: Callable[[], Backend] | None = None):
+        """:param listener: the bound socket of the server's address (``listener.bind``); gunicorn listens on it."""
         self.settings = settings
+        self.listener = listener
         self.backend_factory = backend_factory
         super().__init__()
+
+    def run(self):
+        # the arbiter takes sockets it finds in LISTENERS as they are, instead of binding (and retrying) itself
+        arbiter = Arbiter(self)
+        arbiter.LISTENERS = create_sockets(self.cfg, arbiter.log, [self.listener.detach()])
+        arbiter.run()
 
     def load_config(self) -> None:
         s = self.settings
@@ -156,5 +163,10 @@ class GunicornServer(BaseApplication):
         return create_app(self.settings, self.backend_factory, on_load_failure=_exit_worker)
 
 
-def serve(settings: Settings, backend_factory: Callable[[], Backend] | None = None) -> None:
-    GunicornServer(settings, backend_factory).run()
+def serve(settings: Settings, backend_factory: Callable[[], Backend] | None = None, listener: socket.socket | None = None) -> None:
+    """Run the server until it is stopped.
+
+    :param listener: the address, bound already (``listener.bind``); default: bound here.
+    :raise ListenError: the address cannot be bound.
+    """
+    GunicornServer(settings, listener or bind(settings.host, settings.port), backend_factory).run()

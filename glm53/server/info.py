@@ -13,7 +13,8 @@ bp = Blueprint("info", __name__)
 
 @bp.get("/health")
 def health():
-    """200 ``{"status": "ok"}`` when the model is loaded; 503 with ``loading`` or ``failed`` before, and with
+    """200 ``{"status": "ok"}`` when the model is loaded; 503 with ``loading`` (and the load's ``phase`` and
+    ``progress``, the fraction of that phase done, with its amounts, rate and ETA) or ``failed`` before, and with
     ``draining`` after a SIGTERM (in-flight requests are finishing; new ones are refused)."""
     rt = runtime()
     sched = rt.scheduler
@@ -22,6 +23,8 @@ def health():
     if sched.state == "ready":
         return {"status": "ok"}
     body = {"status": sched.state}
+    if sched.state == "loading":
+        body.update(rt.progress.snapshot())
     if sched.error:
         body["error"] = sched.error
     return body, 503

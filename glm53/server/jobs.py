@@ -13,6 +13,7 @@ from flask import current_app
 from ..config import Settings
 from ..engine.interface import Backend, SamplingParams
 from ..engine.scheduler import Delta, Finish, GenerationRequest, NotReady, QueueFull, Scheduler, ScoreRequest, Scored
+from ..progress import Progress
 from .access_log import current_record
 from .bridge import make_channel
 from .disconnect import DisconnectWatcher
@@ -32,6 +33,7 @@ class Runtime:
     scheduler: Scheduler
     metrics: Metrics
     drain: Drain = field(default_factory=Drain)
+    progress: Progress = field(default_factory=Progress)  # the model load's, shown by /health while loading
     started: float = field(default_factory=time.time)
     _template: object = None
 
@@ -144,7 +146,7 @@ class JobGroup:
             raise APIError(503, f"the model is not ready ({exc})", code="model_not_ready", headers={"Retry-After": "5"}) from None
         if self._record is not None:
             self._note_prompts(requests)
-        self._watcher = DisconnectWatcher(environ, self.cancel)
+        self._watcher = DisconnectWatcher(environ, self._client_gone)
 
     def events(self, keepalive_s: float | None) -> Iterator[tuple[int, object] | None]:
         while self._open:
@@ -202,6 +204,13 @@ class JobGroup:
             record.finishes.append(event.reason)
         elif isinstance(event, Scored):
             record.finishes.append("scored")
+
+    def _client_gone(self) -> None:
+        # a hang-up while jobs run is the client's doing, logged and counted as such whatever the response says;
+        # once they have all ended, a close may simply follow a complete answer that is still being written
+        if self._record is not None and self._open:
+            self._record.client_gone = True
+        self.cancel()
 
     def cancel(self) -> None:
         for job in self._jobs:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 
+from .unknown_fields import UnknownFields
+
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
 
@@ -34,6 +36,7 @@ class Metrics:
         self.requests: dict[tuple[str, int], int] = defaultdict(int)  # (endpoint, status) -> count
         self.ttft = Histogram(TTFT_BUCKETS)
         self.latency = Histogram(LATENCY_BUCKETS)
+        self.unknown_fields = UnknownFields()
 
     def request_done(self, endpoint: str, status: int) -> None:
         with self._lock:
@@ -66,6 +69,7 @@ class Metrics:
                 out.append(f'glm53_requests_total{{endpoint="{endpoint}",status="{status}"}} {n}')
             _histogram(out, "glm53_time_to_first_token_seconds", "Time from request to first generated token.", self.ttft)
             _histogram(out, "glm53_request_seconds", "Time from request to the end of its completion.", self.latency)
+        out += self.unknown_fields.render()
         _gauge(out, "glm53_queue_depth", "Jobs waiting for a batch slot.", scheduler["waiting"])
         _gauge(out, "glm53_running_jobs", "Jobs being generated.", scheduler["active"])
         _gauge(out, "glm53_model_ready", "1 when the model is loaded.", int(scheduler["state"] == "ready"))

@@ -1,24 +1,24 @@
 """Wire types of the request bodies, validated at the boundary.
 
 Types are strict (a string is not a number, a number is not a boolean) and ranges are checked here, so past
-this module every value is known to be good. Unknown top-level fields are accepted and logged once (clients
-send many harmless extras); inside objects whose typos would silently change behaviour (``sampling_params``,
-``stream_options``, tool definitions' ``function``) unknown fields are refused.
+this module every value is known to be good. Unknown top-level fields are accepted (clients send many harmless
+extras; ``server/unknown_fields.py`` logs and counts them); inside objects whose typos would silently change
+behaviour (``sampling_params``, ``stream_options``, tool definitions' ``function``) unknown fields are refused.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-log = logging.getLogger("glm53.server")
+from .errors import FieldError
 
 MAX_STOP_STRINGS = 64
 MAX_STOP_LENGTH = 1024
 MAX_N = 16
 MAX_TOP_LOGPROBS = 64
+MAX_CHAT_TOP_LOGPROBS = 20  # OpenAI's limit
 
 Temperature = Annotated[float, Field(ge=0.0, le=100.0, allow_inf_nan=False)]
 TopP = Annotated[float, Field(gt=0.0, le=1.0, allow_inf_nan=False)]
@@ -29,25 +29,14 @@ PositiveInt = Annotated[int, Field(ge=1)]
 Seed = Annotated[int, Field(ge=-(2**63), lt=2**64)]
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_LENGTH)]
 
-_logged_extras: set[str] = set()
-
-
 class Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
 
 class Lenient(BaseModel):
-    """Top-level bodies: unknown fields are accepted and logged once per field name."""
+    """Top-level bodies: unknown fields are accepted (``model_extra``)."""
 
     model_config = ConfigDict(strict=True, extra="allow")
-
-    @model_validator(mode="after")
-    def _log_extras(self):
-        for name in self.model_extra or {}:
-            if name not in _logged_extras:
-                _logged_extras.add(name)
-                log.info("ignoring unknown request field %r (%s)", name, type(self).__name__)
-        return self
 
 
 def _stop_list(value: str | list[str] | None) -> list[str]:
@@ -97,9 +86,9 @@ class ContentPart(Strict):
     @model_validator(mode="after")
     def _text_only(self):
         if self.type != "text":
-            raise ValueError(f"content parts of type {self.type!r} are not supported; only 'text' is")
+            raise FieldError("type", f"content parts of type {self.type!r} are not supported; only 'text' is")
         if self.text is None:
-            raise ValueError("a 'text' content part needs a 'text' string")
+            raise FieldError("text", "a 'text' content part needs a 'text' string")
         return self
 
 
@@ -128,9 +117,9 @@ class ChatMessage(BaseModel):
     @model_validator(mode="after")
     def _content_present(self):
         if self.content is None and self.role != "assistant":
-            raise ValueError(f"a {self.role} message needs 'content'")
+            raise FieldError("content", f"a {self.role} message needs 'content'")
         if self.tool_calls and self.role != "assistant":
-            raise ValueError("only assistant messages carry 'tool_calls'")
+            raise FieldError("tool_calls", "only assistant messages carry 'tool_calls'")
         return self
 
 
@@ -190,26 +179,26 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "max"] | None = None
     logprobs: bool | None = None
-    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_CHAT_TOP_LOGPROBS)] | None = None
     response_format: ResponseFormat | None = None
     user: str | None = None
 
     @model_validator(mode="after")
     def _cross_field_rules(self):
         if self.stream_options is not None and not self.stream:
-            raise ValueError("stream_options is only allowed when stream is true")
-        if self.logprobs:
-            raise ValueError("logprobs are not supported on /v1/chat/completions; use /generate with return_logprob")
+            raise FieldError("stream_options", "only allowed when stream is true")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise FieldError("top_logprobs", "needs logprobs: true")
         if isinstance(self.tool_choice, NamedToolChoice) or self.tool_choice == "required":
             if not self.tools:
-                raise ValueError("tool_choice needs 'tools'")
+                raise FieldError("tool_choice", "'required' and a named function need 'tools'")
         if isinstance(self.tool_choice, NamedToolChoice):
             names = {t.function.name for t in self.tools}
             if self.tool_choice.function.name not in names:
-                raise ValueError(f"tool_choice names {self.tool_choice.function.name!r}, which is not in 'tools'")
+                raise FieldError("tool_choice", f"names {self.tool_choice.function.name!r}, which is not in 'tools'")
         kwargs = self.chat_template_kwargs or {}
         if "enable_thinking" in kwargs and not isinstance(kwargs["enable_thinking"], bool):
-            raise ValueError("chat_template_kwargs.enable_thinking must be true or false")
+            raise FieldError("chat_template_kwargs.enable_thinking", "must be true or false")
         return self
 
     def requested_max_tokens(self) -> int | None:
@@ -234,13 +223,13 @@ class CompletionRequest(SamplingFields):
     @model_validator(mode="after")
     def _cross_field_rules(self):
         if self.stream_options is not None and not self.stream:
-            raise ValueError("stream_options is only allowed when stream is true")
+            raise FieldError("stream_options", "only allowed when stream is true")
         if self.suffix:
-            raise ValueError("suffix (fill-in-the-middle) is not supported")
+            raise FieldError("suffix", "fill-in-the-middle is not supported")
         if self.logprobs is not None:
-            raise ValueError("logprobs are not supported on /v1/completions; use /generate with return_logprob")
+            raise FieldError("logprobs", "not supported on /v1/completions; use /generate with return_logprob")
         if self.best_of not in (None, 1):
-            raise ValueError("best_of other than 1 is not supported; use n")
+            raise FieldError("best_of", "values other than 1 are not supported; use n")
         return self
 
     def requested_max_tokens(self) -> int | None:
@@ -286,7 +275,7 @@ class GenerateRequest(Lenient):
     @model_validator(mode="after")
     def _one_input(self):
         if (self.text is None) == (self.input_ids is None):
-            raise ValueError("give exactly one of 'text' and 'input_ids'")
+            raise FieldError("text", "give exactly one of 'text' and 'input_ids'")
         return self
 
 
@@ -297,7 +286,7 @@ class TokenizeRequest(Lenient):
     @model_validator(mode="after")
     def _one_input(self):
         if (self.text is None) == (self.prompt is None):
-            raise ValueError("give exactly one of 'text' and 'prompt'")
+            raise FieldError("text", "give exactly one of 'text' and 'prompt'")
         return self
 
 

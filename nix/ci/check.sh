@@ -11,7 +11,7 @@
 #             through Nix's fixed-output fetcher and matched against its hash
 #
 # Which Nix runs them: a `nix` of version 2.18 or later on PATH, as it is. Otherwise, as root on Debian, Nix 2.26
-# from Debian trixie in a chroot made by mmdebstrap and cached outside the repository (GLM53_NIX_CHROOT, default
+# from Debian trixie in a chroot made by mmdebstrap and cached outside the repository (NIXCI_CHROOT, default
 # $XDG_CACHE_HOME/glm53/nix-trixie or /var/cache/glm53/nix-trixie; delete it to start afresh). On any other machine
 # the tier does not run and says why. With CI=true it must run: anything that keeps it from running fails the run.
 # Measured on a 2-core Debian 12 machine: about 40 s without the cache (chroot ~30 s, ~1 GB of wheels ~10 s), 1 s
@@ -25,7 +25,9 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 MIN_NIX=2.18 # nixpkgs' own minimum (lib/minfeatures.nix)
 CHROOT_NIX=2.26
 DEBIAN_SUITE=trixie
-DEBIAN_MIRROR=${GLM53_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+# This script's own variables start with NIXCI_, not GLM53_: glm53 refuses unknown GLM53_* variables, so one
+# exported for this script would stop a `glm53 serve` started from the same shell.
+DEBIAN_MIRROR=${NIXCI_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 CHROOT_PACKAGES=nix-bin,ca-certificates
 # Offline by design: no substituters, no build users (the chroot runs as root, in no sandbox of its own).
 CHROOT_NIX_CONF='build-users-group =
@@ -70,8 +72,8 @@ host_nix_version() {
 
 # --- Nix in a cached Debian trixie chroot ------------------------------------------------------------------------
 chroot_cache() {
-	if [ -n "${GLM53_NIX_CHROOT:-}" ]; then
-		echo "$GLM53_NIX_CHROOT"
+	if [ -n "${NIXCI_CHROOT:-}" ]; then
+		echo "$NIXCI_CHROOT"
 	elif [ -n "${XDG_CACHE_HOME:-}" ]; then
 		echo "$XDG_CACHE_HOME/glm53/nix-$DEBIAN_SUITE"
 	else

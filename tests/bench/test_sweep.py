@@ -8,13 +8,15 @@ import contextlib
 import http.server
 import itertools
 import json
+import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.request
 
 import pytest
 
-from tests.server.servers import Server
+from tests.server.servers import REPO, Server, free_port
 
 from .tools import run_tool
 
@@ -152,3 +154,45 @@ def test_hit_rates_are_derived_from_the_counters_of_each_phase(server, tmp_path)
         assert phase["delta"]["expert_cache"] == [{"hits": 90, "misses": 10, "hit_rate": 0.9}]
         assert phase["delta"]["cpu_tier"] == {"unique_hits": 3, "unique_misses": 1, "unique_hit_rate": 0.75}
         assert phase["after"]["expert_cache"][0]["hits"] == phase["before"]["expert_cache"][0]["hits"] + 90
+
+
+def test_the_original_projects_command_line_is_accepted_as_written(tmp_path):
+    """Its documented speed protocol, against a port nothing listens on: the arguments parse, the server is missing."""
+    closed = free_port()
+    proc = subprocess.run([sys.executable, "bench/sweep.py", "--url", f"http://127.0.0.1:{closed}",
+                           "--card", "rtx-3090-24gb/glm-5.3-flash-offload", "--template", "glm", "--config", "0123abcd fast",
+                           "--prefill", "8192", "32768", "--conc", "1", "2", "4", "--reps", "3", "--dec-reps", "2",
+                           "--no-early-exit", "--out", str(tmp_path / "sweep.json")], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "unrecognized arguments" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"error: cannot reach http://127.0.0.1:{closed}/server_info")
+
+
+def best_known(tmp_path, values: dict) -> str:
+    path = tmp_path / "best_known.json"
+    path.write_text(json.dumps({"my-card": values}))
+    return str(path)
+
+
+SHORT = ("--prefill", "256", "--reps", "1", "--conc", "1", "--dec-reps", "1", "--prefix", "--fixed-decode", "8", "--fixed-context", "200")
+
+
+def test_card_config_and_template_are_recorded_and_gates_pass_against_a_modest_best(server, tmp_path):
+    rc, result, log = sweep(server.url, tmp_path, "--card", "my-card", "--config", "abc fast", "--template", "glm",
+                            "--best", best_known(tmp_path, {"prefill_256": 0.001, "decode_C1": 0.001}), *SHORT)
+    assert rc == 0, log
+    assert (result["card"], result["config"], result["status"]) == ("my-card", "abc fast", "DONE")
+    assert result["template"] == {"name": "glm", "prompt": "[gMASK]<sop><|user|>{user}<|assistant|><think></think>"}
+    assert result["best_known_before"] == {"prefill_256": 0.001, "decode_C1": 0.001}
+    assert {k: (g["best_known"], g["pass"]) for k, g in result["gates"].items()} == {"prefill_256": (0.001, True), "decode_C1": (0.001, True)}
+    assert result["gates"]["prefill_256"]["value"] == result["prefill"]["256"]["median"]
+
+
+def test_a_run_below_the_best_known_exits_early_unless_told_not_to(server, tmp_path):
+    best = best_known(tmp_path, {"prefill_256": 1e12})
+    rc, result, log = sweep(server.url, tmp_path, "--card", "my-card", "--config", "c", "--best", best, *SHORT)
+    assert rc == 3, log
+    assert result["status"].startswith("EARLY_EXIT at prefill_256: ") and result["gates"]["prefill_256"]["pass"] is False
+    assert result["prefill"]["256"]["n"] == 1 and result["decode"] == {}  # what ran before the exit is kept
+    rc, result, log = sweep(server.url, tmp_path, "--card", "my-card", "--config", "c", "--best", best, "--no-early-exit", *SHORT)
+    assert rc == 0, log
+    assert result["status"] == "DONE" and result["gates"]["prefill_256"]["pass"] is False and result["decode"]["C1"]["rounds"]

@@ -88,3 +88,16 @@ def test_lone_surrogate_does_not_break_encoding():
 def test_decode_refuses_ids_outside_the_vocabulary(bad):
     with pytest.raises(ValueError, match=str(bad)):
         tok.decode([65, bad])
+
+
+@pytest.mark.parametrize("text", ["plain", "Grüße 世界 🎉", "[gMASK]<sop><|user|>hi<think></think>"])
+def test_token_bytes_join_to_the_texts_bytes(text):
+    ids = tok.encode(text)
+    assert b"".join(tok.token_bytes(i) for i in ids) == text.encode()
+
+
+def test_token_bytes_of_a_split_character_and_of_a_special_token():
+    assert [tok.token_bytes(i) for i in tok.encode("é")] == [b"\xc3", b"\xa9"]
+    assert tok.token_bytes(tok.id_of("<think>")) == b"<think>"
+    with pytest.raises(ValueError):
+        tok.token_bytes(tok.vocab_size)

@@ -20,6 +20,7 @@ from glm53.models.glm_special_tokens import SPECIAL_TOKENS
 from glm53.models.synth import exl3_reference, presets, router, tensors, writer
 from glm53.models.synth.random_pool import RandomSource
 from glm53.models.synth.safetensors_file import read_header
+from glm53.progress import Progress
 
 PROFILE = Path(__file__).resolve().parents[2] / "reference" / "glm53-flash-routing-profile.json"
 P = "model.language_model"
@@ -27,15 +28,28 @@ ITEMSIZE = {"F16": 2, "BF16": 2, "F32": 4, "I16": 2, "I32": 4}
 SHARD_BYTES = 200 * 1000**2  # small shards, so the tiny checkpoint (~0.57 GB) spans several
 
 
-def _write(out: Path, seed: int = 0) -> writer.WriteReport:
+class RecordedProgress(Progress):
+    def __init__(self):
+        super().__init__()
+        self.states = []
+
+    def _changed(self, state):
+        self.states.append(state)
+
+
+WRITE_PROGRESS = RecordedProgress()  # what writing the module's tiny checkpoint reported
+
+
+def _write(out: Path, seed: int = 0, progress: Progress | None = None) -> writer.WriteReport:
     return writer.write_checkpoint(out, "tiny", seed=seed, profile=PROFILE, shard_bytes=SHARD_BYTES,
-                                   stats_out=out.parent / f"{out.name}-stats.json", log=lambda line: None)
+                                   stats_out=out.parent / f"{out.name}-stats.json", log=lambda line: None, progress=progress)
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Iterator[Path]:
     out = tmp_path_factory.mktemp("synth") / "tiny"
-    _write(out)
+    report = _write(out, progress=WRITE_PROGRESS)
+    WRITE_PROGRESS.weight_bytes = report.weight_bytes
     yield out
     shutil.rmtree(out.parent)  # 0.6 GB; pytest would keep it for three sessions
 
@@ -230,8 +244,10 @@ def test_same_seed_gives_identical_files_and_another_seed_other_bits(tiny, tmp_p
     assert "not empty" in capsys.readouterr().err
     assert cli.main(["synth", "--preset", "tiny", "--out", str(other), "--seed", "1", "--profile", str(PROFILE),
                      "--force"]) == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     print(printed)  # shows the write rate with pytest -s; its value depends on the machine
+    assert "writing shards" not in captured.err  # no progress bar when the output is not a terminal
     assert re.search(r"needs [\d.]+ GB", printed) and re.search(r"\([\d.]+ GB/s;", printed)
     assert not (other / "model-00009-of-00009.safetensors").exists() and (other / "notes.txt").exists()
     trellis = [n for n in _headers(tiny) if n.endswith(".trellis")]
@@ -240,6 +256,13 @@ def test_same_seed_gives_identical_files_and_another_seed_other_bits(tiny, tmp_p
         assert _read(tiny, name, "<i2").tobytes() != _read(other, name, "<i2").tobytes()
     assert theirs.keys() == _headers(tiny).keys()
     shutil.rmtree(other)
+
+
+def test_writing_reports_the_shards_bytes(tiny):
+    states = WRITE_PROGRESS.states
+    assert {s.name for s in states} == {"writing shards"} and len(states) > 100  # one report per tensor
+    assert [s.done for s in states] == sorted(s.done for s in states)
+    assert states[-1].done == states[-1].total == WRITE_PROGRESS.weight_bytes
 
 
 def test_refuses_to_overwrite_and_leaves_the_checkpoint_alone(tiny):

@@ -160,3 +160,28 @@ def test_the_sign_scale_vectors_are_read_per_layer_expert_and_projection(tmp_pat
     _write_shard(path / "sign-scale.safetensors", wrong)
     with pytest.raises(ValueError, match="expected F16 of 64 values"):
         store.read_sign_scale(path)
+
+
+def test_reading_and_pinning_report_their_bytes(tmp_path):
+    import torch
+
+    from glm53.progress import Progress
+
+    ckpt, _ = _checkpoint(tmp_path, layers=(3, 4, 5), seed=3)
+    store = HostStore.scan(ckpt)
+    seen = []
+
+    class Recorder(Progress):
+        def _changed(self, state):
+            seen.append((state.name, state.done, state.total))
+
+    progress = Recorder()
+    store.load(threads=2, progress=progress.steps("reading shards"))
+    reads = [s for s in seen if s[0] == "reading shards"]
+    assert reads[-1] == ("reading shards", store.trellis_bytes, store.trellis_bytes)
+    assert [d for _, d, _ in reads] == sorted(d for _, d, _ in reads)  # never backwards
+    registered = []
+    store.pin_and_map(torch.device("cpu"), lambda ptr, n: registered.append(n), lambda t, index: t, progress=progress.steps("pinning"))
+    arena = store.arena_bytes // 3
+    assert registered == [arena] * 3
+    assert [s for s in seen if s[0] == "pinning"] == [("pinning", 0, 3 * arena)] + [("pinning", k * arena, 3 * arena) for k in (1, 2, 3)]

@@ -43,6 +43,23 @@ def test_seed_and_greedy_are_reproducible(client):
     assert run(temperature=0) == run(temperature=0)
 
 
+def test_chat_logprobs_of_a_greedy_answer(client):
+    """Greedy decoding picks the most likely token, so each token is its position's first top_logprobs entry; the
+    stream carries the same entries as the answer."""
+    kw = {"model": "glm-5.3-flash", "messages": [{"role": "user", "content": "logprobs"}], "max_tokens": 12, "temperature": 0,
+          "logprobs": True, "top_logprobs": 3}
+    r = client.chat.completions.create(**kw)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    for e in content:
+        assert len(e.top_logprobs) == 3 and (e.top_logprobs[0].token, e.top_logprobs[0].bytes) == (e.token, e.bytes)
+        assert e.logprob == e.top_logprobs[0].logprob <= 0 and e.logprob >= e.top_logprobs[1].logprob >= e.top_logprobs[2].logprob
+    streamed = [e for chunk in client.chat.completions.create(stream=True, **kw) for c in chunk.choices if c.logprobs
+                for e in c.logprobs.content]
+    assert [(e.token, e.bytes) for e in streamed] == [(e.token, e.bytes) for e in content]
+    assert [e.logprob for e in streamed] == pytest.approx([e.logprob for e in content], abs=1e-3)
+
+
 def test_concurrent_streams_interleave(server, client, concurrency):
     n, tokens = concurrency, 120
     arrivals: dict[int, list[float]] = {}

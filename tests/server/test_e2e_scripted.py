@@ -198,6 +198,36 @@ def test_cached_prompt_tokens_reach_every_usage_block_and_the_counters(server, c
     assert f"glm53_prefix_cache_hit_rate {after['prefix_cache_hit_rate']}" in text
 
 
+def test_chat_logprobs_one_entry_per_token_streamed_and_not(client):
+    kw = {"messages": user("hi [[script:plain]]"), "extra_body": NO_THINK, "logprobs": True, "top_logprobs": 2}
+    r = client.chat.completions.create(model="glm-5.3-flash", **kw)
+    content = r.choices[0].logprobs.content
+    assert r.choices[0].logprobs.refusal is None and len(content) == r.usage.completion_tokens
+    assert [e.token for e in content] == list("Hello there, friend.") + ["<eos>"]  # the EOS token is generated too
+    assert {e.logprob for e in content} == {-0.5} and all(e.bytes == list(e.token.encode()) for e in content)
+    assert [(t.token, t.logprob, t.bytes) for t in content[0].top_logprobs] == [("H", -0.5, [72]), ("I", -1.5, [73])]
+    chunks = stream_chunks(client, **kw)
+    streamed = [e for chunk in chunks for c in chunk.choices if c.logprobs for e in c.logprobs.content]
+    assert [e.model_dump() for e in streamed] == [e.model_dump() for e in content]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Hello there, friend."
+
+
+def test_chat_logprobs_keep_the_bytes_of_split_characters(client):
+    r = client.chat.completions.create(model="glm-5.3-flash", messages=user("[[script:unicode]]"), logprobs=True)
+    content = r.choices[0].logprobs.content
+    assert b"".join(bytes(e.bytes) for e in content) == "</think>Grüße, 世界 😀!<eos>".encode()
+    at = [e.bytes for e in content].index([0xBC])  # the second byte of "ü"
+    assert [(e.token, e.bytes) for e in content[at - 1 : at + 1]] == [("\\xc3", [0xC3]), ("\\xbc", [0xBC])]
+    assert all(e.top_logprobs == [] for e in content)
+    assert r.choices[0].message.content == "Grüße, 世界 😀!"
+
+
+def test_no_logprobs_unless_asked(client):
+    r = client.chat.completions.create(model="glm-5.3-flash", messages=user("[[script:plain]]"), extra_body=NO_THINK)
+    assert r.choices[0].logprobs is None
+    assert all(c.logprobs is None for chunk in stream_chunks(client, messages=user("[[script:plain]]")) for c in chunk.choices)
+
+
 def test_unicode_survives_streaming(client):
     chunks = stream_chunks(client, messages=user("[[script:unicode]]"))
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Grüße, 世界 😀!"
@@ -232,14 +262,16 @@ def test_models_endpoint(client):
         ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400, "max_tokens"),
         ({"messages": [{"role": "user", "content": "x"}], "n": 1000}, 400, "n"),
         ({"messages": [{"role": "user", "content": "x"}], "stop": ["a"] * 1000}, 400, "stop"),
-        ({"messages": [{"role": "user", "content": "x"}], "logprobs": True}, 400, None),
-        ({"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": True}}, 400, None),
+        ({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
+        ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400, "top_logprobs"),
+        ({"messages": [{"role": "user", "content": "x"}], "logprobs": 1}, 400, "logprobs"),
+        ({"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": True}}, 400, "stream_options"),
         ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]}, 400, "tools.0.function.parameters"),
-        ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, 400, None),
-        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "messages.0.content.0"),
+        ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, 400, "tool_choice"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "messages.0.content.0.type"),
         ({"messages": [{"role": "user", "content": "x" * 5000}]}, 400, "messages"),
         ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"999999": 5}}, 400, "logit_bias"),
-        ({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"enable_thinking": "no"}}, 400, None),
+        ({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"enable_thinking": "no"}}, 400, "chat_template_kwargs.enable_thinking"),
         ({"messages": [{"role": "user", "content": "x"}], "top_p": 0}, 400, "top_p"),
         ({"messages": [{"role": "user", "content": "x"}], "top_k": -2}, 400, "top_k"),
         ({"messages": [{"role": "user", "content": "x"}], "min_p": 1.5}, 400, "min_p"),
@@ -260,8 +292,7 @@ def test_bad_chat_requests_get_clear_4xx(server, body, status, param):
     assert code == status, resp
     err = resp["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["message"]
-    if param is not None:
-        assert err["param"] == param
+    assert err["param"] == param
 
 
 def test_context_length_error_quotes_the_numbers(server):

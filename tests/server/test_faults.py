@@ -133,3 +133,32 @@ def test_an_engine_failure_of_one_sequence_ends_only_that_job(server):
     assert after["glm53_sequence_errors_total"] - before["glm53_sequence_errors_total"] == 2
     assert after["glm53_engine_errors_total"] == before["glm53_engine_errors_total"]
     assert idle(server)
+
+
+def requests_by_status(server: Server, path: str) -> dict[str, float]:
+    prefix = f'glm53_requests_total{{endpoint="{path}",status="'
+    return {k[len(prefix):-2]: v for k, v in loadgen.metrics(server.port).items() if k.startswith(prefix)}
+
+
+def access_statuses(server: Server, path: str) -> list[str]:
+    return [line.split(f" {path} ")[1].split()[0] for line in server.log().splitlines() if "glm53.access:" in line and f" {path} " in line]
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_client_that_hangs_up_is_counted_as_499_not_as_a_server_error(server, streamed):
+    path = "/v1/chat/completions"
+    before, logged_before = requests_by_status(server, path), len(access_statuses(server, path))
+    if streamed:
+        res = loadgen.request(server.port, "POST", path, LONG, stop_after_chunks=5)
+        assert res.chunks == 5 and res.finish is None
+    else:
+        body = json.dumps({**LONG, "stream": False}).encode()
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                     % (path.encode(), len(body), body))
+        wait_for(lambda: stats(server)["scheduler"]["active"] == 1)
+        sock.close()
+    wait_for(lambda: len(access_statuses(server, path)) == logged_before + 1)  # logged once its response is closed
+    after = requests_by_status(server, path)
+    assert access_statuses(server, path)[-1] == "499"
+    assert {s: n - before.get(s, 0) for s, n in after.items() if n != before.get(s, 0)} == {"499": 1}

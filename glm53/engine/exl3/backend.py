@@ -28,6 +28,7 @@ import torch
 from ...config import Settings
 from ...offload import exl3_patch
 from ...offload.runtime import Offload
+from ...progress import Progress
 from ..gpu import device_facts
 from ..interface import (
     LogprobRequest,
@@ -52,9 +53,12 @@ PAGE_ROUND_TOKENS = 2048
 
 
 class Exl3Backend:
-    def __init__(self, settings: Settings, extra_caches: int = 0):
+    def __init__(self, settings: Settings, extra_caches: int = 0, progress: Progress | None = None):
         """:param extra_caches: more caches of ``settings.cache_size`` tokens (one sequence each) for measurement
-        tools that drive the model directly (``bench/decode_kl.py``), as ``self.extra_caches``."""
+        tools that drive the model directly (``bench/decode_kl.py``), as ``self.extra_caches``.
+        :param progress: where the load reports its phases (reading shards, pinning, loading the model, warming
+            up, building the cache)."""
+        progress = progress or Progress()
         t0 = time.monotonic()
         if not torch.cuda.is_available():
             raise RuntimeError("no CUDA GPU is available to this process; use --engine tiny or run on a CUDA host")
@@ -77,14 +81,18 @@ class Exl3Backend:
                              for _ in range(extra_caches)]
         split = [settings.vram_limit_gb] if settings.vram_limit_gb else None
         # Routed experts live in pinned host memory and a VRAM cache (glm53/offload), never loaded into VRAM whole
-        self.offload = Offload(settings)
+        self.offload = Offload(settings, progress=progress)
         if settings.mode == "fast" and not settings.ct_enable:
             log.info("fast mode: the CPU tier is off (GLM53_CT_ENABLE=0): experts are served as in exact mode, with the "
                      "one-pass prefill")
         with self.offload.loading(self.model):
-            self.model.load(use_per_device=split, progressbar=False, max_batch_size=settings.ambs, max_chunk_size=settings.chunk_size)
-        self.model.warmup(cache=self.cache, max_chunk_size=settings.chunk_size, progressbar=False)
+            self.model.load(use_per_device=split, progressbar=False, max_batch_size=settings.ambs, max_chunk_size=settings.chunk_size,
+                            callback=progress.steps("loading the model", "modules"))
+        self.model.warmup(cache=self.cache, max_chunk_size=settings.chunk_size, progressbar=False,
+                          callback=progress.steps("warming up", "passes"))
+        progress.phase("building the cache")
         self.offload.attach(self.model)
+        progress.finish()
         exl_tokenizer = Tokenizer.from_config(self._config)
         self.generator = Generator(self.model, self.cache, exl_tokenizer, max_batch_size=settings.max_batch_size, max_chunk_size=settings.chunk_size,
                                    **exl3_patch.checkpoint_settings(settings.recurrent_cache_gb, PAGE_SIZE))

@@ -64,6 +64,13 @@ class ByteTokenizer:
         return "".join(parts)
 
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """:raise ValueError: an id outside the vocabulary."""
+        if not 0 <= token_id < self.vocab_size:
+            raise ValueError(f"token id {token_id} is outside the vocabulary (0..{self.vocab_size - 1})")
+        return bytes([token_id]) if token_id < N_BYTES else self._texts[token_id - N_BYTES].encode()
+
+
 def _utf8(text: str) -> bytes:
     # JSON input can carry a lone surrogate ("\ud800"); encoding must not fail on it, and its bytes decode
     # back to U+FFFD like any other invalid UTF-8.

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ...progress import Progress
 from . import router
 from .writer import DEFAULT_PROFILE, write_router_biases
 
@@ -37,25 +38,29 @@ def calibrate(
     tolerance: float = 0.05,
     seed: int = 0,
     log=print,
+    progress: Progress | None = None,
 ) -> dict:
     """Measure, adjust, repeat; write the biases; verify on a fresh load; return the report.
 
     Rounds stop once every layer is within ``STOP_FRACTION * tolerance`` (room for measurement noise). The
     verdict comes from the verification: the checkpoint reloaded from disk, a new workload (another seed), and
     at least as many picks per layer as the profile counted, because a top-32 share measured on fewer picks
-    reads high (sampling noise lifts the largest counts).
+    reads high (sampling noise lifts the largest counts). ``progress`` gets the model loads and the rounds.
     """
+    progress = progress or Progress()
     ckpt_dir = Path(ckpt_dir)
     meta = json.loads((ckpt_dir / "config.json").read_text())["glm53_synth"]
     profile = router.load_profile(profile_path or DEFAULT_PROFILE)
     real_of = {int(k): v for k, v in meta["routing_profile"]["layer_map"].items()}
     rng = np.random.default_rng(seed)
     history = []
-    with _Session(ckpt_dir, streams) as run:
+    with _Session(ckpt_dir, streams, progress) as run:
         targets = {li: router.target_shares(profile, real_of[li], mlp.num_experts) for li, mlp in run.layers.items()}
         biases = {li: run.bias(li) for li in run.layers}
+        progress.phase("calibrating", total=rounds + 1, unit="rounds")
         for r in range(rounds + 1):
             counts, seconds = run.measure(rng, prompt_tokens, decode_tokens)
+            progress.advance(1)
             row = _round_report(r, counts, targets, real_of, seconds)
             history.append(row)
             log(f"round {r}: max |top-32 share error| {row['max_top32_error']:.3f} (worst layer {row['worst_layer']}), {seconds:.1f} s")
@@ -67,8 +72,10 @@ def calibrate(
     write_router_biases(ckpt_dir, biases)
     top_k = json.loads((ckpt_dir / "config.json").read_text())["text_config"]["num_experts_per_tok"]
     per_stream = math.ceil(max(router.profile_total(profile, real) for real in real_of.values()) / (top_k * streams))
-    with _Session(ckpt_dir, streams) as run:
+    with _Session(ckpt_dir, streams, progress) as run:
+        progress.phase("verifying")
         counts, seconds = run.measure(np.random.default_rng(seed + 1), prompt_tokens, per_stream)
+        progress.finish()
     verification = _round_report(len(history), counts, targets, real_of, seconds)
     log(f"verification (reloaded, {per_stream * streams} decode tokens): max |top-32 share error| {verification['max_top32_error']:.3f}")
     return {
@@ -84,7 +91,7 @@ def calibrate(
 class _Session:
     """The checkpoint loaded in stock exllamav3 with a routing counter on its decode steps."""
 
-    def __init__(self, ckpt_dir: Path, streams: int):
+    def __init__(self, ckpt_dir: Path, streams: int, progress: Progress):
         import torch
         from exllamav3 import Cache, CacheLayer_fp16, Config, Generator, Model, Tokenizer
 
@@ -96,7 +103,8 @@ class _Session:
         self.vocab = cfg.vocab_size
         self.model = Model.from_config(cfg)
         cache = Cache(self.model, max_num_tokens=streams * 2048, layer_type=CacheLayer_fp16, max_batch_size=streams)
-        self.model.load(progressbar=False, max_batch_size=streams)
+        self.model.load(progressbar=False, max_batch_size=streams, callback=progress.steps("loading the model", "modules"))
+        progress.finish()
         check_internals(self.model)
         self.generator = Generator(self.model, cache, Tokenizer.from_config(cfg), max_batch_size=streams)
         self.counter = RoutingCounter(self.model, max_rows=DECODE_ROWS)

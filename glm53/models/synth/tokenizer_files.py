@@ -16,24 +16,8 @@ from __future__ import annotations
 from importlib import resources
 from typing import Any
 
+from glm53.models.byte_level import byte_alphabet
 from glm53.models.glm_special_tokens import END_OF_TEXT, SPECIAL_TOKENS
-
-
-def byte_alphabet() -> list[str]:
-    """GPT-2's byte-level alphabet: the printable character standing for each byte value 0..255.
-
-    Bytes that are printable Latin-1 characters (other than space and soft hyphen) stand for themselves; the
-    rest take the code points from 256 on, in byte order (so space, byte 32, is ``Ġ``).
-    """
-    printable = set(range(ord("!"), ord("~") + 1)) | set(range(0xA1, 0xAC + 1)) | set(range(0xAE, 0xFF + 1))
-    chars, extra = [], 0
-    for b in range(256):
-        if b in printable:
-            chars.append(chr(b))
-        else:
-            chars.append(chr(256 + extra))
-            extra += 1
-    return chars
 
 
 def vocabulary(vocab_size: int) -> dict[str, int]:

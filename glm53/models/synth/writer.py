@@ -20,6 +20,7 @@ import numpy as np
 
 from glm53 import __version__
 
+from ...progress import Progress
 from ..checkpoint import ROUTING_PROFILE_FILE
 from . import metadata, router, tokenizer_files
 from .presets import SCALES, ModelShape, Scales, resolve
@@ -63,6 +64,7 @@ def write_checkpoint(
     shard_bytes: int = SHARD_BYTES,
     scales: Scales = SCALES,
     log: Callable[[str], None] = print,
+    progress: Progress | None = None,
 ) -> WriteReport:
     """Write the checkpoint of ``preset`` (``--moe-layers`` MoE layers if given) into ``out_dir``.
 
@@ -70,6 +72,7 @@ def write_checkpoint(
     :param force: write into a non-empty directory, first deleting what a previous run would have left
         there (``*.safetensors``, the index, the JSON files); other files are kept.
     :param stats_out: also write the per-layer target counts as an ``EXL3_MOE_CPU_SPLIT_STATS`` file.
+    :param progress: where writing the shards reports its bytes, tensor by tensor.
     :raise FileExistsError: ``out_dir`` is not empty and ``force`` is false.
     :raise OSError: not enough free disk space, or no routing profile.
     :raise ValueError: an unknown preset or bad layer count.
@@ -97,7 +100,7 @@ def write_checkpoint(
 
     synth = _synth_record(preset, seed, shape, scales, profile, real_layers)
     report.files += _write_json_files(out_dir, shape, synth)
-    report.files += _write_shards(out_dir, plan(shape, scales, biases), shard_bytes, source, report, log)
+    report.files += _write_shards(out_dir, plan(shape, scales, biases), shard_bytes, source, report, log, progress or Progress())
     # The routing the biases were fitted to ships with the checkpoint: the expert cache warm-starts from it
     counts = {router.profile_key(i): router.stats_counts(targets[i], router.profile_total(profile_data, real))
               for i, real in zip(shape.moe_layer_indices, real_layers)}
@@ -206,9 +209,10 @@ def split_shards(specs: list[TensorSpec], shard_bytes: int) -> list[list[TensorS
 
 
 def _write_shards(out_dir: Path, specs: list[TensorSpec], shard_bytes: int, source: RandomSource,
-                  report: WriteReport, log: Callable[[str], None]) -> list[Path]:
+                  report: WriteReport, log: Callable[[str], None], progress: Progress) -> list[Path]:
     shards = split_shards(specs, shard_bytes)
     weight_map, paths = {}, []
+    progress.phase("writing shards", total=sum(s.nbytes for s in specs))
     for n, shard in enumerate(shards, start=1):
         path = out_dir / f"model-{n:05d}-of-{len(shards):05d}.safetensors"
         started = time.perf_counter()
@@ -216,6 +220,7 @@ def _write_shards(out_dir: Path, specs: list[TensorSpec], shard_bytes: int, sour
             for spec in shard:
                 out.write(spec.name, spec.chunks(source))
                 weight_map[spec.name] = path.name
+                progress.advance(spec.nbytes)
         seconds = time.perf_counter() - started
         report.write_seconds += seconds
         report.weight_bytes += out.data_bytes
@@ -223,6 +228,7 @@ def _write_shards(out_dir: Path, specs: list[TensorSpec], shard_bytes: int, sour
         log(f"  {path.name}: {len(shard)} tensors, {out.data_bytes / 1e9:.2f} GB, "
             f"{out.data_bytes / max(seconds, 1e-9) / 1e9:.2f} GB/s")
         paths.append(path)
+    progress.finish()
     index = {"metadata": {"total_size": report.weight_bytes}, "weight_map": weight_map}
     index_path = out_dir / INDEX_NAME
     index_path.write_text(json.dumps(index, indent=2) + "\n")
