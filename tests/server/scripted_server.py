@@ -18,7 +18,7 @@ import sys
 
 from glm53 import config
 from glm53.server.gunicorn_app import serve
-from tests.fakes import FAIL_ALONE, PREFILL, ScriptedBackend
+from tests.fakes import FAIL_ALONE, PREFILL, ByteTokens, ScriptedBackend
 
 PREFILL_STEPS = 100
 LONG_TOKENS = 2000
@@ -62,7 +62,7 @@ def script(prompt_ids: list[int]) -> list[int]:
         return [PREFILL] * PREFILL_STEPS + list(SCRIPTS["plain"].encode())
     if name == "long":
         return [ord("x")] * LONG_TOKENS
-    return list(SCRIPTS[name].encode())
+    return ByteTokens().encode(SCRIPTS[name])
 
 
 def cached(prompt_ids: list[int]) -> int:

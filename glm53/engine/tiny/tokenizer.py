@@ -27,6 +27,10 @@ class ByteTokenizer:
         by_length = sorted(self._texts, key=len, reverse=True)
         self._pattern = re.compile("|".join(re.escape(text) for text in by_length))
 
+    def token_bytes(self) -> list[bytes]:
+        """Every id's bytes (a special token's: its text), for the grammar vocabulary (``engine/constraints.py``)."""
+        return [bytes([i]) for i in range(N_BYTES)] + [text.encode() for text in self._texts]
+
     def id_of(self, text: str) -> int:
         """Id of a special token's text (``"<|user|>"``); raises KeyError for anything else."""
         return self._ids[text]
