@@ -176,7 +176,9 @@ URL_TEXT = st.text(st.characters(codec="utf-8"), max_size=16)
 HINTS = {
     "ChatMessage": {"required": ["role", "content"]},
     "ContentPart": {"properties": {"type": {"const": "text"}, "text": {"type": "string"}}, "required": ["type", "text"]},
-    "ResponseFormat": {"properties": {"type": {"const": "text"}}},
+    # a json_schema format needs its json_schema object; an empty schema accepts any JSON, so answers get made
+    "ResponseFormat": {"required": ["type", "json_schema"]},
+    "JsonSchemaFormat": {"properties": {"name": {"const": "answer"}, "schema": {"const": {}}}, "required": ["name", "schema"]},
 }
 GPU_CORPUS = Path(__file__).resolve().parents[1] / "gpu" / "fuzz_corpus.json"
 GPU_CORPUS_CASES = {"POST": 24, "GET": 4, "GET /v1/models/{model_id}": 6}  # 150 in all
