@@ -2,6 +2,9 @@
 ``/detokenize``. The quality tools (``bench/score_ref_panel.py``) speak this dialect, so the same scorer works
 against SGLang servers.
 
+``sampling_params.json_schema`` (JSON text), ``regex`` or ``ebnf`` (GBNF) hold the output to that grammar
+(``structured.py``); it ends where the grammar does.
+
 Log-probability entries are ``[logprob, token_id, text]`` triples (text only with ``return_text_in_logprobs``).
 Input entry j belongs to position ``logprob_start_len + j`` and holds the distribution that predicted that
 token; position 0 has no prediction (``null``).

@@ -65,7 +65,7 @@ def assert_calls_validate(choice: dict, one: bool = False) -> None:
 @pytest.mark.parametrize("name", SCHEMAS)
 def test_json_schema_answers_parse_and_validate(client, name, stream):
     fmt = {"type": "json_schema", "json_schema": {"name": name, "schema": SCHEMAS[name], "strict": True}}
-    for choice in chat(client, stream, n=2, seed=7, response_format=fmt, extra_body=NO_THINK):
+    for choice in chat(client, stream, seed=7, response_format=fmt, extra_body=NO_THINK):
         assert choice["finish"] == "stop" and not choice["calls"], choice
         jsonschema.validate(json.loads(choice["content"]), SCHEMAS[name])
 
@@ -93,7 +93,7 @@ def test_parse_with_a_pydantic_model_returns_the_object(client):
 @pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize("parallel", [True, False])
 def test_required_tool_choice_always_calls_with_valid_arguments(client, stream, parallel):
-    for choice in chat(client, stream, n=3, seed=5, tools=E2E_TOOLS, tool_choice="required", parallel_tool_calls=parallel):
+    for choice in chat(client, stream, n=2, seed=5, tools=E2E_TOOLS, tool_choice="required", parallel_tool_calls=parallel):
         assert_calls_validate(choice, one=not parallel)
 
 
