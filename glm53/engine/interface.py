@@ -11,6 +11,10 @@ by ``step`` is already part of the sequence: the backend feeds it in the next st
 called first. A backend that keeps a prefix cache (keys and values of earlier prompts, reused when a new prompt
 starts the same way) says on the sequence's first token how many prompt tokens it did not have to prefill.
 
+A sequence added with a :class:`~glm53.engine.constraints.Constraint` samples only what its grammar allows: the
+backend applies the constraint's mask before sampling each of its tokens and advances it with the sampled token
+(``engine/constraints.py``); the scheduler ends the sequence where the grammar ends.
+
 Failures come in two sizes. A fault the backend can pin on one sequence (non-finite logits in its row, cache
 pages that could not be extended for it) is reported by ``step`` as a :class:`SequenceFailure` in place of that sequence's tokens: the scheduler
 ends that job alone with an error and calls ``remove``, and every other sequence of the batch goes on. An
@@ -23,7 +27,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from .constraints import Constraint, Vocabulary
 
 
 @dataclass(frozen=True)
@@ -110,6 +117,7 @@ class Tokenizer(Protocol):
 class Backend(Protocol):
     info: ModelInfo
     tokenizer: Tokenizer
+    vocabulary: Vocabulary  # the tokenizer as grammars see it (constrained decoding compiles against it)
     max_batch_size: int  # sequences that may be added at once
 
     def add(
@@ -118,8 +126,10 @@ class Backend(Protocol):
         prompt_ids: Sequence[int],
         sampling: SamplingParams,
         logprobs: LogprobRequest | None = None,
+        constraint: Constraint | None = None,
     ) -> None:
-        """Start a sequence. ``len(prompt_ids)`` is at least 1 and below ``info.context_length``."""
+        """Start a sequence. ``len(prompt_ids)`` is at least 1 and below ``info.context_length``. With a
+        ``constraint``, every token is sampled from what it allows and advances it."""
 
     def remove(self, seq_id: int) -> None:
         """Forget a sequence and free its cache. Unknown ids are ignored (a cancel may race a finish)."""

@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from .constraints import CompiledGrammar, Constraint
 from .detok import IncrementalDetokenizer
 from .interface import Backend, LogprobRequest, SamplingParams, SampledToken, SequenceFailure, TokenLogprobs
 from .stops import StopMatcher
@@ -41,6 +42,7 @@ class GenerationRequest:
     ignore_eos: bool = False
     skip_special: bool = False  # drop control markers from the text (token ids are unaffected)
     logprobs: LogprobRequest | None = None
+    grammar: CompiledGrammar | None = None  # what the completion must follow; it ends where the grammar does
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,7 @@ class Job:
     cached_tokens: int = 0
     detok: IncrementalDetokenizer | None = None
     stops: StopMatcher | None = None
+    constraint: Constraint | None = None  # this job's walk through its request's grammar
     scoring: Iterator | None = None
 
 
@@ -240,8 +243,9 @@ class Scheduler:
             req: GenerationRequest = job.request
             job.detok = IncrementalDetokenizer(backend.tokenizer, req.skip_special)
             job.stops = StopMatcher(req.stop_strings)
+            job.constraint = req.grammar.start() if req.grammar is not None else None
             try:
-                backend.add(job.id, req.prompt_ids, req.sampling, req.logprobs)
+                backend.add(job.id, req.prompt_ids, req.sampling, req.logprobs, job.constraint)
             except Exception as exc:  # noqa: BLE001 - a job the backend refuses fails alone
                 log.exception("backend refused job %d", job.id)
                 self._finish_unstarted(job, "error", f"{type(exc).__name__}: {exc}")
@@ -287,6 +291,8 @@ class Scheduler:
                 continue
             if isinstance(out, SequenceFailure):
                 self._fail(job, out.reason)
+            elif job.constraint is not None and job.constraint.error is not None:
+                self._fail(job, f"a sampled token broke the request's grammar: {job.constraint.error}")
             else:
                 self._consume(job, out)
 
@@ -333,6 +339,8 @@ class Scheduler:
                 text.append(emitted)
                 if matched is not None:
                     finish = ("stop", matched)
+            if finish is None and job.constraint is not None and job.completion_tokens == job.constraint.ended_at:
+                finish = ("stop", None)  # the grammar is complete and admits nothing more
             if finish is None and job.completion_tokens >= limit:
                 finish = ("length", None)
             if finish is not None:

@@ -6,7 +6,8 @@ parser as ``/v1/chat/completions``, and comes back as block events (``blocks.py`
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Iterator
+import re
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from flask import request
@@ -57,6 +58,16 @@ def chat_request(body: dict, fields: dict[str, str]) -> ChatCompletionRequest:
         raise APIError(400, f"{param}: {message}" if param else message, param=param, code=err["type"]) from None
 
 
+def renamed(err: APIError, params: Sequence[tuple[str, str]]) -> APIError:
+    """``err`` with its ``param`` (and the message's leading copy of it) under the first rule that matches."""
+    for pattern, replacement in params:
+        if err.param is not None and re.fullmatch(pattern, err.param):
+            param = re.sub(pattern, replacement, err.param)
+            message = param + err.message[len(err.param):] if err.message.startswith(err.param) else err.message
+            return APIError(err.status, message, param=param, code=err.code, headers=err.headers)
+    return err
+
+
 @dataclass(frozen=True)
 class Started:
     """The job's first output arrived (its prompt is prefilled)."""
@@ -70,9 +81,14 @@ class Turn:
     :raise 400: the prompt cannot be rendered or leaves no room. :raise 429: queue full. :raise 503: not ready.
     """
 
-    def __init__(self, req: ChatCompletionRequest, id_factory: Callable[[], str]):
+    def __init__(self, req: ChatCompletionRequest, id_factory: Callable[[], str], params: Sequence[tuple[str, str]] = ()):
+        """:param params: (regular expression, replacement) rules that turn the name of a chat field in a 400 of the
+            plan (a schema the grammar cannot hold, a tool's parameters) into the caller's API's field."""
         self.req = req
-        self.plan: ChatPlan = plan_chat(req)
+        try:
+            self.plan: ChatPlan = plan_chat(req)
+        except APIError as err:
+            raise renamed(err, params) from None
         self.group = JobGroup(generation_requests(req, self.plan), request.environ)
         self.tokenizer = runtime().backend.tokenizer  # the stream runs outside the app context
         self._id_factory = id_factory

@@ -50,6 +50,19 @@ FIELDS = {"messages": "messages", "tools": "tools", "tool_choice": "tool_choice"
           "max_tokens": "max_tokens", "response_format": "output_config.format", "reasoning_effort": "output_config.effort"}
 
 
+# a chat field named in a 400 of the plan -> the Anthropic field it came from
+CHAT_PARAMS = ((r"response_format\.json_schema\.(.*)", r"output_config.format.\1"), (r"response_format(.*)", r"output_config.format\1"),
+               (r"tools\[(\d+)\]\.function\.parameters(.*)", r"tools[\1].input_schema\2"))
+
+
+def _response_format(fmt: dict) -> dict:
+    """``output_config.format`` (``{"type": "json_schema", "schema": ...}``) in chat's ``response_format`` shape; any
+    other shape goes through as it is, for chat's validation to name."""
+    if fmt.get("type") == "json_schema" and "schema" in fmt:
+        return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
+    return fmt
+
+
 def error_body(err: APIError) -> dict:
     kind = ERROR_TYPES.get(err.status, "api_error" if err.status >= 500 else "invalid_request_error")
     return {"type": "error", "error": {"type": kind, "message": err.message}}
@@ -72,7 +85,7 @@ def messages():
     :raise 401: no valid key. :raise 404: unknown model. :raise 429: queue full. :raise 503: not ready."""
     req = parse_body(MessagesRequest)
     check_model(req.model)
-    turn = Turn(to_chat(req), new_tool_use_id)
+    turn = Turn(to_chat(req), new_tool_use_id, CHAT_PARAMS)
     meta = {"id": new_message_id(), "model": runtime().settings.served_name}
     show_thinking = getattr(req.thinking, "display", None) != "omitted"
     if req.stream:
@@ -121,7 +134,7 @@ def to_chat(req: MessagesBase):
     if thinking and config is not None and config.effort is not None:
         body["reasoning_effort"] = config.effort
     if config is not None and config.format is not None:
-        body["response_format"] = config.format
+        body["response_format"] = _response_format(config.format)
     if isinstance(req, MessagesRequest):
         body["max_tokens"] = req.max_tokens
         for name in ("temperature", "top_p", "top_k"):

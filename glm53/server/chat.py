@@ -2,8 +2,8 @@
 
 Streamed and non-streamed answers go through the same output parser (``parsing``), so they carry the same
 reasoning, content and tool calls. ``tool_choice`` ``required`` or a named function starts the assistant turn
-with the tool call (``<tool_call>`` or ``<tool_call>NAME``) after an empty reasoning block: GLM has no other way
-to be held to a call, so those turns skip reasoning.
+with the tool call (``<tool_call>`` or ``<tool_call>NAME``) after an empty reasoning block, and a grammar holds
+the call to the tool's schema; ``response_format`` and strict tools are held to theirs too (``structured.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from functools import partial
 
 from flask import Blueprint, request
 
+from ..engine.constraints import CompiledGrammar
 from ..engine.interface import LogprobRequest
 from ..engine.scheduler import Delta, Finish, GenerationRequest
 from .body import parse_body
@@ -23,9 +24,10 @@ from .errors import APIError
 from .jobs import JobGroup, check_model, max_new_tokens, runtime, sampling_params
 from .logprobs import chat_logprobs
 from .parsing import ContentText, OutputParser, ReasoningText, ToolCallArguments, ToolCallBegin, parse_output
-from .protocol import ChatCompletionRequest, NamedToolChoice
+from .protocol import ChatCompletionRequest
 from .responses import cached_prompt_tokens, engine_failure, finish_reason, usage
 from .sse import DONE, frame, stream_response
+from .structured import call_prefix, compile_structure, from_openai
 
 bp = Blueprint("chat", __name__)
 
@@ -38,6 +40,7 @@ class ChatPlan:
     tools: list[dict] | None  # tools whose calls the output parser recognises (None: tool markup is text)
     reasoning_open: bool  # the prompt ends inside a reasoning block
     prefix: str  # text the assistant turn was started with (a forced tool call), parsed as if generated
+    grammar: CompiledGrammar | None  # what every choice is held to (None: free)
 
 
 @bp.post("/v1/chat/completions")
@@ -68,6 +71,7 @@ def generation_requests(req: ChatCompletionRequest, plan: ChatPlan) -> list[Gene
             stop_strings=tuple(req.stop_strings()),
             ignore_eos=req.ignore_eos,
             logprobs=LogprobRequest(top_n=req.top_logprobs or 0) if req.logprobs else None,
+            grammar=plan.grammar,
         )
         for choice in range(req.n)
     ]
@@ -83,18 +87,17 @@ def plan_chat(req: ChatCompletionRequest) -> ChatPlan:
     enable_thinking = kwargs.pop("enable_thinking", req.reasoning_effort != "none")
     if req.reasoning_effort not in (None, "none"):
         kwargs.setdefault("reasoning_effort", req.reasoning_effort)
-    prefix = ""
-    if isinstance(req.tool_choice, NamedToolChoice):
-        prefix = "<tool_call>" + req.tool_choice.function.name
-    elif req.tool_choice == "required":
-        prefix = "<tool_call>"
+    structure = from_openai(req.response_format, req.tools, req.tool_choice, req.parallel_tool_calls)
+    prefix = call_prefix(structure)
     messages = [m.model_dump(exclude_none=True) for m in req.messages]
     try:
         rendered = rt.template().render(messages, tools, add_generation_prompt=True, enable_thinking=enable_thinking and not prefix, **kwargs)
     except TemplateError as exc:
         raise APIError(400, str(exc), param="messages", code="template_error") from None
     ids = rt.backend.tokenizer.encode(rendered.text + prefix)
-    return ChatPlan(ids, tools, rendered.thinking_open and not prefix, prefix)
+    reasoning_open = rendered.thinking_open and not prefix
+    grammar = compile_structure(structure, rt.backend.vocabulary, reasoning_open)
+    return ChatPlan(ids, tools, reasoning_open, prefix, grammar)
 
 
 def _deltas(events: list) -> list[dict]:

@@ -1,4 +1,5 @@
-"""``POST /v1/completions``: raw prompts (text or token ids, one or several) → text."""
+"""``POST /v1/completions``: raw prompts (text or token ids, one or several) → text (held to ``response_format``'s
+JSON schema from its first token when one is given)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from .jobs import JobGroup, check_model, check_token_ids, max_new_tokens, runtim
 from .protocol import CompletionRequest
 from .responses import cached_prompt_tokens, engine_failure, finish_reason, usage
 from .sse import DONE, frame, stream_response
+from .structured import compile_structure, from_openai
 
 bp = Blueprint("completions", __name__)
 
@@ -31,6 +33,7 @@ def completions():
         else:
             check_token_ids(p, "prompt")
             prompts.append(list(p))
+    grammar = compile_structure(from_openai(req.response_format, None, None, None), runtime().backend.vocabulary, reasoning_open=False)
     jobs = []
     for ids in prompts:
         budget = max_new_tokens(req.requested_max_tokens(), len(ids), param="prompt")
@@ -42,6 +45,7 @@ def completions():
                     sampling=sampling_params(req, choice),
                     stop_strings=tuple(req.stop_strings()),
                     ignore_eos=req.ignore_eos,
+                    grammar=grammar,
                 )
             )
     echoes = [tokenizer.decode(ids) if req.echo else "" for ids in prompts for _ in range(req.n)]

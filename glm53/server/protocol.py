@@ -156,14 +156,25 @@ class NamedToolChoice(Strict):
     function: NamedToolChoiceFunction
 
 
-class ResponseFormat(BaseModel):
-    model_config = ConfigDict(strict=True, extra="allow")
-    type: str
+class JsonSchemaFormat(Strict):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: str | None = None
+    # "schema" would shadow pydantic's BaseModel.schema; the wire name is kept by the alias
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(Strict):
+    """OpenAI's ``response_format``: the answer as free text, any JSON object, or JSON valid against a schema
+    (held to it by constrained decoding, ``strict`` or not)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
     @model_validator(mode="after")
-    def _text_only(self):
-        if self.type != "text":
-            raise ValueError(f"response_format type {self.type!r} is not supported; only 'text' is")
+    def _schema_with_its_type(self):
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError("'json_schema' is required with type 'json_schema', and allowed only with it")
         return self
 
 
@@ -219,6 +230,7 @@ class CompletionRequest(SamplingFields):
     best_of: int | None = None
     user: str | None = None
     max_completion_tokens: PositiveInt | None = None
+    response_format: ResponseFormat | None = None
 
     @model_validator(mode="after")
     def _cross_field_rules(self):
@@ -259,6 +271,21 @@ class SGLangSamplingParams(Strict):
     skip_special_tokens: bool = True
     sampling_seed: Seed | None = None
     n: Literal[1] = 1
+    # SGLang's constrained decoding: the output follows a JSON schema (as JSON text), a regex or a GBNF grammar
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+
+    @model_validator(mode="after")
+    def _one_grammar(self):
+        given = [name for name in ("json_schema", "regex", "ebnf") if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give at most one of json_schema, regex and ebnf, got {' and '.join(given)}")
+        return self
+
+    def grammar(self) -> tuple[str, str] | None:
+        """(kind, source) of the requested grammar, None when there is none."""
+        return next(((name, getattr(self, name)) for name in ("json_schema", "regex", "ebnf") if getattr(self, name) is not None), None)
 
 
 class GenerateRequest(Lenient):

@@ -64,7 +64,7 @@ def create_response():
             raise APIError(400, f"previous_response_id: no stored response {req.previous_response_id!r} (this server keeps the "
                                 f"last {store.capacity} stored responses in memory)", param="previous_response_id", code="previous_response_not_found")
     conversation = history + input_messages(req)
-    turn = Turn(to_chat(req, conversation), new_call_id)
+    turn = Turn(to_chat(req, conversation), new_call_id, CHAT_PARAMS)
     meta = {"id": new_id("resp"), "created_at": int(time.time()), "model": runtime().settings.served_name}
     keep = (store, conversation) if req.store is not False else None
     if req.stream:
@@ -147,6 +147,11 @@ def to_chat(req: ResponsesRequest, conversation: list[dict]):
         if getattr(req, name) is not None:
             body[name] = getattr(req, name)
     return chat_request(body, FIELDS)
+
+
+# a chat field named in a 400 of the plan -> the Responses field it came from (text.format is flat: no json_schema level)
+CHAT_PARAMS = ((r"response_format\.json_schema\.(.*)", r"text.format.\1"), (r"response_format(.*)", r"text.format\1"),
+               (r"tools\[(\d+)\]\.function\.(.*)", r"tools[\1].\2"))
 
 
 def _response_format(fmt) -> dict:

@@ -2,6 +2,9 @@
 ``/detokenize``. The quality tools (``bench/score_ref_panel.py``) speak this dialect, so the same scorer works
 against SGLang servers.
 
+``sampling_params.json_schema`` (JSON text), ``regex`` or ``ebnf`` (GBNF) hold the output to that grammar
+(``structured.py``); it ends where the grammar does.
+
 Log-probability entries are ``[logprob, token_id, text]`` triples (text only with ``return_text_in_logprobs``).
 Input entry j belongs to position ``logprob_start_len + j`` and holds the distribution that predicted that
 token; position 0 has no prediction (``null``).
@@ -22,6 +25,7 @@ from .jobs import JobGroup, check_token_ids, max_new_tokens, runtime, top_k
 from .protocol import DetokenizeRequest, GenerateRequest, TokenizeRequest
 from .responses import engine_failure
 from .sse import DONE, frame, stream_response
+from .structured import compile_request_grammar
 
 bp = Blueprint("sglang", __name__)
 
@@ -50,7 +54,10 @@ def generate():
         )
         check_token_ids(sp.stop_token_ids or [], "sampling_params.stop_token_ids")
         stops = [sp.stop] if isinstance(sp.stop, str) else (sp.stop or [])
-        jobs.append(GenerationRequest(tuple(ids), budget, sampling, tuple(stops), frozenset(sp.stop_token_ids or ()), sp.ignore_eos, sp.skip_special_tokens, lp))
+        wanted = sp.grammar()
+        grammar = compile_request_grammar(*wanted, runtime().backend.vocabulary, f"sampling_params.{wanted[0]}") if wanted else None
+        jobs.append(GenerationRequest(tuple(ids), budget, sampling, tuple(stops), frozenset(sp.stop_token_ids or ()), sp.ignore_eos,
+                                      sp.skip_special_tokens, lp, grammar))
     if req.return_logprob and req.logprob_start_len >= 0:
         if req.logprob_start_len >= len(ids):
             raise APIError(400, f"logprob_start_len ({req.logprob_start_len}) must be below the input length ({len(ids)})", param="logprob_start_len")

@@ -222,8 +222,9 @@ def test_sampled_text_looks_like_words():
     b = backend()
     chat = b.tokenizer.encode("[gMASK]<sop><|user|>Tell me a story.<|assistant|><think></think>")
     out = run(b, [chat], 300, SamplingParams(temperature=1.0, seed=1))[0]
-    text = b.tokenizer.decode(ids(out)[: next((i for i, t in enumerate(ids(out)) if t in b.info.eos_token_ids), 300)])
-    assert len(text) > 50
+    # the byte tokens spell the words; the special tokens among them (ends of text, of structures) are not text
+    text = b.tokenizer.decode([t for t in ids(out) if t < 256])
+    assert len(text) > 250
     letters_and_spaces = sum(c.isascii() and (c.isalpha() or c in " \n.,") for c in text)
     assert letters_and_spaces / len(text) > 0.9
     assert 0.05 < text.count(" ") / len(text) < 0.3

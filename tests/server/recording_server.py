@@ -22,8 +22,8 @@ class RecordingTinyBackend(TinyBackend):
         super().__init__(**kw)
         self.admissions: list[list] = []
 
-    def add(self, seq_id, prompt_ids, sampling, logprobs=None):
-        super().add(seq_id, prompt_ids, sampling, logprobs)
+    def add(self, seq_id, prompt_ids, sampling, logprobs=None, constraint=None):
+        super().add(seq_id, prompt_ids, sampling, logprobs, constraint)
         tag = re.search(r"client (\d+)", self.tokenizer.decode(prompt_ids))
         self.admissions.append([seq_id, int(tag.group(1)) if tag else None])
 

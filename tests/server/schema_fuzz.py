@@ -178,7 +178,9 @@ URL_TEXT = st.text(st.characters(codec="utf-8"), max_size=16)
 HINTS = {
     "ChatMessage": {"required": ["role", "content"]},
     "ContentPart": {"properties": {"type": {"const": "text"}, "text": {"type": "string"}}, "required": ["type", "text"]},
-    "ResponseFormat": {"properties": {"type": {"const": "text"}}},
+    # a json_schema format needs its json_schema object; an empty schema accepts any JSON, so answers get made
+    "ResponseFormat": {"required": ["type", "json_schema"]},
+    "JsonSchemaFormat": {"properties": {"name": {"const": "answer"}, "schema": {"const": {}}}, "required": ["name", "schema"]},
     "TextFormat": {"properties": {"type": {"const": "text"}}},
     "HostedTool": {"properties": {"type": {"const": "web_search"}}},
 }

@@ -19,7 +19,7 @@ import sys
 
 from glm53 import config
 from glm53.server.gunicorn_app import serve
-from tests.fakes import FAIL_ALONE, PREFILL, ScriptedBackend
+from tests.fakes import FAIL_ALONE, PREFILL, ByteTokens, ScriptedBackend
 
 PREFILL_STEPS = 100
 LONG_TOKENS = 2000
@@ -73,7 +73,7 @@ class FailingBackend(ScriptedBackend):
 
 
 def script(prompt_ids: list[int]) -> list[int]:
-    text = bytes(i for i in prompt_ids if i < 256).decode(errors="replace")
+    text = ByteTokens().decode(prompt_ids)  # GLM's markers are tokens of their own
     names = re.findall(r"\[\[script:(\w+)\]\]", text)
     name = names[-1] if names else "plain"
     if name == "fail":
@@ -85,8 +85,8 @@ def script(prompt_ids: list[int]) -> list[int]:
     if name == "long":
         return [ord("x")] * LONG_TOKENS
     if name in AGENT_CALLS:
-        return list(agent_turn(text, *AGENT_CALLS[name]).encode())
-    return list(SCRIPTS[name].encode())
+        return ByteTokens().encode(agent_turn(text, *AGENT_CALLS[name]))
+    return ByteTokens().encode(SCRIPTS[name])
 
 
 def cached(prompt_ids: list[int]) -> int:

@@ -118,6 +118,40 @@ def test_unknown_tool_name_comes_back_as_content(client):
     assert not msg.tool_calls and "launch_rockets" in msg.content and r.choices[0].finish_reason == "stop"
 
 
+STRICT_TOOLS = [{"type": "function", "function": {**t["function"], "strict": True}} for t in WEATHER_TOOLS]
+
+
+def test_a_call_within_a_strict_schema_comes_out_unchanged(client):
+    r = client.chat.completions.create(model="glm-5.3-flash", messages=user("[[script:weather]]"), tools=STRICT_TOOLS)
+    (call,) = r.choices[0].message.tool_calls
+    assert json.loads(call.function.arguments) == {"city": " New York\n", "days": 3}
+    assert r.choices[0].message.reasoning_content == "I should look it up." and r.choices[0].finish_reason == "tool_calls"
+
+
+def test_a_call_the_model_opens_is_held_to_a_strict_tool(client):
+    """The script calls an undeclared function; the grammar makes the scripted model call a declared one (it takes
+    the lowest token the grammar allows where its script's is not)."""
+    r = client.chat.completions.create(model="glm-5.3-flash", messages=user("[[script:unknown_tool]]"), tools=STRICT_TOOLS)
+    (call,) = r.choices[0].message.tool_calls
+    assert call.function.name == "get_time" and json.loads(call.function.arguments) == {}
+    assert r.choices[0].finish_reason == "tool_calls"
+
+
+def test_parallel_tool_calls_false_allows_one_call(client):
+    r = client.chat.completions.create(model="glm-5.3-flash", messages=user("[[script:two_calls]]"), tools=WEATHER_TOOLS,
+                                       parallel_tool_calls=False)
+    assert [c.function.name for c in r.choices[0].message.tool_calls] == ["get_time"]
+    # the answer ends with the first call: </think>, <tool_call>, the name's 8 bytes, </tool_call>
+    assert r.choices[0].finish_reason == "tool_calls" and r.usage.completion_tokens == 11
+
+
+def test_response_format_holds_the_scripted_model_to_the_schema(client):
+    schema = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema, "strict": True}}
+    r = client.chat.completions.create(model="glm-5.3-flash", messages=user("[[script:plain]]"), response_format=fmt, extra_body=NO_THINK)
+    assert json.loads(r.choices[0].message.content) == {"answer": "no"} and r.choices[0].finish_reason == "stop"
+
+
 def test_tool_choice_none_leaves_markup_as_content(client):
     r = client.chat.completions.create(model="glm-5.3-flash", messages=user("[[script:two_calls]]"), tools=WEATHER_TOOLS, tool_choice="none")
     assert not r.choices[0].message.tool_calls and "<tool_call>get_time" in r.choices[0].message.content

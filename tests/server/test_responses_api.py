@@ -106,7 +106,7 @@ def test_hosted_tools_are_left_out_and_forced_calls_work(client):
 @pytest.mark.parametrize("body,param", [
     ({}, "input"),
     ({"input": [{"type": "item_reference", "id": "x"}]}, "input"),
-    ({"input": "x", "text": {"format": {"type": "json_schema", "name": "a", "schema": {"type": "object"}}}}, "text.format"),
+    ({"input": "x", "text": {"format": {"type": "json_schema", "name": "a", "schema": {"type": "nonsense"}}}}, "text.format"),
     ({"input": "x", "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
     ({"input": "x", "background": True}, "background"),
     ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
@@ -117,3 +117,15 @@ def test_bad_input_gets_openais_400_naming_the_field(server, body, param):
     code, err = server.post("/v1/responses", {"model": MODEL, **body})
     assert code == 400 and err["error"]["type"] == "invalid_request_error"
     assert err["error"]["param"].startswith(param), err
+
+
+def test_text_format_json_schema_is_held_to_its_schema(client):
+    import json
+
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["n"],
+              "additionalProperties": False}
+    r = client.responses.create(model=MODEL, input="[[script:plain]]", max_output_tokens=64, reasoning={"effort": "none"},
+                                text={"format": {"type": "json_schema", "name": "digit", "schema": schema}})
+    jsonschema.validate(json.loads(r.output_text), schema)

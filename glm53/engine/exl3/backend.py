@@ -29,6 +29,7 @@ from ...config import Settings
 from ...offload import exl3_patch
 from ...offload.runtime import Offload
 from ...progress import Progress
+from ..constraints import Constraint, Vocabulary
 from ..gpu import device_facts
 from ..interface import (
     LogprobRequest,
@@ -103,6 +104,7 @@ class Exl3Backend:
         self.max_batch_size = self.generator.max_batch_size
         self.chunk_size = settings.chunk_size
         self.tokenizer = HFTokenizer(exl_tokenizer.tokenizer, self._config.vocab_size)
+        self._exl_tokenizer = exl_tokenizer
         self.info = ModelInfo(
             name=Path(model_dir).name,
             architecture=self._config.architecture,
@@ -114,13 +116,17 @@ class Exl3Backend:
             gpu=device_facts(torch.cuda.current_device()),
             max_score_tokens=settings.chunk_size,  # score() is one cache-less forward of at most a prefill chunk
         )
+        self.vocabulary = Vocabulary.from_hf(exl_tokenizer.tokenizer, self._config.vocab_size, self.info.eos_token_ids)
         self._jobs: dict[int, LogprobRequest | None] = {}
         self._page_size = PAGE_SIZE
         self._prefilling: set[int] = set()  # sequences that have not had their first token yet
         self._counters = {"steps": 0, "decode_tokens": 0, "scored_tokens": 0, "requeues_seen": 0}
 
-    def add(self, seq_id: int, prompt_ids: Sequence[int], sampling: SamplingParams, logprobs: LogprobRequest | None = None) -> None:
+    def add(self, seq_id: int, prompt_ids: Sequence[int], sampling: SamplingParams, logprobs: LogprobRequest | None = None,
+            constraint: Constraint | None = None) -> None:
         from exllamav3 import Job
+
+        from .grammar_filter import GrammarFilter
 
         if seq_id in self._jobs:
             raise ValueError(f"sequence {seq_id} is already active")
@@ -133,6 +139,7 @@ class Exl3Backend:
             return_logits=logprobs is not None,
             identifier=seq_id,
             max_rq_tokens=PAGE_ROUND_TOKENS,
+            filters=[GrammarFilter(constraint, self._exl_tokenizer)] if constraint is not None else None,
         )
         self.generator.enqueue(job)
         self._jobs[seq_id] = logprobs

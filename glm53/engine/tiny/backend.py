@@ -1,8 +1,8 @@
 """The CPU demo backend (``--engine tiny``): TinyGLM behind the ``Backend`` contract.
 
 Every serving path runs for real on it: chunked prefill, one batched decode forward over all sequences
-(each sequence's KV cache is one slot of a shared pool), per-sequence sampling, logprobs and teacher-forced
-scoring. The weights come from a seed, so two backends with the same seed give the same outputs.
+(each sequence's KV cache is one slot of a shared pool), per-sequence sampling, logprobs, grammar constraints and
+teacher-forced scoring. The weights come from a seed, so two backends with the same seed give the same outputs.
 It keeps no prefix cache (a sequence's slot is wiped when it ends), so every prompt is prefilled in full and
 reports no cached prompt tokens.
 """
@@ -14,15 +14,17 @@ from dataclasses import dataclass
 
 import torch
 
+from glm53.engine.constraints import Constraint, MaskWorker, Vocabulary, apply_masks
 from glm53.engine.interface import LogprobRequest, ModelInfo, SampledToken, SamplingParams, TokenLogprobs
 from glm53.engine.sampling import logprobs_for, sample
 from glm53.engine.tiny.model import TinyConfig, TinyGLM, text_prior
-from glm53.engine.tiny.tokenizer import ByteTokenizer
+from glm53.engine.tiny.tokenizer import N_BYTES, ByteTokenizer
 from glm53.models.glm_special_tokens import END_OF_TEXT
 
-# Weight of <|endoftext|> next to the letters' (percent of English text): at temperature 1 a completion
-# then ends after a few hundred tokens on average.
-END_WEIGHT = 0.3
+# Weights of the tokens that end something, next to the letters' (percent of English text): at temperature 1 a
+# completion ends after a few hundred tokens on average, its think block after about a hundred, and a tool-call
+# argument held to a grammar after about a hundred characters.
+CLOSER_WEIGHTS = {END_OF_TEXT: 0.3, "</think>": 1.0, "</arg_value>": 1.5}
 
 
 @dataclass
@@ -33,6 +35,7 @@ class _Sequence:
     slot: int  # where its keys and values live in the backend's pool
     generator: torch.Generator
     counts: torch.Tensor | None  # [V] tokens generated so far; kept only when a penalty needs them
+    constraint: Constraint | None = None  # the grammar its tokens must follow
     pending: int | None = None  # the last sampled token, fed to the model in the next step
 
 
@@ -46,9 +49,11 @@ class TinyBackend:
         :param seed: the weights' seed.
         """
         self.tokenizer = ByteTokenizer()
-        end_id = self.tokenizer.id_of(END_OF_TEXT)
+        # every id past the bytes is a special token: grammars match it whole, never spelled in bytes
+        self.vocabulary = Vocabulary.from_token_bytes(
+            self.tokenizer.vocabulary_bytes(), range(N_BYTES, self.tokenizer.vocab_size), self.tokenizer.eos_ids)
         cfg = TinyConfig(vocab_size=self.tokenizer.vocab_size)
-        self.model = TinyGLM(cfg, seed, text_prior(cfg.vocab_size, end_id, END_WEIGHT))
+        self.model = TinyGLM(cfg, seed, text_prior(cfg.vocab_size, {self.tokenizer.id_of(t): w for t, w in CLOSER_WEIGHTS.items()}))
         self.context_length = context_length
         self.max_batch_size = max_batch_size
         self.chunk_size = chunk_size
@@ -64,9 +69,11 @@ class TinyBackend:
         self._pool = self.model.new_pool(max_batch_size, context_length)
         self._free_slots = set(range(max_batch_size))
         self._sequences: dict[int, _Sequence] = {}  # in order of arrival, which is also the prefill order
+        self._masks = MaskWorker(cfg.vocab_size)
         self._counters = dict(steps=0, prefill_tokens=0, decode_tokens=0, scored_tokens=0)
 
-    def add(self, seq_id: int, prompt_ids: Sequence[int], sampling: SamplingParams, logprobs: LogprobRequest | None = None) -> None:
+    def add(self, seq_id: int, prompt_ids: Sequence[int], sampling: SamplingParams, logprobs: LogprobRequest | None = None,
+            constraint: Constraint | None = None) -> None:
         """Start a sequence. :raise ValueError: duplicate id, batch full, bad prompt length or token id."""
         if seq_id in self._sequences:
             raise ValueError(f"sequence {seq_id} is already active")
@@ -85,7 +92,7 @@ class TinyBackend:
         # The lowest free slot keeps the active slots packed, so decode batches stay views of the pool.
         slot = min(self._free_slots)
         self._free_slots.remove(slot)
-        self._sequences[seq_id] = _Sequence(prompt, sampling, logprobs, slot, generator, counts)
+        self._sequences[seq_id] = _Sequence(prompt, sampling, logprobs, slot, generator, counts, constraint)
 
     def remove(self, seq_id: int) -> None:
         seq = self._sequences.pop(seq_id, None)
@@ -110,9 +117,10 @@ class TinyBackend:
         if not batch:
             return {}
         tokens = torch.tensor([[seq.pending] for _, seq in batch])  # [B, 1]
+        masks = self._masks.start([seq.constraint for _, seq in batch])  # computed while the forward runs
         logits = self.model(tokens, self._pool, [seq.slot for _, seq in batch])  # [B, V]
         self._counters["decode_tokens"] += len(batch)
-        return self._sample(batch, logits)
+        return self._sample(batch, logits, masks.result())
 
     def _prefill(self) -> dict[int, list[SampledToken]]:
         produced: dict[int, list[SampledToken]] = {}
@@ -129,18 +137,23 @@ class TinyBackend:
             finishes = start + len(chunk) == len(seq.prompt)
             # Only the prompt's last position predicts anything wanted; the LM head runs on nothing else.
             logits_at = torch.tensor([len(chunk) - 1] if finishes else [], dtype=torch.int64)
+            masks = self._masks.start([seq.constraint] if finishes else [])
             logits = self.model(torch.tensor([chunk]), self._pool, [seq.slot], logits_at)  # [1 or 0, V]
             if finishes:
-                produced.update(self._sample([(seq_id, seq)], logits))
+                produced.update(self._sample([(seq_id, seq)], logits, masks.result()))
         return produced
 
-    def _sample(self, batch: list[tuple[int, _Sequence]], logits: torch.Tensor) -> dict[int, list[SampledToken]]:
-        """Pick each row's token from ``logits`` [B, V] and make it the row's pending token."""
+    def _sample(self, batch: list[tuple[int, _Sequence]], logits: torch.Tensor, allowed: torch.Tensor | None) -> dict[int, list[SampledToken]]:
+        """Pick each row's token from ``logits`` [B, V], among the tokens ``allowed`` [B, V] (None: all), and make
+        it the row's pending token. Logprobs stay those of the raw logits."""
         seqs = [seq for _, seq in batch]
-        chosen = sample(logits, [s.sampling for s in seqs], [s.generator for s in seqs], [s.counts for s in seqs])
+        masked = apply_masks(logits, allowed)
+        chosen = sample(masked, [s.sampling for s in seqs], [s.generator for s in seqs], [s.counts for s in seqs])
         produced = {}
         for (seq_id, seq), token, row in zip(batch, chosen.tolist(), logits):
             seq.pending = token
+            if seq.constraint is not None:
+                seq.constraint.advance(token)
             if seq.counts is not None:
                 seq.counts[token] += 1
             logprobs = logprobs_for(row, token, seq.logprobs) if seq.logprobs is not None else None
@@ -195,6 +208,7 @@ class TinyBackend:
     def close(self) -> None:
         for seq_id in list(self._sequences):
             self.remove(seq_id)
+        self._masks.close()
 
 
 def _facts(model: TinyGLM, seed: int) -> dict[str, object]:

@@ -9,6 +9,7 @@ is deterministic, needs no file, and its output is gibberish shaped by an output
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -298,12 +299,15 @@ _LETTERS = dict(
 )  # fmt: skip
 
 
-def text_prior(vocab_size: int, end_id: int, end_weight: float) -> torch.Tensor:
+def text_prior(vocab_size: int, closers: Mapping[int, float]) -> torch.Tensor:
     """LM-head bias [V] that makes the output read like words: log of relative token weights.
 
     Ids below 256 are bytes (the demo tokenizer's layout), the rest special tokens. Letters follow English
     frequencies, space separates words, newlines and punctuation are occasional; other bytes and special
-    tokens are very unlikely. ``end_id`` gets ``end_weight``, in the same units as the letters (percent).
+    tokens are very unlikely. The characters that close JSON strings, objects and arrays are as common as
+    punctuation, and ``closers`` (special token id -> weight, in the same units as the letters: percent) gives
+    the tokens that end a completion or a structure theirs: output held to a grammar (engine/constraints.py)
+    then closes what it opens within tens of tokens, as a real model's does.
     """
     weights = torch.full((vocab_size,), 1e-6)  # [V]
     for char in "0123456789-:;!?()'\"":
@@ -314,5 +318,8 @@ def text_prior(vocab_size: int, end_id: int, end_weight: float) -> torch.Tensor:
     weights[ord(" ")] = 30.0
     weights[ord(",")] = weights[ord(".")] = 1.0
     weights[ord("\n")] = 0.8
-    weights[end_id] = end_weight
+    weights[ord('"')] = 3.0
+    weights[ord("}")] = weights[ord("]")] = 2.0
+    for token, weight in closers.items():
+        weights[token] = weight
     return weights.log()

@@ -27,6 +27,11 @@ class ByteTokenizer:
         by_length = sorted(self._texts, key=len, reverse=True)
         self._pattern = re.compile("|".join(re.escape(text) for text in by_length))
 
+    def vocabulary_bytes(self) -> list[bytes]:
+        """Every id's bytes in id order (:meth:`token_bytes` of each), for the grammar vocabulary
+        (``engine/constraints.py``)."""
+        return [self.token_bytes(i) for i in range(self.vocab_size)]
+
     def id_of(self, text: str) -> int:
         """Id of a special token's text (``"<|user|>"``); raises KeyError for anything else."""
         return self._ids[text]
@@ -62,7 +67,6 @@ class ByteTokenizer:
                 parts.append(self._texts[token - N_BYTES])
         parts.append(run.decode("utf-8", errors="replace"))
         return "".join(parts)
-
 
     def token_bytes(self, token_id: int) -> bytes:
         """:raise ValueError: an id outside the vocabulary."""
