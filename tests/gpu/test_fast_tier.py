@@ -35,6 +35,16 @@ def _backend(ckpt, mode, extra=()):
     return backend
 
 
+def _run(ckpt, extra):
+    """A fast-mode engine with the CPU tier taking every miss: its greedy tokens (or the failure) and its tier's stats."""
+    backend = _backend(ckpt, "fast", [*CPU_TAKES_THE_MISSES, *extra])
+    try:
+        return _greedy(backend), backend.offload.stats()["cpu_tier"]
+    finally:
+        backend.close()
+        torch.cuda.empty_cache()
+
+
 def _greedy(backend, seq_id=0):
     backend.add(seq_id, PROMPT, SamplingParams(temperature=0.0), REQUEST)
     got = []
@@ -61,13 +71,7 @@ def exact(tiny_checkpoint):
 
 
 def test_the_cpu_tier_takes_experts_and_stays_close_to_exact_mode(tiny_checkpoint, exact):
-    backend = _backend(tiny_checkpoint, "fast", [*CPU_TAKES_THE_MISSES, "--ct-threads", "4"])
-    try:
-        got = _greedy(backend)
-        stats = backend.offload.stats()["cpu_tier"]
-    finally:
-        backend.close()
-        torch.cuda.empty_cache()
+    got, stats = _run(tiny_checkpoint, ["--ct-threads", "4"])
     print(f"cpu tier: {stats}")
     assert not isinstance(got, SequenceFailure), got.reason
     split, device, worker = stats["split"], stats["device"], stats["worker"]
@@ -119,13 +123,7 @@ def test_a_worker_past_the_deadline_has_its_experts_computed_on_the_gpu(tiny_che
 def test_late_jobs_fall_back_and_the_answer_stays_exact_modes(tiny_checkpoint, exact):
     """A deadline shorter than the CPU's jobs (0.1 ms): most jobs are taken back after the worker claimed them and
     the GPU computes their experts into the same fp32 sum; the rest arrive in time."""
-    backend = _backend(tiny_checkpoint, "fast", [*CPU_TAKES_THE_MISSES, "--ct-threads", "4", "--ct-deadline-ms", "0.1"])
-    try:
-        got = _greedy(backend)
-        stats = backend.offload.stats()["cpu_tier"]
-    finally:
-        backend.close()
-        torch.cuda.empty_cache()
+    got, stats = _run(tiny_checkpoint, ["--ct-threads", "4", "--ct-deadline-ms", "0.1"])
     device = stats["device"]
     print(f"0.1 ms deadline: {device}")
     assert not isinstance(got, SequenceFailure), got.reason
