@@ -23,7 +23,7 @@ PAGE = 256
 @pytest.fixture(scope="module")
 def server(tiny_checkpoint):
     s = Server(["serve", "--engine", "exl3", "--mode", "fast", "-m", str(tiny_checkpoint), "-cs", "16384", "--max-batch-size", "2",
-                "-ambs", "2", "-chunk_size", "2048"]).wait_ready(timeout=600)
+                "-ambs", "2", "-chunk_size", "2048", "--prompt-end-checkpoints", "1"]).wait_ready(timeout=600)
     yield s
     s.stop()
 

@@ -98,8 +98,9 @@ class Exl3Backend:
         self.generator = Generator(self.model, self.cache, exl_tokenizer, max_batch_size=settings.max_batch_size, max_chunk_size=settings.chunk_size,
                                    **exl3_patch.checkpoint_settings(settings.recurrent_cache_gb, PAGE_SIZE))
         exl3_patch.set_single_pass_prefill(self.generator, not settings.prefill_last_page_split)
-        # single-pass prefill skips stock's checkpoint at the prompt's last page: the recurrent layers make it instead
-        self.prompt_end = exl3_patch.set_prompt_end_checkpoints(self.generator, not settings.prefill_last_page_split)
+        # single-pass prefill skips stock's checkpoint at the prompt's last page: the recurrent layers can make it instead
+        self.prompt_end = exl3_patch.set_prompt_end_checkpoints(
+            self.generator, settings.prompt_end_checkpoints and not settings.prefill_last_page_split)
         # a recurrent model decodes at most as many sequences as the cache has state slots (-ambs)
         self.max_batch_size = self.generator.max_batch_size
         self.chunk_size = settings.chunk_size
