@@ -24,7 +24,7 @@ from setuptools.errors import SetupError
 ROOT = Path(__file__).resolve().parent
 NATIVE = ROOT / "native"
 sys.path.insert(0, str(ROOT))
-from glm53.offload import native_lib  # standard library only: the build environment has no torch
+from glm53.native import libraries as native_lib  # standard library only: the build environment has no torch
 
 
 def arch_list() -> str:

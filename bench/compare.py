@@ -138,7 +138,7 @@ def gpu_short_name(name: str) -> str:
 
 
 def machine_info() -> dict:
-    from bench.core_order import core_order
+    from glm53.engine.exl3.core_order import core_order
     from glm53.host import meminfo, query_gpus
 
     info = {"gpu": None, "gpu_memory_gb": None, "driver": None, "cpu": platform.processor() or None,
@@ -361,7 +361,9 @@ def build_native_libraries() -> None:
     first build (about half a minute each on a fresh machine) is no part of an arm's load time or timeout."""
     import torch
 
-    from glm53.offload import cpu_expert, ec_native, native_lib
+    from glm53.cpu_tier import kernel as cpu_expert
+    from glm53.native import libraries as native_lib
+    from glm53.offload import ec_native
 
     t0 = time.monotonic()
     libraries = [("CPU tier", cpu_expert.locate)] + ([("expert cache", ec_native.locate)] if torch.cuda.is_available() else [])

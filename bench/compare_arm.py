@@ -132,7 +132,7 @@ def max_streams(spec: dict) -> int:
 
 
 def load_stock(arm: str, spec: dict) -> Loaded:
-    from glm53.models.stock import load_stock as load
+    from glm53.engine.exl3.stock import load_stock as load
 
     split = spec["mcs"] if arm != "stock-vram" else 0
     slots = max_streams(spec)

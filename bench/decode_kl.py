@@ -368,7 +368,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> dict:
     from glm53.engine.exl3.tokenizer import HFTokenizer
-    from glm53.models.stock import load_stock
+    from glm53.engine.exl3.stock import load_stock
     from glm53.panel import load_prompts, prompt_ids
     from glm53.server.chat_template import ChatTemplate
 
@@ -388,7 +388,7 @@ def run(args: argparse.Namespace) -> dict:
 
         engine = Exl3Backend(config.load(engine_argv(args.model, cache_tokens, args.engine_args), {}), extra_caches=2)
         if args.split == "all" and engine.offload.fast is not None:
-            from glm53.offload.ct_cost import every_miss_to_the_cpu
+            from glm53.cpu_tier.split import every_miss_to_the_cpu
 
             engine.offload.fast.use_costs(every_miss_to_the_cpu(engine.offload.fast.costs))
         a, b = (make_engine_path(spec, engine, cache) for spec, cache in zip((args.a, args.b), engine.extra_caches))

@@ -155,7 +155,7 @@ def build(model_dir: Path, out: Path, prompts: list[str], max_new: int, top_k: i
 
     from .engine.exl3.backend import eos_token_ids
     from .engine.exl3.tokenizer import HFTokenizer
-    from .models.stock import load_stock
+    from .engine.exl3.stock import load_stock
     from .server.chat_template import ChatTemplate
 
     started = time.monotonic()

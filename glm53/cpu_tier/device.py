@@ -26,8 +26,8 @@ from collections import deque
 
 import torch
 
-from .cpu_tier import Ring
-from .ec_native import CtRing, Kernels
+from .worker import Ring
+from ..offload.ec_native import CtRing, Kernels
 
 OUTCOMES = ("none", "done", "failed", "taken_back_before_claim", "taken_back_after_claim")  # CT_OUT_* ids
 COUNTERS = ("published", "busy", "done", "failed", "taken_back_before_claim", "taken_back_after_claim", "wait_ns",

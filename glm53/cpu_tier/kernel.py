@@ -35,7 +35,7 @@ from typing import Self
 
 import numpy as np
 
-from . import native_lib
+from ..native import libraries as native_lib
 
 NativeBuildError = native_lib.NativeBuildError  # what library() raises when it finds and builds no library
 NATIVE = native_lib.SOURCE

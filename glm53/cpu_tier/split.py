@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from . import cpu_expert as ce
+from . import kernel as ce
 
 TOKENS = (1, 2, 4, 8)  # token counts the CPU cost is measured at (others: the next one up)
 

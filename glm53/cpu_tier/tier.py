@@ -4,13 +4,13 @@ misses; the worker's fp32 partial is added to the layer's fp32 routed sum before
 
 Per layer, on the compute stream, with no host synchronisation:
 
-1. after routing (``exl3_patch.add_routing_hook``) and the expert cache's step: ``ct_split_publish`` picks the
+1. after routing (``patches.add_routing_hook``) and the expert cache's step: ``ct_split_publish`` picks the
    experts for the CPU from the cost table (``ct_cost``), publishes the job and zeroes those picks' router weights,
    which exllamav3's fused decode kernels skip;
 2. exllamav3 computes the rest;
-3. on the fp32 routed sum (``exl3_patch.wrap_routed_sum``): ``ct_collect`` waits up to ``GLM53_CT_DEADLINE_MS`` for
+3. on the fp32 routed sum (``patches.wrap_routed_sum``): ``ct_collect`` waits up to ``GLM53_CT_DEADLINE_MS`` for
    the job and adds its partial, or takes it back; then the GPU FALLBACK: ``ct_fallback_plan`` and exllamav3's
-   fused expert kernel (``exl3_patch.fused_experts``) compute, into the same fp32 sum, the experts of a job that
+   fused expert kernel (``patches.fused_experts``) compute, into the same fp32 sum, the experts of a job that
    was taken back or refused (nothing, when it arrived). Every routed expert is in every step; the fallbacks are
    counted (``/stats``: ``cpu_tier.device.fallback_jobs``).
 
@@ -46,11 +46,11 @@ from pathlib import Path
 
 import torch
 
-from . import cpu_expert as ce
-from . import exl3_patch
-from .cpu_tier import ExpertTable, Ring, Worker, host_store_experts
-from .ct_cost import Costs, fit_gpu_line, measure_cpu, pinned_cpu_cost
-from .ct_device import OUTCOMES, DeviceProducer, pack_picks
+from . import kernel as ce
+from ..engine.exl3 import patches
+from .worker import ExpertTable, Ring, Worker, host_store_experts
+from .split import Costs, fit_gpu_line, measure_cpu, pinned_cpu_cost
+from .device import OUTCOMES, DeviceProducer, pack_picks
 
 log = logging.getLogger("glm53.offload.fast")
 
@@ -102,14 +102,14 @@ class FastTier:
     def __init__(self, settings, model_dir: Path, store, cache, mlps, device: torch.device, kernels):
         t0 = time.monotonic()
         for mlp in mlps:
-            if not exl3_patch.experts_see_the_router_input(mlp):
+            if not patches.experts_see_the_router_input(mlp):
                 raise RuntimeError(f"{mlp.key}: the experts' input is not the router's (a pre-norm or latent projection); "
                                    "the CPU tier does not support this model")
         self.store, self.cache, self.device = store, cache, device
         self.codebook = settings.ct_codebook
         self.hidden = store.layout.shapes[0][0] * 16
         top_k = self.top_k = int(mlps[0].num_experts_per_tok)
-        self.fallbacks = [exl3_patch.fused_experts(mlp) for mlp in mlps]  # per layer row, in store order
+        self.fallbacks = [patches.fused_experts(mlp) for mlp in mlps]  # per layer row, in store order
         act_limit = float(mlps[0].act_limit or 0.0)
         experts = host_store_experts(store, store.read_sign_scale(model_dir))
         self.table = ExpertTable(experts, store.num_layers, store.num_experts)

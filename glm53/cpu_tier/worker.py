@@ -25,7 +25,7 @@ from typing import Self
 
 import numpy as np
 
-from . import cpu_expert as ce
+from . import kernel as ce
 
 STATES = ("empty", "published", "claimed", "done", "failed", "taken_back", "skipped")  # ids 0.. of cpu_tier.h
 EBUSY, ESTATE = -5, -6

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .synth.safetensors_file import read_header
+from .safetensors_header import read_header
 
 # Routed experts: model.layers.N.mlp.experts.E.*; the shared expert is mlp.shared_experts and does not match.
 ROUTED_EXPERT = re.compile(r"\.mlp\.experts\.\d+\.")

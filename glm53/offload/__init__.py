@@ -1,5 +1,2 @@
-"""The offload layer: where each routed expert lives (pinned host store, GPU expert cache, staging, CPU tier).
-
-``exl3_patch`` is the one module that reaches into exllamav3's model internals; ``triton_pin`` also reaches into
-exllamav3's per-device Triton autotune wrapper (and Triton's ``Autotuner``), and lists what it relies on.
-"""
+"""The offload core: where each routed expert lives and how the GPU reads it (host store, GPU expert cache, prefill
+staging, the elastic loan) and the binding of the cache's CUDA kernels (``ec_native``)."""

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import torch
 
-from . import native_lib
-from .native_lib import NativeBuildError
+from ..native import libraries as native_lib
+from ..native.libraries import NativeBuildError
 
 SOURCE = native_lib.SOURCE / "ec" / "expert_cache.cu"
 HEADERS = ("cpu_tier_device.cuh", "link_load.cuh")  # included by SOURCE (a library older than any of them is stale)

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ..models.checkpoint import shards
-from ..models.synth.safetensors_file import read_header
+from ..models.safetensors_header import read_header
 
 PROJECTIONS = ("gate", "up", "down")
 ALIGN = 256  # byte alignment of each projection inside an expert block (exllamav3's kernels load 16 B vectors)

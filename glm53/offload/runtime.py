@@ -1,5 +1,5 @@
 """The offload layer put together: host store, GPU expert cache, prefill staging and the elastic loan, installed
-into a stock exllamav3 model through the patch points of ``exl3_patch``.
+into a stock exllamav3 model through the patch points of ``patches``.
 
 Order of use (``Exl3Backend`` does this):
 
@@ -30,7 +30,7 @@ import torch
 from ..config import Settings
 from ..models.checkpoint import ROUTING_PROFILE_FILE
 from ..progress import Progress
-from . import exl3_patch
+from ..engine.exl3 import patches
 from .cache import ExpertCache, Policy
 from .ec_native import Kernels
 from .host_store import HostStore
@@ -65,7 +65,7 @@ class Offload:
                 raise RuntimeError(f"cudaHostRegister of {nbytes / GB:.2f} GB of expert memory failed (error {int(err)}): "
                                    "page-locked memory is limited (ulimit -l; set memlock to unlimited)")
 
-        self.store.pin_and_map(self.device, register, exl3_patch.pinned_cuda_view, progress=progress.steps("pinning"))
+        self.store.pin_and_map(self.device, register, patches.pinned_cuda_view, progress=progress.steps("pinning"))
         self._unregister = lambda ptr: cudart.cudaHostUnregister(ptr)
         self.timings["store_pin_s"] = round(time.monotonic() - t1, 2)
         self.timings["store_total_s"] = round(time.monotonic() - t0, 2)
@@ -86,15 +86,15 @@ class Offload:
         from contextlib import ExitStack
 
         stack = ExitStack()
-        stack.enter_context(exl3_patch.expert_trellises_from(model.config, self.store.trellis_view))
-        stack.enter_context(exl3_patch.capture_gate_up_tables(self._captured))
+        stack.enter_context(patches.expert_trellises_from(model.config, self.store.trellis_view))
+        stack.enter_context(patches.capture_gate_up_tables(self._captured))
         return stack
 
     # ---- attaching
 
     def attach(self, model) -> None:
-        exl3_patch.check_offload_internals(model)
-        layers = exl3_patch.moe_layers(model)
+        patches.check_offload_internals(model)
+        layers = patches.moe_layers(model)
         by_key = {mlp.key: mlp for _, mlp in layers}
         if sorted(by_key) != sorted(self.store.layer_keys):
             raise RuntimeError(f"the model's MoE layers {sorted(by_key)} are not the host store's {self.store.layer_keys}")
@@ -102,7 +102,7 @@ class Offload:
         for mlp in mlps:
             if mlp.num_experts != self.store.num_experts:
                 raise RuntimeError(f"{mlp.key}: {mlp.num_experts} experts, the host store has {self.store.num_experts}")
-        tables = [exl3_patch.expert_tables(mlp, self._captured) for mlp in mlps]
+        tables = [patches.expert_tables(mlp, self._captured) for mlp in mlps]
         self._captured.clear()
         kernels = Kernels()
         slots, budget = self._cache_slots()
@@ -116,21 +116,21 @@ class Offload:
             self.fast = self._start_cpu_tier(mlps, kernels)
         for row, mlp in enumerate(mlps):
             if self.fast is not None:
-                self._removers.append(exl3_patch.add_routing_hook(
+                self._removers.append(patches.add_routing_hook(
                     mlp, lambda sel, w, z, params, _row=row: self._routed(_row, sel, w, z), with_inputs=True))
-                self._removers.append(exl3_patch.wrap_routed_sum(mlp, lambda fhs, _row=row: self.fast.on_routed_sum(_row, fhs)))
+                self._removers.append(patches.wrap_routed_sum(mlp, lambda fhs, _row=row: self.fast.on_routed_sum(_row, fhs)))
             else:
-                self._removers.append(exl3_patch.add_routing_hook(mlp, lambda sel, params, _row=row: self._routed(_row, sel)))
-            self._removers.append(exl3_patch.wrap_forward(mlp, before=lambda x, p, _row=row: self._before_layer(_row),
+                self._removers.append(patches.add_routing_hook(mlp, lambda sel, params, _row=row: self._routed(_row, sel)))
+            self._removers.append(patches.wrap_forward(mlp, before=lambda x, p, _row=row: self._before_layer(_row),
                                                           after=lambda x, p, _row=row: self._after_layer(_row)))
-        self._removers.append(exl3_patch.wrap_forward(exl3_patch.first_forward_module(model), before=self._forward_start))
+        self._removers.append(patches.wrap_forward(patches.first_forward_module(model), before=self._forward_start))
         log.info("expert cache: %d of %d experts in VRAM (%.2f GB), profile: %s", self.cache.num_slots,
                  self.store.num_layers * self.store.num_experts, self.cache.num_slots * self.store.layout.block_bytes / GB, self.profile_source)
 
     def _start_cpu_tier(self, mlps, kernels):
         """Fast mode's CPU tier, or None when ``GLM53_CT_ENABLE=auto`` and the costs it measured at start give it no
         share of a decode step's misses (then it is stopped again: no threads, no pinned CPUs)."""
-        from .fast_tier import FastTier
+        from ..cpu_tier.tier import FastTier
 
         tier = FastTier(self.settings, self.model_dir, self.store, self.cache, mlps, self.device, kernels)
         worthwhile, why = tier.worthwhile()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from glm53.models.synth import exl3_reference as ref
-from glm53.offload import cpu_expert as ce
+from glm53.cpu_tier import kernel as ce
 
 
 def random_linear(rng, n_in: int, n_out: int, bits: int, rms_out: float) -> ce.Linear:

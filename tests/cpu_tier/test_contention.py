@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from bench.cpu_hog import CpuHog
-from glm53.offload import cpu_expert as ce
-from glm53.offload import cpu_tier as ct
-from glm53.offload.ct_cost import Costs
+from glm53.cpu_tier import kernel as ce
+from glm53.cpu_tier import worker as ct
+from glm53.cpu_tier.split import Costs
 
 HIDDEN, INTER, K = 4096, 2048, 3  # GLM-5.3-Flash's routed expert at 3 bits: ~9.4 MB of trellis
 EXPERTS, JOBS, PER_JOB = 4, 8, 4

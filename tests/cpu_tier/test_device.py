@@ -1,4 +1,4 @@
-"""glm53.offload.ct_device on the CPU: the pick packing and the ring struct the kernels read (the handoff itself runs
+"""glm53.cpu_tier.device on the CPU: the pick packing and the ring struct the kernels read (the handoff itself runs
 on the GPU: tests/gpu/test_cpu_tier_device.py)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import re
 import torch
 
 from glm53.offload import ec_native
-from glm53.offload.ct_device import COUNTERS, OUTCOMES, pack_picks
+from glm53.cpu_tier.device import COUNTERS, OUTCOMES, pack_picks
 
 
 def test_picks_pack_as_token_expert_and_the_weights_float_bits():

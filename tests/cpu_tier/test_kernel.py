@@ -1,4 +1,4 @@
-"""The CPU tier's expert kernel (glm53.offload.cpu_expert) against a float64 NumPy reference.
+"""The CPU tier's expert kernel (glm53.cpu_tier.kernel) against a float64 NumPy reference.
 
 Every run draws fresh trellis bits, sign/scale vectors, activations and router weights from a seed it prints;
 CPU_EXPERT_TEST_SEED=<seed> repeats a run. The reference (exl3_float64) decodes the trellis with
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from glm53.models.synth import exl3_reference as ref
-from glm53.offload import cpu_expert as ce
+from glm53.cpu_tier import kernel as ce
 
 from .exl3_float64 import Reference, random_expert, random_linear, rel_rms, w_hat64
 

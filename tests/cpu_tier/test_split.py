@@ -1,4 +1,4 @@
-"""The fast mode's split cost model (glm53.offload.ct_cost): the split it chooses, the device table, the live
+"""The fast mode's split cost model (glm53.cpu_tier.split): the split it chooses, the device table, the live
 refresh, and timing the CPU kernel on real (random) experts."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from glm53.offload import cpu_expert as ce
-from glm53.offload.ct_cost import (
+from glm53.cpu_tier import kernel as ce
+from glm53.cpu_tier.split import (
     GPU_LINE_MIN_SAMPLES,
     TOKENS,
     Costs,
@@ -19,7 +19,7 @@ from glm53.offload.ct_cost import (
     pinned_cpu_cost,
 )
 
-from .test_cpu_tier import LIMIT, tier  # noqa: F401 (tier: fixture)
+from .test_worker import LIMIT, tier  # noqa: F401 (tier: fixture)
 
 US = 1e-6
 # a 24 GB card on PCIe 4: a 9.4 MB expert ~370 us over the link, ~5 us from VRAM; CPU 250 us per expert at 1 token
@@ -134,7 +134,7 @@ def test_a_live_refresh_takes_the_jobs_fixed_part_out_first():
 
 
 def test_the_split_sends_the_coldest_missed_experts_and_zeroes_only_their_weights():
-    from glm53.offload.ct_cost import split_reference
+    from glm53.cpu_tier.split import split_reference
 
     E = 16
     slot_of = np.full(E, -1)
@@ -156,7 +156,7 @@ def test_the_split_sends_the_coldest_missed_experts_and_zeroes_only_their_weight
 
 
 def test_every_miss_to_the_cpu():
-    from glm53.offload.ct_cost import every_miss_to_the_cpu
+    from glm53.cpu_tier.split import every_miss_to_the_cpu
 
     c = every_miss_to_the_cpu(PCIE4)
     assert all(c.best_split(h, m, t) == m for t in (1, 2, 8) for h in (0, 3) for m in range(9))

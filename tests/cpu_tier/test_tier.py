@@ -1,4 +1,4 @@
-"""glm53.offload.fast_tier's per-layer bookkeeping on the CPU, with stand-ins for the GPU pieces (the producer's
+"""glm53.cpu_tier.tier's per-layer bookkeeping on the CPU, with stand-ins for the GPU pieces (the producer's
 kernels, the expert cache, exllamav3's fused expert kernel): what it hands the split, the collection and the
 GPU fallback, when it stays out of the way, how it follows the host's live rate (a busy host gets fewer or no
 experts within a refresh, shadow jobs while it gets none). The tier itself runs on the GPU (tests/gpu/test_fast_tier.py)."""
@@ -13,9 +13,9 @@ from typing import ClassVar
 import pytest
 import torch
 
-from glm53.offload import fast_tier as ft
-from glm53.offload.ct_cost import Costs
-from glm53.offload.fast_tier import (
+from glm53.cpu_tier import tier as ft
+from glm53.cpu_tier.split import Costs
+from glm53.cpu_tier.tier import (
     PROBE_EXPERTS,
     PROBE_STEPS,
     REFRESH_STEPS,
@@ -324,7 +324,7 @@ def test_the_feeding_thread_keeps_off_the_tiers_cpus_while_it_runs():
 
 
 def test_a_failed_start_stops_what_started_and_gives_the_cpus_back(monkeypatch):
-    import glm53.offload.fast_tier as ft
+    import glm53.cpu_tier.tier as ft
 
     stopped = []
 
@@ -348,8 +348,8 @@ def test_a_failed_start_stops_what_started_and_gives_the_cpus_back(monkeypatch):
     monkeypatch.setattr(ft, "Worker", lambda *a, **k: Started("worker"))
     monkeypatch.setattr(ft, "ExpertTable", lambda *a: object())
     monkeypatch.setattr(ft, "host_store_experts", lambda *a: {})
-    monkeypatch.setattr(ft.exl3_patch, "experts_see_the_router_input", lambda mlp: True)
-    monkeypatch.setattr(ft.exl3_patch, "fused_experts", lambda mlp: None)
+    monkeypatch.setattr(ft.patches, "experts_see_the_router_input", lambda mlp: True)
+    monkeypatch.setattr(ft.patches, "fused_experts", lambda mlp: None)
 
     def no_gpu(*a):
         raise RuntimeError("cudaHostRegister failed")

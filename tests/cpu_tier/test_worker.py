@@ -1,4 +1,4 @@
-"""The CPU tier's handoff (glm53.offload.cpu_tier, native/cpu_tier): ring, worker, take-back, on the CPU.
+"""The CPU tier's handoff (glm53.cpu_tier.worker, native/cpu_tier): ring, worker, take-back, on the CPU.
 
 Small shapes (hidden 256, intermediate 128, 16 experts in 2 layers, K = 3) with fresh random trellis bits read
 into a real HostStore; HostProducer stands in for the GPU. Every run draws a seed it prints;
@@ -14,11 +14,11 @@ import time
 import numpy as np
 import pytest
 
-from glm53.offload import cpu_expert as ce
-from glm53.offload import cpu_tier as ct
+from glm53.cpu_tier import kernel as ce
+from glm53.cpu_tier import worker as ct
 from glm53.offload.host_store import HostStore
 
-from .test_host_store import PREFIX, _write_shard
+from tests.offload.test_host_store import PREFIX, _write_shard
 
 SEED = int(os.environ.get("CPU_TIER_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
 HIDDEN, INTER, K, EXPERTS, LAYERS = 256, 128, 3, 16, 2

@@ -28,8 +28,8 @@ import pytest
 import torch
 
 from glm53.models.synth import exl3_reference as ref
-from glm53.offload import cpu_expert as ce
-from tests.native.exl3_float64 import (
+from glm53.cpu_tier import kernel as ce
+from tests.cpu_tier.exl3_float64 import (
     Reference,
     random_expert,
     random_linear,

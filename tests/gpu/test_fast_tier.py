@@ -1,4 +1,4 @@
-"""Fast mode's CPU tier wired into the engine (glm53.offload.fast_tier), on the tiny checkpoint with 11 % of the
+"""Fast mode's CPU tier wired into the engine (glm53.cpu_tier.tier), on the tiny checkpoint with 11 % of the
 experts in VRAM: the CPU really takes experts, its answers stay close to exact mode's, a job that comes too late is
 computed on the GPU (the fallback) so the step still has every routed expert, and an idle tier parks.
 
@@ -15,7 +15,7 @@ import torch
 
 from glm53 import config
 from glm53.engine.interface import LogprobRequest, SamplingParams, SequenceFailure
-from glm53.offload.ct_cost import every_miss_to_the_cpu
+from glm53.cpu_tier.split import every_miss_to_the_cpu
 
 CPU_TAKES_THE_MISSES = ["--ct-enable", "1"]
 

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from glm53.offload import cpu_expert, ec_native, native_lib
-from glm53.offload.native_lib import NativeBuildError
+from glm53.cpu_tier import kernel as cpu_expert
+from glm53.native import libraries as native_lib
+from glm53.offload import ec_native
+from glm53.native.libraries import NativeBuildError
 
 REPO = Path(__file__).resolve().parents[2]
 CPU = native_lib.CPU_LIBRARY

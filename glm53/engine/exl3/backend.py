@@ -6,11 +6,11 @@ backends stop in exactly the same way. Pages are reserved in rounds (``max_rq_to
 whole remaining context, so several jobs with uncapped ``max_tokens`` all start at once.
 
 Only exllamav3's public API is used here (and a job's own prefix-cache counters, ``cached_prompt_tokens``);
-reaching into its internals is ``glm53/offload/exl3_patch.py``'s job.
+reaching into its internals is ``glm53/offload/patches.py``'s job.
 
 An agent's turns share their prefix: each request is the last one plus the answer and what came after. The
 generator keeps a recurrent-state checkpoint at every page boundary an answer passes and one at each prompt's
-last page boundary (``exl3_patch.set_prompt_end_checkpoints`` in single-pass prefill, stock's last-page split
+last page boundary (``patches.set_prompt_end_checkpoints`` in single-pass prefill, stock's last-page split
 otherwise), in host RAM bounded by ``GLM53_RECURRENT_CACHE_GB``, so the next turn prefills only from the last
 page boundary that both requests share.
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from ...config import Settings
-from ...offload import exl3_patch
+from . import patches
 from ...offload.runtime import Offload
 from ...progress import Progress
 from ..constraints import Constraint, Vocabulary
@@ -96,10 +96,10 @@ class Exl3Backend:
         progress.finish()
         exl_tokenizer = Tokenizer.from_config(self._config)
         self.generator = Generator(self.model, self.cache, exl_tokenizer, max_batch_size=settings.max_batch_size, max_chunk_size=settings.chunk_size,
-                                   **exl3_patch.checkpoint_settings(settings.recurrent_cache_gb, PAGE_SIZE))
-        exl3_patch.set_single_pass_prefill(self.generator, not settings.prefill_last_page_split)
+                                   **patches.checkpoint_settings(settings.recurrent_cache_gb, PAGE_SIZE))
+        patches.set_single_pass_prefill(self.generator, not settings.prefill_last_page_split)
         # single-pass prefill skips stock's checkpoint at the prompt's last page: the recurrent layers make it instead
-        self.prompt_end = exl3_patch.set_prompt_end_checkpoints(self.generator, not settings.prefill_last_page_split)
+        self.prompt_end = patches.set_prompt_end_checkpoints(self.generator, not settings.prefill_last_page_split)
         # a recurrent model decodes at most as many sequences as the cache has state slots (-ambs)
         self.max_batch_size = self.generator.max_batch_size
         self.chunk_size = settings.chunk_size
@@ -219,7 +219,7 @@ class Exl3Backend:
             "active_jobs": len(self.generator.active_jobs),
             "pending_jobs": len(self.generator.pending_jobs),
             **_memory_facts(),
-            "recurrent_checkpoints": exl3_patch.checkpoint_stats(self.generator, self.prompt_end),
+            "recurrent_checkpoints": patches.checkpoint_stats(self.generator, self.prompt_end),
             "offload": self.offload.stats(),
         }
 

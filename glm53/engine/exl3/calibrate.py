@@ -20,8 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from ...progress import Progress
-from . import router
-from .writer import DEFAULT_PROFILE, write_router_biases
+from ...models.synth import router
+from ...models.synth.writer import DEFAULT_PROFILE, write_router_biases
 
 DECODE_ROWS = 8  # routing calls of at most this many rows are decode steps; prefill chunks are larger
 STOP_FRACTION = 0.6
@@ -95,7 +95,7 @@ class _Session:
         import torch
         from exllamav3 import Cache, CacheLayer_fp16, Config, Generator, Model, Tokenizer
 
-        from ...offload.exl3_patch import RoutingCounter, check_internals
+        from .patches import RoutingCounter, check_internals
 
         self._torch = torch
         self.streams = streams
@@ -123,7 +123,7 @@ class _Session:
         return self.layers[layer].routing_cfg.e_score_correction_bias.float().cpu().numpy()
 
     def set_bias(self, layer: int, bias: np.ndarray) -> None:
-        from ...offload.exl3_patch import set_router_bias
+        from .patches import set_router_bias
 
         mlp = self.layers[layer]
         set_router_bias(mlp, self._torch.from_numpy(bias).to(mlp.routing_cfg.e_score_correction_bias.device))

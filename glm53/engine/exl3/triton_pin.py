@@ -40,7 +40,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from .exl3_patch import InternalsChanged
+from .patches import InternalsChanged
 from .triton_pin_file import (
     ArchitectureMismatch,
     PinFile,

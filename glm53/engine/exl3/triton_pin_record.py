@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 
-from .. import config
+from ... import config
 from . import triton_pin_file
 
 # decode tokens generated after each recorded prefill (decode runs no autotuned kernel in exllamav3 1.6.5, but the
@@ -112,7 +112,7 @@ def _show(path: Path) -> int:
 
 def load_stock(model_dir: Path, *, cache_size: int, chunk_size: int, ambs: int, max_batch_size: int) -> SimpleNamespace:
     """The model, cache and generator of stock exllamav3, with the sizes and calls of the exl3 backend."""
-    from ..models.stock import load_stock as load
+    from .stock import load_stock as load
 
     stock = load(model_dir, cache_tokens=cache_size, max_batch_size=ambs, chunk_size=chunk_size)
     return SimpleNamespace(model=stock.model, generator=stock.generator(max_batch_size=max_batch_size), vocab_size=stock.vocab_size)

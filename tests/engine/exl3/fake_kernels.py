@@ -2,7 +2,7 @@
 the way exllamav3's vendored fla kernels are (heuristics over a per-device-kind autotuner). Tests reload this
 module for a fresh set, as a new process would have."""
 
-from tests.offload.fake_triton import (
+from tests.engine.exl3.fake_triton import (
     FakeAutotuner,
     FakeConfig,
     FakeDeviceAutotune,

@@ -1,4 +1,4 @@
-"""Stand-ins for the Triton and exllamav3 autotune objects that ``glm53.offload.triton_pin`` relies on.
+"""Stand-ins for the Triton and exllamav3 autotune objects that ``glm53.engine.exl3.triton_pin`` relies on.
 
 They copy only what triton_pin touches, as Triton 3.6 and exllamav3 1.6.5 have it: ``Config`` fields,
 ``Autotuner.run`` building the key (the ``key`` arguments' values, then ``str(dtype)`` of every argument with a

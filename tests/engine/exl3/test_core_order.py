@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from bench import core_order
+from glm53.engine.exl3 import core_order
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def fake_sysfs(root: Path, topology: dict[int, tuple[int, int] | None]) -> Path:

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from glm53 import cli
-from glm53.offload import triton_pin, triton_pin_record
-from glm53.offload.exl3_patch import InternalsChanged
-from glm53.offload.triton_pin_file import (
+from glm53.engine.exl3 import triton_pin, triton_pin_record
+from glm53.engine.exl3.patches import InternalsChanged
+from glm53.engine.exl3.triton_pin_file import (
     ArchitectureMismatch,
     PinFileError,
     decode_value,
@@ -28,10 +28,10 @@ from glm53.offload.triton_pin_file import (
     load,
     merge,
 )
-from tests.offload import fake_triton
+from tests.engine.exl3 import fake_triton
 
-SCALE = "tests.offload.fake_kernels:scale_kernel"
-NORM = "tests.offload.fake_kernels:norm_kernel"
+SCALE = "tests.engine.exl3.fake_kernels:scale_kernel"
+NORM = "tests.engine.exl3.fake_kernels:norm_kernel"
 H200 = [(0, "NVIDIA H200", (9, 0))]
 X32 = torch.zeros(4)  # the key's dtype component: "torch.float32"
 BF16 = torch.zeros(4, dtype=torch.bfloat16)
@@ -60,7 +60,7 @@ NORM_128 = {"key": [128, 1, "torch.bfloat16", "torch.bfloat16"], "config": cfg({
 @pytest.fixture
 def kernels(monkeypatch):
     """A fresh set of stand-in kernels (as in a new process), with triton_pin pointed at the stand-ins."""
-    from tests.offload import fake_kernels
+    from tests.engine.exl3 import fake_kernels
 
     importlib.reload(fake_kernels)
     monkeypatch.setattr(triton_pin, "_autotuner_class", lambda: fake_triton.FakeAutotuner)
@@ -209,7 +209,7 @@ def test_a_pinned_key_is_never_benchmarked_and_uses_the_declared_config(kernels,
 
 def test_a_key_not_in_the_file_is_tuned_as_usual_counted_and_logged_once(kernels, tmp_path, caplog):
     report = triton_pin.install(write(tmp_path, pin_doc({SCALE: [SCALE_128]})))
-    with caplog.at_level(logging.WARNING, logger="glm53.offload.triton_pin"):
+    with caplog.at_level(logging.WARNING, logger="glm53.engine.exl3.triton_pin"):
         run_scale(kernels, 256)
         run_scale(kernels, 256)
         run_norm(kernels)
@@ -273,9 +273,9 @@ def test_a_pin_that_is_not_a_declared_config_is_refused_and_nothing_is_installed
 
 
 def test_a_kernel_this_exllamav3_lacks_is_refused(kernels, tmp_path):
-    for kernel, message in [("tests.offload.fake_kernels:gone_kernel", "fake_kernels has no gone_kernel"),
-                            ("tests.offload.no_such_module:k", "cannot import tests.offload.no_such_module"),
-                            ("tests.offload.fake_kernels:SCALE_CONFIGS", None)]:
+    for kernel, message in [("tests.engine.exl3.fake_kernels:gone_kernel", "fake_kernels has no gone_kernel"),
+                            ("tests.engine.exl3.no_such_module:k", "cannot import tests.engine.exl3.no_such_module"),
+                            ("tests.engine.exl3.fake_kernels:SCALE_CONFIGS", None)]:
         doc = pin_doc({kernel: [SCALE_128]})
         if message is None:
             with pytest.raises(InternalsChanged, match="is not a triton.autotune kernel"):
@@ -299,7 +299,7 @@ def test_uninstall_gives_triton_its_run_back(kernels, tmp_path):
 
 def test_picks_recorded_in_one_process_are_used_in_the_next(kernels, tmp_path, monkeypatch):
     """Recording (install without a file, run, collect) then a fresh set of kernels whose timings differ."""
-    from tests.offload import fake_kernels
+    from tests.engine.exl3 import fake_kernels
 
     report = triton_pin.install(None)
     chosen = {n: run_scale(kernels, n) for n in (128, 256)}
@@ -375,11 +375,11 @@ def test_a_real_triton_autotuner_answers_from_the_pins_without_a_gpu(tmp_path, m
     pytest.importorskip("triton", reason="Triton is not installed here (the CPU test venv has none; the GPU machine has)")
     from triton.runtime.autotuner import Autotuner
 
-    from tests.offload import triton_kernels
+    from tests.engine.exl3 import triton_kernels
 
     importlib.reload(triton_kernels)
     monkeypatch.setattr(triton_pin, "_visible_gpus", lambda: H200)
-    kernel = "tests.offload.triton_kernels:add_one_kernel"
+    kernel = "tests.engine.exl3.triton_kernels:add_one_kernel"
     path = write(tmp_path, pin_doc({kernel: [SCALE_128]}))
     original = Autotuner.run
     launches = []
