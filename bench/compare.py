@@ -362,11 +362,11 @@ def build_native_libraries() -> None:
     import torch
 
     from glm53.cpu_tier import kernel as cpu_expert
+    from glm53.native import cuda
     from glm53.native import libraries as native_lib
-    from glm53.offload import ec_native
 
     t0 = time.monotonic()
-    libraries = [("CPU tier", cpu_expert.locate)] + ([("expert cache", ec_native.locate)] if torch.cuda.is_available() else [])
+    libraries = [("CPU tier", cpu_expert.locate)] + ([("expert cache", cuda.locate)] if torch.cuda.is_available() else [])
     for name, locate in libraries:
         try:
             log(f"{name} library: {locate().name} ({time.monotonic() - t0:.1f} s)")

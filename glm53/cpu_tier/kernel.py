@@ -20,7 +20,8 @@ Codebook values (``codebook``, :data:`CODEBOOKS`):
 
 Arrays are NumPy arrays or CPU torch tensors, C-contiguous. Outputs are passed in (destination passing). The
 shared library comes from ``$GLM53_NATIVE_BUILD``, the installed package or the source tree's ``native/build/``
-(built there with ``make`` when it is missing or older than its sources); ``native_lib`` says how.
+(built there with ``make`` when it is missing or older than its sources); ``glm53.native.libraries`` says how. The library
+reports its structs' layout and its enums' numbers, which :func:`library` checks the mirrors here against.
 """
 
 from __future__ import annotations
@@ -35,11 +36,11 @@ from typing import Self
 
 import numpy as np
 
-from ..native import libraries as native_lib
+from ..native import abi, libraries
 
-NativeBuildError = native_lib.NativeBuildError  # what library() raises when it finds and builds no library
-NATIVE = native_lib.SOURCE
-LIBRARY = NATIVE / "build" / native_lib.CPU_LIBRARY  # where `make -C native` puts it
+NativeBuildError = libraries.NativeBuildError  # what library() raises when it finds and builds no library
+NATIVE = libraries.SOURCE
+LIBRARY = NATIVE / "build" / libraries.CPU_LIBRARY  # where `make -C native` puts it
 ISAS = ("scalar", "avx2", "avx512", "avx512vbmi")  # ids 0.. of cpu_expert.h
 CODEBOOKS = ("fp16", "fma")  # ids 0.. of cpu_expert.h (GLM53_CE_CODEBOOK_*)
 MAX_ROWS = 8
@@ -79,7 +80,7 @@ class _CExpert(ctypes.Structure):
 
 def _sources() -> list[Path]:
     dirs = (NATIVE / "cpu_expert", NATIVE / "cpu_tier")  # cpu_tier (the handoff) is built into the same library
-    return [NATIVE / "Makefile", *(f for d in dirs if d.is_dir() for f in sorted(d.iterdir()))]
+    return [NATIVE / "Makefile", NATIVE / "abi.h", *(f for d in dirs if d.is_dir() for f in sorted(d.iterdir()))]
 
 
 def build() -> Path:
@@ -87,22 +88,31 @@ def build() -> Path:
 
     :raise NativeBuildError: no sources, no ``make``, or the build failed (e.g. no C++ compiler).
     """
-    return native_lib.build_cpu(NATIVE, LIBRARY)
+    return libraries.build_cpu(NATIVE, LIBRARY)
 
 
 def locate() -> Path:
-    """The library to load (see ``native_lib`` for where it is looked for), built in the source tree if need be.
+    """The library to load (see ``glm53.native.libraries`` for where it is looked for), built in the source tree if need be.
 
     :raise NativeBuildError: found nowhere and not built; the message says where it looked and what to do.
     """
     fix = (f"To fix: reinstall glm53 with g++ and make present (the package build compiles it), or put a "
-           f"{native_lib.CPU_LIBRARY} built with `make -C native` in ${native_lib.OVERRIDE_ENV}.")
-    return native_lib.find_or_build(native_lib.CPU_LIBRARY, native_lib.named(native_lib.CPU_LIBRARY), _sources(), build, fix)
+           f"{libraries.CPU_LIBRARY} built with `make -C native` in ${libraries.OVERRIDE_ENV}.")
+    return libraries.find_or_build(libraries.CPU_LIBRARY, libraries.named(libraries.CPU_LIBRARY), _sources(), build, fix)
 
 
 @cache
 def library() -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(locate()))
+    """The loaded library, its signatures set.
+
+    :raise NativeBuildError: found nowhere and not built. :raise AbiMismatch: its structs or enums are not the
+        mirrors here (a stale build).
+    """
+    path = locate()
+    lib = ctypes.CDLL(str(path))
+    abi.check(lib.glm53_ce_abi, path, {"glm53_ce_linear": _CLinear, "glm53_ce_expert": _CExpert},
+              {"limit.max_rows": MAX_ROWS, "isa.count": len(ISAS), "codebook.count": len(CODEBOOKS),
+               **{f"isa.{name}": i for i, name in enumerate(ISAS)}, **{f"codebook.{name}": i for i, name in enumerate(CODEBOOKS)}})
     i32, ptr = ctypes.c_int32, ctypes.c_void_p
     signatures = {
         "glm53_ce_error": (ctypes.c_char_p, []),

@@ -50,7 +50,7 @@ from . import kernel as ce
 from ..engine.exl3 import patches
 from .worker import ExpertTable, Ring, Worker, host_store_experts
 from .split import Costs, fit_gpu_line, measure_cpu, pinned_cpu_cost
-from .device import OUTCOMES, DeviceProducer, pack_picks
+from .device import OUTCOMES, CtKernels, DeviceProducer, pack_picks
 
 log = logging.getLogger("glm53.offload.fast")
 
@@ -122,7 +122,7 @@ class FastTier:
             self.ring = Ring(RING_SLOTS, self.hidden, MAX_TOKENS, top_k)
             self.worker = Worker(self.ring, self.table, act_limit=act_limit, pool=self.pool, cpu=worker_cpu, spin_us=SPIN_US,
                                  park_us=PARK_US, codebook=self.codebook).start()
-            self.producer = DeviceProducer(self.ring, device, kernels)
+            self.producer = DeviceProducer(self.ring, device, CtKernels(kernels.path))  # the same library as the cache's
             self.max_experts = min(255, MAX_TOKENS * top_k)
             self.costs = self._measure(settings, experts, act_limit, kernels)
             self.cube = torch.from_numpy(self.costs.table(MAX_TOKENS, self.max_experts)).to(device)

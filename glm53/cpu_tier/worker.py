@@ -3,7 +3,7 @@
 Per MoE layer and decode step a producer (in production a GPU kernel; here :class:`HostProducer`, the test/CPU
 stand-in) publishes a job into the ring: the cold missed experts of the layer for 1..8 tokens as picks (token,
 expert, router weight) plus the fp16 input rows. The :class:`Worker` (one host thread, the expert kernel on a
-``cpu_expert.Pool``) computes ``out[t] = sum w * expert(x[t])`` in fp32 and publishes it. A producer whose
+``kernel.Pool``) computes ``out[t] = sum w * expert(x[t])`` in fp32 and publishes it. A producer whose
 deadline passes takes the job back and computes it itself; exactly one side contributes every job.
 ``native/cpu_tier/cpu_tier.h`` documents the byte layout and the state machine.
 
@@ -25,6 +25,7 @@ from typing import Self
 
 import numpy as np
 
+from ..native import abi
 from . import kernel as ce
 
 STATES = ("empty", "published", "claimed", "done", "failed", "taken_back", "skipped")  # ids 0.. of cpu_tier.h
@@ -49,8 +50,11 @@ class _CCounters(ctypes.Structure):
 
 @cache
 def library() -> ctypes.CDLL:
-    """The CPU library (``cpu_expert.library()``) with the ``glm53_ct_`` signatures set."""
+    """The CPU library (``kernel.library()``) with the ``glm53_ct_`` signatures set, its ring structs and numbers
+    checked against the mirrors here. :raise AbiMismatch: a stale build."""
     lib = ce.library()
+    abi.check(lib.glm53_ct_abi, ce.locate(), {"glm53_ct_layout": _CLayout, "glm53_ct_pick": _CPick, "glm53_ct_counters": _CCounters},
+              {"error.busy": EBUSY, "error.state": ESTATE, **{f"state.{name}": i for i, name in enumerate(STATES)}})
     i32, i64, u64, ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_uint64, ctypes.c_void_p
     signatures = {
         "glm53_ct_error": (ctypes.c_char_p, []),
@@ -181,11 +185,11 @@ def host_store_experts(store, sign_scale: Mapping[str, tuple[np.ndarray, np.ndar
 
 
 class Worker:
-    """The host thread that serves a ring. ``pool``: a started ``cpu_expert.Pool`` (None: this thread alone).
+    """The host thread that serves a ring. ``pool``: a started ``kernel.Pool`` (None: this thread alone).
     ``cpu``: pin the worker thread (None: not pinned); it should have a core of its own, since it takes part in
     the pool's work. Idle, it spins ``spin_us`` after its last job (or :meth:`wake`), then naps, 50 us doubling up
     to ``nap_us``; idle for ``park_us`` (0: never) it parks, asleep until :meth:`wake` (and a look at the ring every
-    100 ms). ``codebook``: ``cpu_expert.CODEBOOKS``."""
+    100 ms). ``codebook``: ``kernel.CODEBOOKS``."""
 
     def __init__(self, ring: Ring, table: ExpertTable, *, act_limit: float, pool: ce.Pool | None = None,
                  isa: str | None = None, cpu: int | None = None, spin_us: int = 2000, nap_us: int = 1000,

@@ -355,10 +355,11 @@ def test_a_failed_start_stops_what_started_and_gives_the_cpus_back(monkeypatch):
         raise RuntimeError("cudaHostRegister failed")
 
     monkeypatch.setattr(ft, "DeviceProducer", no_gpu)
+    monkeypatch.setattr(ft, "CtKernels", lambda path: None)
     store = type("Store", (), {"layout": type("L", (), {"shapes": [(16, 8)]})(), "num_layers": 1, "num_experts": 4,
                                "read_sign_scale": lambda self, d: {}})()
     mlp = type("Mlp", (), {"num_experts_per_tok": 2, "act_limit": 0.0, "key": "m"})()
     settings = type("S", (), {"ct_cpus": "auto", "ct_threads": 0, "ct_codebook": "fma"})()
     with pytest.raises(RuntimeError, match="cudaHostRegister"):
-        FastTier(settings, None, store, None, [mlp], torch.device("cpu"), None)
+        FastTier(settings, None, store, None, [mlp], torch.device("cpu"), type("Kernels", (), {"path": None})())
     assert stopped == ["worker", "pool"] and feeding == ["confine", "release"]

@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 
 from glm53.cpu_tier import kernel as cpu_expert
+from glm53.cpu_tier.device import COUNTERS, CtKernels
+from glm53.native import cuda
 from glm53.native import libraries as native_lib
-from glm53.offload import ec_native
 from glm53.native.libraries import NativeBuildError
+from glm53.offload.ec_native import Kernels
 
 REPO = Path(__file__).resolve().parents[2]
 CPU = native_lib.CPU_LIBRARY
@@ -175,25 +177,25 @@ def test_pick_ec_prefers_own_machine_code_then_compatible_then_ptx():
 
 @pytest.fixture
 def ec_places(places, monkeypatch):
-    monkeypatch.setattr(ec_native, "SOURCE", places[2] / "ec" / "expert_cache.cu")
+    monkeypatch.setattr(cuda, "SOURCE", places[2] / "ec" / "expert_cache.cu")
     return places
 
 
 def test_ec_library_for_this_gpu_from_a_fat_installed_library(ec_places):
     override, installed, _ = ec_places
     fat = _touch(installed / "libglm53_ec_sm_86-sm_89-sm_90.so")
-    assert ec_native.locate((9, 0)) == fat
-    assert ec_native.locate((8, 6)) == fat
+    assert cuda.locate((9, 0)) == fat
+    assert cuda.locate((8, 6)) == fat
     own = _touch(override / "libglm53_ec_sm_90.so")
-    assert ec_native.locate((9, 0)) == own
-    assert ec_native.locate((8, 9)) == fat  # the override has nothing for it
+    assert cuda.locate((9, 0)) == own
+    assert cuda.locate((8, 9)) == fat  # the override has nothing for it
 
 
 def test_no_ec_library_for_this_gpu_says_what_was_looked_for_and_how_to_fix_it(ec_places, monkeypatch):
     _, installed, source = ec_places
     _touch(installed / "libglm53_ec_sm_86-sm_90.so")
     with pytest.raises(NativeBuildError) as err:
-        ec_native.locate((12, 0))
+        cuda.locate((12, 0))
     message = str(err.value)
     for expected in ("compute capability 12.0", f"{installed} (libglm53_ec_sm_86-sm_90.so)", "no source tree",
                      "12.0 in TORCH_CUDA_ARCH_LIST", "config.cudaCapabilities", native_lib.OVERRIDE_ENV):
@@ -201,7 +203,7 @@ def test_no_ec_library_for_this_gpu_says_what_was_looked_for_and_how_to_fix_it(e
     _touch(source / "ec" / "expert_cache.cu")  # a source tree, but no nvcc
     monkeypatch.setattr(native_lib, "find_nvcc", lambda environ=None: None)
     with pytest.raises(NativeBuildError, match="building one failed: nvcc, which builds libglm53_ec_sm_120.so"):
-        ec_native.locate((12, 0))
+        cuda.locate((12, 0))
 
 
 def test_find_nvcc_looks_on_path_then_in_cuda_home(tmp_path, monkeypatch):
@@ -219,12 +221,15 @@ def test_find_nvcc_looks_on_path_then_in_cuda_home(tmp_path, monkeypatch):
 @pytest.mark.skipif(native_lib.find_nvcc() is None, reason="no nvcc here")
 def test_ec_library_is_built_in_the_source_tree_once(ec_places):
     _, installed, source = ec_places
-    shutil.copytree(REPO / "native" / "ec", ec_native.SOURCE.parent)  # the source and the headers it includes
-    built = ec_native.locate((9, 0))
+    shutil.copytree(REPO / "native" / "ec", cuda.SOURCE.parent)  # the source and the headers it includes
+    shutil.copy(REPO / "native" / "abi.h", source / "abi.h")
+    built = cuda.locate((9, 0))
     assert built == source / "build" / "libglm53_ec_sm_90.so" and built.stat().st_size > 0
     mtime = built.stat().st_mtime_ns
-    assert ec_native.locate((9, 0)) == built and built.stat().st_mtime_ns == mtime
-    fat = native_lib.build_ec(native_lib.find_nvcc(), ec_native.SOURCE, installed, native_lib.cuda_targets("8.6;9.0+PTX"))
+    assert cuda.locate((9, 0)) == built and built.stat().st_mtime_ns == mtime
+    fat = native_lib.build_ec(native_lib.find_nvcc(), cuda.SOURCE, installed, native_lib.cuda_targets("8.6;9.0+PTX"))
     assert fat.name == "libglm53_ec_sm_86-sm_90-compute_90.so"
-    assert ec_native.locate((12, 0)) == fat  # its PTX
+    assert cuda.locate((12, 0)) == fat  # its PTX
     assert not [p for p in installed.iterdir() if p.name.endswith(".tmp")]
+    # the mirrors of its structs and numbers are checked when each binding loads it (no GPU needed for that)
+    assert Kernels(built).path == built and CtKernels(built).counter_count >= len(COUNTERS)
