@@ -71,18 +71,15 @@ class Costs:
     def cpu_seconds(self, k: int, tokens: int) -> float:
         return 0.0 if k == 0 else self.handoff_s + self.cpu_per_job(tokens) + k * self.cpu_per_expert(tokens)
 
-    def best_split(self, hits: int, misses: int, tokens: int) -> int:
-        """How many of the misses go to the CPU."""
-        costs = [max(self.gpu_seconds(hits, misses - k), self.cpu_seconds(k, tokens)) for k in range(misses + 1)]
-        return int(np.argmin(costs))  # the first minimum: the fewest on the CPU
-
     def table(self, max_tokens: int, max_experts: int) -> np.ndarray:
         """``k*`` for every (tokens, hits, misses) with tokens in 1..max_tokens and hits + misses <= max_experts, as
         uint8 ``[max_tokens + 1, max_experts + 1, max_experts + 1]`` (index 0 of tokens unused; impossible cells
-        0): what the device's split kernel looks up. It is :meth:`best_split` for every cell, computed in closed
-        form because the live refresh rebuilds it every few steps: for k >= 1 the GPU's time falls and the CPU's
-        rises linearly in k, so the best k >= 1 is one of the two integers around where they cross, and it is
-        taken over k = 0 only when strictly cheaper (ties: the fewest on the CPU)."""
+        0): what the device's split kernel looks up. Every cell is the ``k`` that minimises
+        ``max(gpu_seconds(hits, misses - k), cpu_seconds(k, tokens))`` (the first minimum: ties go to the fewest on
+        the CPU; ``tests/cpu_tier/test_split.py`` checks it against trying every ``k``), computed in closed form
+        because the live refresh rebuilds it every few steps: for k >= 1 the GPU's time falls and the CPU's rises
+        linearly in k, so the best k >= 1 is one of the two integers around where they cross, and it is taken over
+        k = 0 only when strictly cheaper."""
         if not 1 <= max_tokens <= ce.MAX_ROWS or not 1 <= max_experts <= 255:
             raise ValueError(f"max_tokens must be in 1..{ce.MAX_ROWS} and max_experts in 1..255")
         out = np.zeros((max_tokens + 1, max_experts + 1, max_experts + 1), np.uint8)

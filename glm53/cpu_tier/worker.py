@@ -1,7 +1,7 @@
 """The CPU tier's handoff, host side (``native/cpu_tier``): a job ring, the expert table and the host worker.
 
-Per MoE layer and decode step a producer (in production a GPU kernel; here :class:`HostProducer`, the test/CPU
-stand-in) publishes a job into the ring: the cold missed experts of the layer for 1..8 tokens as picks (token,
+Per MoE layer and decode step a producer (a GPU kernel, ``device.DeviceProducer``; the tests' host stand-in calls
+the library's reference producer) publishes a job into the ring: the cold missed experts of the layer for 1..8 tokens as picks (token,
 expert, router weight) plus the fp16 input rows. The :class:`Worker` (one host thread, the expert kernel on a
 ``kernel.Pool``) computes ``out[t] = sum w * expert(x[t])`` in fp32 and publishes it. A producer whose
 deadline passes takes the job back and computes it itself; exactly one side contributes every job.
@@ -55,7 +55,7 @@ def library() -> ctypes.CDLL:
     lib = ce.library()
     abi.check(lib.glm53_ct_abi, ce.locate(), {"glm53_ct_layout": _CLayout, "glm53_ct_pick": _CPick, "glm53_ct_counters": _CCounters},
               {"error.busy": EBUSY, "error.state": ESTATE, **{f"state.{name}": i for i, name in enumerate(STATES)}})
-    i32, i64, u64, ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_uint64, ctypes.c_void_p
+    i32, u64, ptr = ctypes.c_int32, ctypes.c_uint64, ctypes.c_void_p
     signatures = {
         "glm53_ct_error": (ctypes.c_char_p, []),
         "glm53_ct_ring_layout": (i32, [i32, i32, i32, i32, ptr]),
@@ -66,10 +66,6 @@ def library() -> ctypes.CDLL:
         "glm53_ct_worker_wake": (None, [ptr]),
         "glm53_ct_worker_parked": (i32, [ptr]),
         "glm53_ct_worker_counters": (None, [ptr, ptr]),
-        "glm53_ct_worker_debug_hold": (None, [ptr, i32]),
-        "glm53_ct_producer_publish": (i32, [ptr, u64, i32, i32, ptr, i32, ptr]),
-        "glm53_ct_producer_wait": (i32, [ptr, u64, i64, ptr]),
-        "glm53_ct_producer_take_back": (i32, [ptr, u64, ptr]),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)
@@ -155,14 +151,6 @@ class ExpertTable:
             self.c[row * num_experts + e] = ce._CExpert(*(ce._c_linear(lin, f"experts[{row}, {e}].{p}", self._keep)
                                                           for p, lin in zip(PROJECTIONS, (gate, up, down))))
 
-    @classmethod
-    def from_host_store(cls, store, sign_scale: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> ExpertTable:
-        """Every expert of a loaded :class:`~glm53.offload.host_store.HostStore`, its trellises read in place
-        (see :func:`host_store_experts`)."""
-        table = cls(host_store_experts(store, sign_scale), store.num_layers, store.num_experts)
-        table._keep.append(store)
-        return table
-
 
 def host_store_experts(store, sign_scale: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> dict[tuple[int, int], tuple[ce.Linear, ...]]:
     """``{(layer row, expert): (gate, up, down)}`` over a loaded host store: the trellises are views of its arenas
@@ -234,67 +222,8 @@ class Worker:
         out["busy_s"] = out.pop("busy_ns") / 1e9
         return out
 
-    def debug_hold(self, hold: bool) -> None:
-        """TEST HOOK: hold a claimed job before computing it."""
-        library().glm53_ct_worker_debug_hold(self.handle, int(hold))
-
     def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-@dataclass(frozen=True)
-class Outcome:
-    state: str  # "done", "failed" or "taken_back"
-    after_claim: bool = False  # taken back while the worker computed (its result will be discarded)
-
-
-class HostProducer:
-    """TEST/CPU PRODUCER: what the GPU kernel does, on the host (the C reference functions): numbers jobs 1,
-    2, ... in publish order, publishes, waits with a deadline and takes back. A job's out stays valid until its
-    slot is published into again. Not thread-safe (one producer)."""
-
-    def __init__(self, ring: Ring) -> None:
-        self.ring = ring
-        self.next_seq = 1
-        self._tokens: dict[int, int] = {}
-
-    def publish(self, layer: int, x: np.ndarray, picks: Sequence[tuple[int, int, float]]) -> int | None:
-        """Job number, or None when the ring's next slot is not free (then the caller computes the job itself)."""
-        if self.next_seq - self.ring.layout.slots in self._tokens:
-            return None  # the slot's previous job is still ours to read (result() or its outcome ends it)
-        xa = np.ascontiguousarray(x, dtype=np.float16)
-        arr = (_CPick * len(picks))(*(_CPick(int(t), int(e), float(w)) for t, e, w in picks))
-        seq = self.next_seq
-        rc = library().glm53_ct_producer_publish(self.ring.address, seq, layer, xa.shape[0], arr, len(picks), xa.ctypes.data)
-        if rc == EBUSY:
-            return None
-        _check(rc)
-        self.next_seq += 1
-        self._tokens[seq] = xa.shape[0]
-        return seq
-
-    def _outcome(self, rc: int, after: ctypes.c_int32) -> Outcome:
-        _check(rc)
-        return Outcome(STATES[rc], bool(after.value) if STATES[rc] == "taken_back" else False)
-
-    def _finish(self, seq: int, outcome: Outcome) -> Outcome:
-        if outcome.state != "done":  # nothing to read
-            self._tokens.pop(seq, None)
-        return outcome
-
-    def wait(self, seq: int, timeout_s: float | None) -> Outcome:
-        """Waits for job seq up to timeout_s (None: forever), then takes it back."""
-        after = ctypes.c_int32(0)
-        timeout_us = -1 if timeout_s is None else int(timeout_s * 1e6)
-        return self._finish(seq, self._outcome(library().glm53_ct_producer_wait(self.ring.address, seq, timeout_us, ctypes.byref(after)), after))
-
-    def take_back(self, seq: int) -> Outcome:
-        after = ctypes.c_int32(0)
-        return self._finish(seq, self._outcome(library().glm53_ct_producer_take_back(self.ring.address, seq, ctypes.byref(after)), after))
-
-    def result(self, seq: int) -> np.ndarray:
-        """A copy of a DONE job's output."""
-        return self.ring.out(seq % self.ring.layout.slots, self._tokens.pop(seq)).copy()

@@ -15,6 +15,7 @@ from bench.cpu_hog import CpuHog
 from glm53.cpu_tier import kernel as ce
 from glm53.cpu_tier import worker as ct
 from glm53.cpu_tier.split import Costs
+from tests.cpu_tier.host_producer import HostProducer, Outcome
 
 HIDDEN, INTER, K = 4096, 2048, 3  # GLM-5.3-Flash's routed expert at 3 bits: ~9.4 MB of trellis
 EXPERTS, JOBS, PER_JOB = 4, 8, 4
@@ -38,7 +39,7 @@ def worker():
     ring = ct.Ring(slots=2, hidden=HIDDEN)
     with ce.Pool(threads=max(1, len(os.sched_getaffinity(0)) - 1), spin_us=100) as pool, \
             ct.Worker(ring, table, act_limit=10.0, pool=pool, spin_us=100, codebook="fma") as w:
-        yield w, ct.HostProducer(ring), rng
+        yield w, HostProducer(ring), rng
 
 
 def _busy_per_expert(worker, producer, rng) -> float:
@@ -46,7 +47,7 @@ def _busy_per_expert(worker, producer, rng) -> float:
     for j in range(JOBS):
         picks = [(0, (j * PER_JOB + i) % EXPERTS, 0.25) for i in range(PER_JOB)]
         seq = producer.publish(0, rng.standard_normal((1, HIDDEN)).astype(np.float16), picks)
-        assert producer.wait(seq, 30.0) == ct.Outcome("done")
+        assert producer.wait(seq, 30.0) == Outcome("done")
         producer.result(seq)  # read: the slot is free again
     after = worker.counters()
     return (after["busy_s"] - before["busy_s"]) / (after["experts"] - before["experts"])

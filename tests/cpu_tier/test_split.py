@@ -27,26 +27,29 @@ PCIE4 = Costs(cpu_expert_s={1: 250 * US, 2: 280 * US, 4: 350 * US, 8: 500 * US},
               link_expert_s=370 * US, vram_expert_s=5 * US)
 
 
-def brute_force(c: Costs, hits, misses, tokens):
+def best_split(c: Costs, hits, misses, tokens):
+    """The reference the device's table is checked against: how many of the misses go to the CPU, by trying every
+    k (the first minimum: ties go to the fewest on the CPU)."""
     costs = [max(c.gpu_seconds(hits, misses - k), c.cpu_seconds(k, tokens)) for k in range(misses + 1)]
     return min(range(misses + 1), key=lambda k: (costs[k], k))
 
 
-def test_the_split_balances_the_two_sides_and_is_the_brute_force_minimum():
-    assert PCIE4.best_split(8, 0, 1) == 0  # nothing missed: nothing to send
-    k = PCIE4.best_split(3, 5, 1)  # five misses: about half go to the CPU (250 us there against 370 us here)
+def test_the_split_balances_the_two_sides_and_the_table_holds_it():
+    assert best_split(PCIE4, 8, 0, 1) == 0  # nothing missed: nothing to send
+    k = best_split(PCIE4, 3, 5, 1)  # five misses: about half go to the CPU (250 us there against 370 us here)
     assert k == 3 and max(PCIE4.gpu_seconds(3, 2), PCIE4.cpu_seconds(3, 1)) < PCIE4.gpu_seconds(3, 5)
+    table = PCIE4.table(max_tokens=8, max_experts=25)
     for hits, misses, tokens in itertools.product(range(9), range(17), (1, 3, 8)):
-        assert PCIE4.best_split(hits, misses, tokens) == brute_force(PCIE4, hits, misses, tokens)
+        assert table[tokens, hits, misses] == best_split(PCIE4, hits, misses, tokens)
     slow_cpu = Costs({1: 10e-3}, handoff_s=15 * US, link_expert_s=370 * US, vram_expert_s=5 * US)
-    assert all(slow_cpu.best_split(0, m, 1) == 0 for m in range(9))  # a CPU slower than the link gets nothing
+    assert all(best_split(slow_cpu, 0, m, 1) == 0 for m in range(9))  # a CPU slower than the link gets nothing
     free_link = Costs({1: 250 * US}, handoff_s=15 * US, link_expert_s=0.0, vram_expert_s=0.0)
-    assert free_link.best_split(0, 8, 1) == 0  # ties go to the GPU
+    assert best_split(free_link, 0, 8, 1) == 0  # ties go to the GPU
 
 
 def test_more_misses_never_send_fewer_to_the_cpu():
     for tokens in (1, 8):
-        ks = [PCIE4.best_split(2, m, tokens) for m in range(40)]
+        ks = [best_split(PCIE4, 2, m, tokens) for m in range(40)]
         assert ks == sorted(ks)
 
 
@@ -55,7 +58,7 @@ def test_the_device_table_holds_the_split_of_every_cell():
     assert table.shape == (9, 25, 25) and table.dtype == np.uint8
     for tokens, hits in itertools.product(range(1, 9), range(25)):
         for misses in range(25 - hits):
-            assert table[tokens, hits, misses] == PCIE4.best_split(hits, misses, tokens)
+            assert table[tokens, hits, misses] == best_split(PCIE4, hits, misses, tokens)
     assert not table[0].any() and table[1, 20, 10] == 0  # impossible cells stay 0
     with pytest.raises(ValueError, match="max_tokens"):
         PCIE4.table(max_tokens=9, max_experts=8)
@@ -113,10 +116,10 @@ def test_a_jobs_fixed_cpu_time_counts_once_per_job():
     assert with_job.cpu_seconds(2, 1) == pytest.approx((10 + 500 + 2 * 200) * US)
     assert with_job.cpu_per_job(8) == 500 * US and PCIE4.cpu_per_job(1) == 0.0  # beyond the measured: the largest
     # 5 misses: without the job's part 2 go to the CPU (570 us); with it a job of 2 takes 910 us, of 1 710 (GPU 760)
-    assert PCIE4_like(with_job, job=0.0).best_split(0, 5, 1) == 2
-    assert with_job.best_split(0, 5, 1) == 1
+    assert best_split(PCIE4_like(with_job, job=0.0), 0, 5, 1) == 2
+    assert best_split(with_job, 0, 5, 1) == 1
     table = with_job.table(1, 8)
-    assert all(table[1, 0, m] == with_job.best_split(0, m, 1) for m in range(9))
+    assert all(table[1, 0, m] == best_split(with_job, 0, m, 1) for m in range(9))
     with pytest.raises(ValueError, match="cpu_job_s"):
         Costs({1: 1e-4}, 0.0, 1e-4, 0.0, cpu_job_s={1: -1.0})
 
@@ -159,7 +162,7 @@ def test_every_miss_to_the_cpu():
     from glm53.cpu_tier.split import every_miss_to_the_cpu
 
     c = every_miss_to_the_cpu(PCIE4)
-    assert all(c.best_split(h, m, t) == m for t in (1, 2, 8) for h in (0, 3) for m in range(9))
+    assert all(best_split(c, h, m, t) == m for t in (1, 2, 8) for h in (0, 3) for m in range(9))
     assert c.link_expert_s == PCIE4.link_expert_s and "a check" in c.sources["cpu_expert_s"]
     assert c.refreshed(busy_s=1.0, experts=10, tokens=1, jobs=10) is c  # live timings do not undo a check's costs
 
@@ -180,10 +183,10 @@ def test_the_gpus_fixed_time_lets_the_cpu_take_more():
     c = Costs({1: 500 * US}, 0.0, 184 * US, 0.0, cpu_job_s={1: 60 * US})
     live = c.with_gpu_line(fixed_s=75 * US, per_miss_s=198 * US)
     # 3 misses: the GPU alone takes 552 us against 560 for a one-expert job; with 75 us of its own, 669 us
-    assert c.best_split(3, 3, 1) == 0 and live.best_split(3, 3, 1) == 1
+    assert best_split(c, 3, 3, 1) == 0 and best_split(live, 3, 3, 1) == 1
     assert live.gpu_seconds(2, 3) == pytest.approx(75 * US + 3 * 198 * US)
     table = live.table(1, 16)
-    assert [int(table[1, 3, m]) for m in range(14)] == [live.best_split(3, m, 1) for m in range(14)]
+    assert [int(table[1, 3, m]) for m in range(14)] == [best_split(live, 3, m, 1) for m in range(14)]
     assert "live" in live.sources["link_expert_s"]
 
 
@@ -210,4 +213,4 @@ def test_the_closed_form_table_is_the_best_split_of_every_cell():
         for tokens in (1, 2, 3, 8):
             for hits in (0, 3, 17):
                 for misses in range(0, 64 - hits + 1, 3):
-                    assert table[tokens, hits, misses] == c.best_split(hits, misses, tokens), (c, tokens, hits, misses)
+                    assert table[tokens, hits, misses] == best_split(c, hits, misses, tokens), (c, tokens, hits, misses)

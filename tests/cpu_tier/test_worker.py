@@ -18,6 +18,7 @@ from glm53.cpu_tier import kernel as ce
 from glm53.cpu_tier import worker as ct
 from glm53.offload.host_store import HostStore
 
+from tests.cpu_tier.host_producer import HostProducer, Outcome, debug_hold, expert_table
 from tests.offload.test_host_store import PREFIX, _write_shard
 
 SEED = int(os.environ.get("CPU_TIER_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
@@ -50,7 +51,7 @@ def tier(tmp_path_factory):
         svh = rng.choice([-1.0, 1.0], (LAYERS, EXPERTS, n_out)) * rng.uniform(0.5, 1.5, (LAYERS, EXPERTS, n_out)) \
             * RMS_OUT[proj] / (1.08 * np.sqrt(n_in))
         sign_scale[proj] = (suh.astype(np.float16), svh.astype(np.float16))
-    table = ct.ExpertTable.from_host_store(store, sign_scale)
+    table = expert_table(store, sign_scale)
     experts = {}
     for row in range(LAYERS):
         for e in range(EXPERTS):
@@ -115,12 +116,12 @@ def test_jobs_of_1_to_8_tokens_and_picks_give_the_kernels_sum_bit_for_bit(tier, 
     _, table, experts = tier
     rng = np.random.default_rng([SEED, 1])
     ring = ct.Ring(slots=4, hidden=HIDDEN)
-    producer = ct.HostProducer(ring)
+    producer = HostProducer(ring)
     jobs = [random_job(rng, tokens=t, picks=k) for t in (1, 8) for k in (1, 8)] + [random_job(rng) for _ in range(12)]
     with ct.Worker(ring, table, act_limit=LIMIT, pool=pool) as worker:
         for layer, x, picks in jobs:
             seq = producer.publish(layer, x, picks)
-            assert producer.wait(seq, None) == ct.Outcome("done")
+            assert producer.wait(seq, None) == Outcome("done")
             got = producer.result(seq)
             np.testing.assert_array_equal(got, reference(experts, layer, x, picks))
             assert np.abs(got).max() > 0
@@ -138,14 +139,14 @@ def test_an_invalid_job_fails_and_the_slot_is_reusable(tier, bad):
     _, table, _ = tier
     rng = np.random.default_rng([SEED, 2])
     ring = ct.Ring(slots=1, hidden=HIDDEN)
-    producer = ct.HostProducer(ring)
+    producer = HostProducer(ring)
     layer, x, picks = random_job(rng, tokens=2, picks=2)
     wrong = {"expert": [(0, EXPERTS, 0.5)], "token": [(2, 0, 0.5)], "duplicate": [picks[0]]}[bad]
     with ct.Worker(ring, table, act_limit=LIMIT) as worker:
         seq = producer.publish(layer, x, picks + wrong)
-        assert producer.wait(seq, None) == ct.Outcome("failed")
+        assert producer.wait(seq, None) == Outcome("failed")
         seq = producer.publish(layer, x, picks)
-        assert producer.wait(seq, None) == ct.Outcome("done")
+        assert producer.wait(seq, None) == Outcome("done")
         c = worker.counters()
     assert (c["jobs"], c["failed"], c["done"]) == (2, 1, 1)
 
@@ -156,7 +157,7 @@ def test_many_jobs_through_few_slots_arrive_in_order_each_exactly_once(tier, poo
     jobs = [random_job(rng, tokens=int(rng.integers(1, 5)), picks=int(rng.integers(1, 5))) for _ in range(150)]
     want = [reference(experts, *job) for job in jobs]
     ring = ct.Ring(slots=3, hidden=HIDDEN)
-    producer = ct.HostProducer(ring)
+    producer = HostProducer(ring)
     failures: list[str] = []
 
     def produce():
@@ -172,7 +173,7 @@ def test_many_jobs_through_few_slots_arrive_in_order_each_exactly_once(tier, poo
                 # the oldest job, alternately
                 newest = len(inflight) > 1 and i % 2 == 0
                 seq, j = inflight.pop(-1 if newest else 0)
-                assert producer.wait(seq, None) == ct.Outcome("done")
+                assert producer.wait(seq, None) == Outcome("done")
                 if newest:
                     for s, _ in inflight:
                         assert ring.ack(s % 3) == (s, "done"), f"job {seq} done before job {s}"
@@ -200,7 +201,7 @@ def test_random_deadlines_never_lose_nor_double_count_a_job(tier, pool):
     _, table, experts = tier
     rng = np.random.default_rng([SEED, 4])
     ring = ct.Ring(slots=2, hidden=HIDDEN)
-    producer = ct.HostProducer(ring)
+    producer = HostProducer(ring)
     outcomes = {"done": 0, "before": 0, "after": 0}
     with ct.Worker(ring, table, act_limit=LIMIT, pool=pool, spin_us=100000) as worker:
         for _ in range(200):
@@ -228,34 +229,34 @@ def test_take_back_before_and_after_the_claim(tier):
     _, table, experts = tier
     rng = np.random.default_rng([SEED, 5])
     ring = ct.Ring(slots=1, hidden=HIDDEN)  # one slot: every job reuses it
-    producer = ct.HostProducer(ring)
+    producer = HostProducer(ring)
     job1, job2, job3, job4 = (random_job(rng, tokens=3, picks=2) for _ in range(4))
     # before the claim: no worker yet
     s1 = producer.publish(*job1)
-    assert producer.take_back(s1) == ct.Outcome("taken_back", after_claim=False)
+    assert producer.take_back(s1) == Outcome("taken_back", after_claim=False)
     assert ring.word(0) == (s1, "taken_back") and not ring.free(0)  # free once the worker has passed it
     with ct.Worker(ring, table, act_limit=LIMIT) as worker:
         wait_for(lambda: ring.ack(0) == (s1, "skipped"))
         s2 = producer.publish(*job2)
-        assert producer.wait(s2, None) == ct.Outcome("done")
+        assert producer.wait(s2, None) == Outcome("done")
         assert np.array_equal(producer.result(s2), reference(experts, *job2))
         c = worker.counters()
         assert (c["jobs"], c["taken_back_before_claim"], c["experts"]) == (1, 1, len({e for _, e, _ in job2[2]}))
         # after the claim: the worker holds the claimed job
-        worker.debug_hold(True)
+        debug_hold(worker, True)
         s3 = producer.publish(*job3)
         wait_for(lambda: ring.ack(0) == (s3, "claimed"))
-        assert producer.take_back(s3) == ct.Outcome("taken_back", after_claim=True)
+        assert producer.take_back(s3) == Outcome("taken_back", after_claim=True)
         assert ring.word(0) == (s3, "taken_back")
         assert producer.publish(*job4) is None  # not the producer's until the worker lets go
-        worker.debug_hold(False)
+        debug_hold(worker, False)
         wait_for(lambda: ring.free(0))
         assert ring.ack(0) == (s3, "done")  # computed and published, but never used
         c = worker.counters()
         assert (c["jobs"], c["done"], c["taken_back_after_claim"]) == (2, 1, 1)
         s4 = producer.publish(*job4)  # reusable
         assert s4 == s3 + 1
-        assert producer.wait(s4, None) == ct.Outcome("done")
+        assert producer.wait(s4, None) == Outcome("done")
         assert np.array_equal(producer.result(s4), reference(experts, *job4))
         c = worker.counters()
     assert (c["jobs"], c["done"], c["taken_back_before_claim"], c["taken_back_after_claim"]) == (3, 2, 1, 1)
@@ -276,10 +277,10 @@ def test_stop_while_busy_finishes_the_claimed_job_and_claims_no_other(tier, pool
     _, table, experts = tier
     rng = np.random.default_rng([SEED, 6])
     ring = ct.Ring(slots=4, hidden=HIDDEN)
-    producer = ct.HostProducer(ring)
+    producer = HostProducer(ring)
     jobs = [random_job(rng, tokens=8, picks=8) for _ in range(3)]
     worker = ct.Worker(ring, table, act_limit=LIMIT, pool=pool).start()
-    worker.debug_hold(True)
+    debug_hold(worker, True)
     seqs = [producer.publish(*job) for job in jobs]
     wait_for(lambda: ring.ack(seqs[0] % 4) == (seqs[0], "claimed"))
     t0 = time.monotonic()
@@ -290,7 +291,7 @@ def test_stop_while_busy_finishes_the_claimed_job_and_claims_no_other(tier, pool
     assert ring.worker_next() == seqs[1]
     with ct.Worker(ring, table, act_limit=LIMIT, pool=pool) as again:  # a new worker resumes where it stopped
         for seq, job in zip(seqs, jobs):
-            assert producer.wait(seq, None) == ct.Outcome("done")
+            assert producer.wait(seq, None) == Outcome("done")
             assert np.array_equal(producer.result(seq), reference(experts, *job))
         assert again.counters()["jobs"] == 2
 
@@ -299,7 +300,7 @@ def test_stop_under_a_stream_of_jobs_leaves_no_slot_claimed(tier, pool):
     _, table, _ = tier
     rng = np.random.default_rng([SEED, 7])
     ring = ct.Ring(slots=3, hidden=HIDDEN)
-    producer = ct.HostProducer(ring)
+    producer = HostProducer(ring)
     worker = ct.Worker(ring, table, act_limit=LIMIT, pool=pool).start()
     stop = threading.Event()
 
@@ -330,7 +331,7 @@ def test_the_idle_worker_sleeps(tier, pool):
     _, table, _ = tier
     rng = np.random.default_rng([SEED, 8])
     ring = ct.Ring(slots=2, hidden=HIDDEN)
-    producer = ct.HostProducer(ring)
+    producer = HostProducer(ring)
     with ct.Worker(ring, table, act_limit=LIMIT, pool=pool, spin_us=1000, nap_us=1000):
         seq = producer.publish(*random_job(rng))
         assert producer.wait(seq, None).state == "done"
@@ -355,7 +356,7 @@ def test_an_idle_worker_parks_costs_no_cpu_and_a_wake_or_a_late_look_serves_the_
     _, table, experts = tier
     rng = np.random.default_rng([SEED, 9])
     ring = ct.Ring(slots=2, hidden=HIDDEN)
-    producer = ct.HostProducer(ring)
+    producer = HostProducer(ring)
     with ct.Worker(ring, table, act_limit=LIMIT, spin_us=100, nap_us=1000, park_us=20_000) as worker:
         wait_for(worker.parked)
         cpu0, wall0 = time.process_time(), time.monotonic()
@@ -370,5 +371,5 @@ def test_an_idle_worker_parks_costs_no_cpu_and_a_wake_or_a_late_look_serves_the_
                 worker.wake()
             layer, x, picks = random_job(rng, tokens=1, picks=2)
             seq = producer.publish(layer, x, picks)
-            assert producer.wait(seq, 2.0) == ct.Outcome("done")  # unwoken: within its next look at the ring
+            assert producer.wait(seq, 2.0) == Outcome("done")  # unwoken: within its next look at the ring
             np.testing.assert_array_equal(producer.result(seq), reference(experts, layer, x, picks))

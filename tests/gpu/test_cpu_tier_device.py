@@ -15,6 +15,7 @@ import torch
 
 from glm53.cpu_tier import kernel as ce
 from glm53.cpu_tier import worker as ct
+from tests.cpu_tier.host_producer import debug_hold
 from tests.cpu_tier.test_worker import (  # noqa: F401 (tier: fixture)
     HIDDEN,
     LIMIT,
@@ -98,7 +99,7 @@ def test_a_late_job_is_taken_back_before_or_after_the_claim(tier):
         assert ring.word(0) == (1, "taken_back") and not ring.free(0)  # free once the worker has passed it
         with ct.Worker(ring, table, act_limit=LIMIT) as worker:
             wait_for(lambda: ring.ack(0) == (1, "skipped"))
-            worker.debug_hold(True)  # claimed, then held past the deadline
+            debug_hold(worker, True)  # claimed, then held past the deadline
             status = producer.publish(layer, x, picks)
             outcome = producer.collect(status, acc, timeout_s=0.05)
             assert OUTCOMES[int(outcome)] == "taken_back_after_claim"
@@ -106,7 +107,7 @@ def test_a_late_job_is_taken_back_before_or_after_the_claim(tier):
             # the slot is still the worker's: the next job cannot be published and says so
             busy = producer.publish(layer, x, picks)
             assert int(busy) == 0 and OUTCOMES[int(producer.collect(busy, acc, timeout_s=1.0))] == "none"
-            worker.debug_hold(False)
+            debug_hold(worker, False)
             wait_for(lambda: ring.free(0))
             assert ring.ack(0) == (2, "done")  # computed and published, never used
             outcome = producer.collect(producer.publish(layer, x, picks), acc, timeout_s=10.0)

@@ -16,6 +16,7 @@ import torch
 from glm53 import config
 from glm53.engine.interface import LogprobRequest, SamplingParams, SequenceFailure
 from glm53.cpu_tier.split import every_miss_to_the_cpu
+from tests.cpu_tier.host_producer import debug_hold
 
 CPU_TAKES_THE_MISSES = ["--ct-enable", "1"]
 
@@ -101,9 +102,9 @@ def test_a_worker_past_the_deadline_has_its_experts_computed_on_the_gpu(tiny_che
     steps complete with every routed expert (no request fails) and the answer is exact mode's."""
     backend = _backend(tiny_checkpoint, "fast", [*CPU_TAKES_THE_MISSES, "--ct-threads", "2", "--ct-deadline-ms", "5"])
     try:
-        backend.offload.fast.worker.debug_hold(True)
+        debug_hold(backend.offload.fast.worker, True)
         got = _greedy(backend)
-        backend.offload.fast.worker.debug_hold(False)
+        debug_hold(backend.offload.fast.worker, False)
         stats = backend.offload.stats()["cpu_tier"]["device"]
     finally:
         backend.close()
