@@ -212,9 +212,9 @@ def prepare_checkpoint(args) -> tuple[Path, Path | None, bool]:
 
 
 def checkpoint_info(ckpt: Path, stats: Path | None, gpu_experts: int | None, args, reused: bool) -> dict:
-    from glm53.models.checkpoint import expert_bytes, shards
+    from glm53.models.checkpoint import expert_bytes, read_config, shards
 
-    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg = read_config(ckpt)
     text = cfg.get("text_config", cfg)
     experts, top_k = text["n_routed_experts"], text["num_experts_per_tok"]
     routed = expert_bytes(ckpt).routed

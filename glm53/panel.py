@@ -27,6 +27,8 @@ from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
 
+from .models.checkpoint import config_bytes, has_config
+
 DEFAULT_TOP_K = 20
 DEFAULT_MAX_NEW = 256
 
@@ -106,10 +108,9 @@ def checkpoint_facts(model_dir: Path) -> dict:
     else:
         listing = "\n".join(f"{p.name} {p.stat().st_size}" for p in sorted(model_dir.glob("*.safetensors")))
         index_hash = digest(listing.encode())
-    config = model_dir / "config.json"
     return {
         "path": str(model_dir.resolve()),
-        "config_sha256": digest(config.read_bytes()) if config.is_file() else None,
+        "config_sha256": digest(config_bytes(model_dir)) if has_config(model_dir) else None,
         "index_sha256": index_hash,
     }
 

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from ..config import Settings
-from ..models.checkpoint import ROUTING_PROFILE_FILE
+from ..models.checkpoint import ROUTING_PROFILE_FILE, config_bytes
 from ..progress import Progress
 from ..engine.exl3 import patches
 from .cache import ExpertCache, Policy
@@ -188,8 +188,7 @@ class Offload:
     def _learned_path(self) -> Path | None:
         if self.settings.root is None:
             return None
-        config = (self.model_dir / "config.json").read_bytes() if (self.model_dir / "config.json").is_file() else b""
-        digest = hashlib.sha256(config + str(self.model_dir.resolve()).encode()).hexdigest()[:16]
+        digest = hashlib.sha256(config_bytes(self.model_dir) + str(self.model_dir.resolve()).encode()).hexdigest()[:16]
         return Path(self.settings.root) / "profiles" / f"{digest}.json"
 
     # ---- hooks (run on the generator's thread, on the compute stream)

@@ -17,7 +17,6 @@ page boundary that both requests share.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Iterator, Sequence
@@ -26,6 +25,7 @@ from pathlib import Path
 import torch
 
 from ...config import Settings
+from ...models.checkpoint import CONFIG_FILE, GENERATION_CONFIG_FILE, read_config
 from . import patches
 from ...offload.runtime import Offload
 from ...progress import Progress
@@ -262,10 +262,9 @@ def exl3_sampler(params: SamplingParams):
 def eos_token_ids(model_dir: Path, exl_tokenizer) -> set[int]:
     """Union of the config's, generation_config's and the tokenizer's end-of-sequence ids."""
     ids: set[int] = set()
-    for name in ("config.json", "generation_config.json"):
-        path = Path(model_dir) / name
-        if path.is_file():
-            data = json.loads(path.read_text())
+    for name in (CONFIG_FILE, GENERATION_CONFIG_FILE):
+        if (Path(model_dir) / name).is_file():
+            data = read_config(model_dir, name)
             for value in (data.get("eos_token_id"), data.get("text_config", {}).get("eos_token_id")):
                 if isinstance(value, int):
                     ids.add(value)

@@ -12,13 +12,13 @@ Needs CUDA and exllamav3: ``glm53 calibrate-router -m DIR`` (run on the GPU mach
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path
 
 import numpy as np
 
+from ...models.checkpoint import read_config
 from ...progress import Progress
 from ...models.synth import router
 from ...models.synth.writer import DEFAULT_PROFILE, write_router_biases
@@ -49,7 +49,7 @@ def calibrate(
     """
     progress = progress or Progress()
     ckpt_dir = Path(ckpt_dir)
-    meta = json.loads((ckpt_dir / "config.json").read_text())["glm53_synth"]
+    meta = read_config(ckpt_dir)["glm53_synth"]
     profile = router.load_profile(profile_path or DEFAULT_PROFILE)
     real_of = {int(k): v for k, v in meta["routing_profile"]["layer_map"].items()}
     rng = np.random.default_rng(seed)
@@ -70,7 +70,7 @@ def calibrate(
                 biases[li] = router.calibrate_bias(biases[li], counts[li], targets[li], step)
                 run.set_bias(li, biases[li])
     write_router_biases(ckpt_dir, biases)
-    top_k = json.loads((ckpt_dir / "config.json").read_text())["text_config"]["num_experts_per_tok"]
+    top_k = read_config(ckpt_dir)["text_config"]["num_experts_per_tok"]
     per_stream = math.ceil(max(router.profile_total(profile, real) for real in real_of.values()) / (top_k * streams))
     with _Session(ckpt_dir, streams, progress) as run:
         progress.phase("verifying")
