@@ -45,9 +45,9 @@ def _device_alias(host):
     import torch
 
     try:
-        from exllamav3.ext import exllamav3_ext
+        from glm53.engine.exl3.patches import pinned_cuda_view
 
-        return exllamav3_ext.pinned_cuda_view(host, torch.cuda.current_device()), "exllamav3 pinned_cuda_view"
+        return pinned_cuda_view(host, torch.cuda.current_device()), "exllamav3 pinned_cuda_view"
     except (ImportError, AttributeError):
         pass
 

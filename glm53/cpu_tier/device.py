@@ -155,7 +155,7 @@ class DeviceProducer:
 
     def split_publish(self, layer: int, sel: torch.Tensor, rw: torch.Tensor, y: torch.Tensor, slot_of: torch.Tensor,
                       freq: torch.Tensor, table: torch.Tensor, probe_k: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Fast mode's split of one decode step's routing (``ct_cost.split_reference`` says what it does): publishes
+        """Fast mode's split of one decode step's routing (``split.split_reference`` says what it does): publishes
         the coldest missed experts' picks with the rows ``y`` and zeroes their weights in ``rw`` in place (the
         GPU's kernels then skip them). Returns (status as :meth:`publish`, int32 [4] hits / misses / experts /
         picks sent, the record of the picks moved for :meth:`fallback_plan`).

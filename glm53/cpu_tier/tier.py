@@ -2,16 +2,17 @@
 computed by a host worker from the host store (the single copy) while the GPU computes the hits and the other
 misses; the worker's fp32 partial is added to the layer's fp32 routed sum before it is rounded.
 
-Per layer, on the compute stream, with no host synchronisation:
+Per layer, on the compute stream, with no host synchronisation (the engine's hooks call in: ``on_routing`` and
+``on_routed_sum``, installed by ``glm53.engine.exl3.patches.hook_offload``):
 
-1. after routing (``patches.add_routing_hook``) and the expert cache's step: ``ct_split_publish`` picks the
-   experts for the CPU from the cost table (``ct_cost``), publishes the job and zeroes those picks' router weights,
-   which exllamav3's fused decode kernels skip;
+1. after routing and the expert cache's step: ``ct_split_publish`` picks the experts for the CPU from the cost
+   table (``split``), publishes the job and zeroes those picks' router weights, which exllamav3's fused decode
+   kernels skip;
 2. exllamav3 computes the rest;
-3. on the fp32 routed sum (``patches.wrap_routed_sum``): ``ct_collect`` waits up to ``GLM53_CT_DEADLINE_MS`` for
-   the job and adds its partial, or takes it back; then the GPU FALLBACK: ``ct_fallback_plan`` and exllamav3's
-   fused expert kernel (``patches.fused_experts``) compute, into the same fp32 sum, the experts of a job that
-   was taken back or refused (nothing, when it arrived). Every routed expert is in every step; the fallbacks are
+3. on the fp32 routed sum: ``ct_collect`` waits up to ``GLM53_CT_DEADLINE_MS`` for the job and adds its partial, or
+   takes it back; then the GPU FALLBACK: ``ct_fallback_plan`` and exllamav3's fused expert kernel (the
+   ``fallbacks`` the engine hands over) compute, into the same fp32 sum, the experts of a job that was taken back
+   or refused (nothing, when it arrived). Every routed expert is in every step; the fallbacks are
    counted (``/stats``: ``cpu_tier.device.fallback_jobs``).
 
 The GPU's wait for a job is a stop-loss: at most the time it would take to read the job's experts over the link
@@ -41,13 +42,12 @@ import logging
 import os
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
-from pathlib import Path
 
 import torch
 
 from . import kernel as ce
-from ..engine.exl3 import patches
 from .worker import ExpertTable, Ring, Worker, host_store_experts
 from .split import Costs, fit_gpu_line, measure_cpu, pinned_cpu_cost
 from .device import OUTCOMES, CtKernels, DeviceProducer, pack_picks
@@ -99,19 +99,26 @@ class FeedingThread:
 
 
 class FastTier:
-    def __init__(self, settings, model_dir: Path, store, cache, mlps, device: torch.device, kernels):
+    def __init__(self, settings, store, cache, device: torch.device, kernels, fallbacks: Sequence[Callable], top_k: int,
+                 act_limit: float):
+        """
+        :param store: the loaded, pinned host store (``glm53.offload.host_store.HostStore``): the experts are read
+            where its arenas hold them, and its sign/scale vectors from the checkpoint it was scanned from.
+        :param cache: the expert cache (``glm53.offload.cache.ExpertCache``): its ``slot_of`` and ``freq`` device
+            tensors tell the split which experts are missed and which are cold.
+        :param kernels: the expert cache's kernels (``glm53.offload.ec_native.Kernels``): its library holds the
+            tier's device side too, and its read probe times the link at start.
+        :param fallbacks: per MoE layer (in store order), the GPU's fused expert kernel for the picks a job did not
+            deliver (``run(y, acc, count, token_sorted, weight_sorted)``, ``glm53.engine.exl3.patches.fused_experts``).
+        :param top_k: experts picked per token. :param act_limit: GLM's ``swiglu_limit`` (0: no clamp).
+        """
         t0 = time.monotonic()
-        for mlp in mlps:
-            if not patches.experts_see_the_router_input(mlp):
-                raise RuntimeError(f"{mlp.key}: the experts' input is not the router's (a pre-norm or latent projection); "
-                                   "the CPU tier does not support this model")
         self.store, self.cache, self.device = store, cache, device
         self.codebook = settings.ct_codebook
         self.hidden = store.layout.shapes[0][0] * 16
-        top_k = self.top_k = int(mlps[0].num_experts_per_tok)
-        self.fallbacks = [patches.fused_experts(mlp) for mlp in mlps]  # per layer row, in store order
-        act_limit = float(mlps[0].act_limit or 0.0)
-        experts = host_store_experts(store, store.read_sign_scale(model_dir))
+        self.top_k = top_k
+        self.fallbacks = list(fallbacks)  # per layer row, in store order
+        experts = host_store_experts(store, store.read_sign_scale(settings.model_dir))
         self.table = ExpertTable(experts, store.num_layers, store.num_experts)
         pool, worker_cpu = ce.Pool.for_caller(settings, spin_us=SPIN_US)  # the worker thread is the caller
         self.feeding = FeedingThread(pool.cpus if worker_cpu is None else (worker_cpu, *pool.cpus))
@@ -122,7 +129,7 @@ class FastTier:
             self.ring = Ring(RING_SLOTS, self.hidden, MAX_TOKENS, top_k)
             self.worker = Worker(self.ring, self.table, act_limit=act_limit, pool=self.pool, cpu=worker_cpu, spin_us=SPIN_US,
                                  park_us=PARK_US, codebook=self.codebook).start()
-            self.producer = DeviceProducer(self.ring, device, CtKernels(kernels.path))  # the same library as the cache's
+            self.producer = DeviceProducer(self.ring, device, CtKernels(kernels.path))  # the library of the cache's kernels
             self.max_experts = min(255, MAX_TOKENS * top_k)
             self.costs = self._measure(settings, experts, act_limit, kernels)
             self.cube = torch.from_numpy(self.costs.table(MAX_TOKENS, self.max_experts)).to(device)
@@ -339,6 +346,22 @@ class FastTier:
             if part is not None:
                 getattr(part, stop)()
         self.feeding.release()
+
+
+def start(settings, store, cache, device: torch.device, kernels, fallbacks: Sequence[Callable], top_k: int,
+          act_limit: float) -> tuple[FastTier | None, str | None]:
+    """Fast mode's CPU tier started on a running offload (the arguments are :class:`FastTier`'s), or ``(None, why)``
+    when ``GLM53_CT_ENABLE=auto`` and the costs it measured at start give it no share of a decode step's misses
+    (then it is stopped again: no threads, no pinned CPUs)."""
+    tier = FastTier(settings, store, cache, device, kernels, fallbacks, top_k, act_limit)
+    worthwhile, why = tier.worthwhile()
+    if settings.ct_enable == "auto" and not worthwhile:
+        tier.close()
+        off = f"the measured costs give it no share of the misses: {why}"
+        log.info("CPU tier off (GLM53_CT_ENABLE=auto): %s; decode runs as in exact mode", off)
+        return None, off
+    log.info("CPU tier on (GLM53_CT_ENABLE=%s): %s", settings.ct_enable, why)
+    return tier, None
 
 
 def _link_read_gbs(store, kernels, max_bytes: int = 1 << 29) -> float:

@@ -1,5 +1,5 @@
-"""Where the native libraries are found, and how they are built: shared by the loaders (``cpu_expert``,
-``ec_native``) and by ``setup.py``, which builds them into the package. Standard library only, because
+"""Where the native libraries are found, and how they are built: shared by the loaders (``cpu_tier.kernel``,
+``native.cuda``) and by ``setup.py``, which builds them into the package. Standard library only, because
 ``setup.py`` imports it in a build environment that has no torch.
 
 A loader takes the first library that fits from, in order:

@@ -348,8 +348,6 @@ def test_a_failed_start_stops_what_started_and_gives_the_cpus_back(monkeypatch):
     monkeypatch.setattr(ft, "Worker", lambda *a, **k: Started("worker"))
     monkeypatch.setattr(ft, "ExpertTable", lambda *a: object())
     monkeypatch.setattr(ft, "host_store_experts", lambda *a: {})
-    monkeypatch.setattr(ft.patches, "experts_see_the_router_input", lambda mlp: True)
-    monkeypatch.setattr(ft.patches, "fused_experts", lambda mlp: None)
 
     def no_gpu(*a):
         raise RuntimeError("cudaHostRegister failed")
@@ -358,8 +356,33 @@ def test_a_failed_start_stops_what_started_and_gives_the_cpus_back(monkeypatch):
     monkeypatch.setattr(ft, "CtKernels", lambda path: None)
     store = type("Store", (), {"layout": type("L", (), {"shapes": [(16, 8)]})(), "num_layers": 1, "num_experts": 4,
                                "read_sign_scale": lambda self, d: {}})()
-    mlp = type("Mlp", (), {"num_experts_per_tok": 2, "act_limit": 0.0, "key": "m"})()
-    settings = type("S", (), {"ct_cpus": "auto", "ct_threads": 0, "ct_codebook": "fma"})()
+    settings = type("S", (), {"ct_cpus": "auto", "ct_threads": 0, "ct_codebook": "fma", "model_dir": None})()
+    kernels = type("Kernels", (), {"path": None})()
     with pytest.raises(RuntimeError, match="cudaHostRegister"):
-        FastTier(settings, None, store, None, [mlp], torch.device("cpu"), type("Kernels", (), {"path": None})())
+        FastTier(settings, store, None, torch.device("cpu"), kernels, [None], top_k=2, act_limit=0.0)
     assert stopped == ["worker", "pool"] and feeding == ["confine", "release"]
+
+
+@pytest.mark.parametrize("enable, worthwhile, on", [("auto", False, False), ("auto", True, True), (True, False, True)])
+def test_start_leaves_the_tier_off_only_under_auto_when_the_costs_give_it_nothing(monkeypatch, enable, worthwhile, on):
+    closed = []
+
+    class Tier:
+        def __init__(self, *args):
+            self.args = args
+
+        def worthwhile(self):
+            return worthwhile, "a one-expert CPU job costs more"
+
+        def close(self):
+            closed.append(self)
+
+    monkeypatch.setattr(ft, "FastTier", Tier)
+    settings = type("S", (), {"ct_enable": enable})()
+    tier, off = ft.start(settings, "store", "cache", "device", "kernels", ["fallback"], 8, 7.0)
+    if on:
+        assert isinstance(tier, Tier) and off is None and not closed
+        assert tier.args == (settings, "store", "cache", "device", "kernels", ["fallback"], 8, 7.0)
+    else:
+        assert tier is None and len(closed) == 1
+        assert off == "the measured costs give it no share of the misses: a one-expert CPU job costs more"

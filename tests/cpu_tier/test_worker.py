@@ -81,7 +81,7 @@ def random_job(rng, tokens: int | None = None, picks: int | None = None):
 
 
 def reference(experts, layer, x, picks) -> np.ndarray:
-    """cpu_expert.expert_forward once per pick, one token at a time, in the documented sum order: the job's
+    """kernel.expert_forward once per pick, one token at a time, in the documented sum order: the job's
     distinct experts in order of first appearance in the pick list, each added into a zeroed fp32 out."""
     out = np.zeros((x.shape[0], HIDDEN), np.float32)
     order = list(dict.fromkeys(e for _, e, _ in picks))

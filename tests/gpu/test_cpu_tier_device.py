@@ -194,7 +194,7 @@ def test_round_trip_latency(tier, pool):
 
 
 def test_the_split_kernel_matches_the_reference_and_the_worker_computes_what_it_sent(tier, pool):
-    """Fast mode's split (ct_split_publish_kernel) on random decode steps against ct_cost.split_reference: the same
+    """Fast mode's split (ct_split_publish_kernel) on random decode steps against split.split_reference: the same
     counts, the same weights left to the GPU (the CPU's zeroed), and the worker's partial for the job it published
     equals the CPU reference of those picks."""
     from glm53.cpu_tier.split import Costs, split_reference

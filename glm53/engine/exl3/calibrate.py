@@ -19,9 +19,12 @@ from pathlib import Path
 import numpy as np
 
 from ...models.checkpoint import read_config
-from ...progress import Progress
 from ...models.synth import router
 from ...models.synth.writer import DEFAULT_PROFILE, write_router_biases
+from ...progress import Progress
+from . import patches
+from .load import load
+from .stock import sampled_job
 
 DECODE_ROWS = 8  # routing calls of at most this many rows are decode steps; prefill chunks are larger
 STOP_FRACTION = 0.6
@@ -93,21 +96,16 @@ class _Session:
 
     def __init__(self, ckpt_dir: Path, streams: int, progress: Progress):
         import torch
-        from exllamav3 import Cache, CacheLayer_fp16, Config, Generator, Model, Tokenizer
-
-        from .patches import RoutingCounter, check_internals
 
         self._torch = torch
         self.streams = streams
-        cfg = Config.from_directory(str(ckpt_dir))
-        self.vocab = cfg.vocab_size
-        self.model = Model.from_config(cfg)
-        cache = Cache(self.model, max_num_tokens=streams * 2048, layer_type=CacheLayer_fp16, max_batch_size=streams)
-        self.model.load(progressbar=False, max_batch_size=streams, callback=progress.steps("loading the model", "modules"))
+        patches.check_version()  # the counter and the bias writes are patch points
+        self.stock = load(ckpt_dir, cache_tokens=streams * 2048, cache_batch=[streams], warmup=False, progress=progress)
         progress.finish()
-        check_internals(self.model)
-        self.generator = Generator(self.model, cache, Tokenizer.from_config(cfg), max_batch_size=streams)
-        self.counter = RoutingCounter(self.model, max_rows=DECODE_ROWS)
+        self.vocab, self.model = self.stock.vocab_size, self.stock.model
+        patches.check_internals(self.model)
+        self.generator = self.stock.generator(max_batch_size=streams)
+        self.counter = patches.RoutingCounter(self.model, max_rows=DECODE_ROWS)
         self.counter.install()
         self.layers = dict(self.counter.layers)
 
@@ -117,27 +115,22 @@ class _Session:
     def __exit__(self, *exc):
         self.counter.uninstall()
         self.generator.close()
-        self.model.unload()
+        self.stock.close()
 
     def bias(self, layer: int) -> np.ndarray:
         return self.layers[layer].routing_cfg.e_score_correction_bias.float().cpu().numpy()
 
     def set_bias(self, layer: int, bias: np.ndarray) -> None:
-        from .patches import set_router_bias
-
         mlp = self.layers[layer]
-        set_router_bias(mlp, self._torch.from_numpy(bias).to(mlp.routing_cfg.e_score_correction_bias.device))
+        patches.set_router_bias(mlp, self._torch.from_numpy(bias).to(mlp.routing_cfg.e_score_correction_bias.device))
 
     def measure(self, rng, prompt_tokens: int, decode_tokens: int) -> tuple[dict[int, list[int]], float]:
         """Picks per expert over one decode workload, and its duration."""
-        from exllamav3 import ComboSampler, Job
-
         self.counter.reset()
         t0 = time.monotonic()
         for _ in range(self.streams):
-            prompt = self._torch.from_numpy(rng.integers(1000, min(self.vocab, 150000), size=(1, prompt_tokens))).long()
-            job = Job(input_ids=prompt, max_new_tokens=decode_tokens, sampler=ComboSampler(temperature=1.0), seed=int(rng.integers(2**31)))
-            self.generator.enqueue(job)
+            prompt = rng.integers(1000, min(self.vocab, 150000), size=prompt_tokens).tolist()
+            self.generator.enqueue(sampled_job(prompt, decode_tokens, temperature=1.0, seed=int(rng.integers(2**31))))
         while self.generator.num_remaining_jobs():
             self.generator.iterate()
         return self.counter.snapshot(), time.monotonic() - t0

@@ -1,6 +1,8 @@
-"""Every place where glm53 reaches into exllamav3's internals, written against exllamav3 1.6.5.
+"""Every place where glm53 reaches into exllamav3's model internals, written against exllamav3 1.6.5
+(``EXLLAMAV3_VERSION``): ``check_version`` refuses any other version before a model loads, and ``check_internals``
+/ ``check_offload_internals`` check the attributes below once it has loaded; a mismatch fails loudly.
 
-Patch points (each checked by ``check_internals`` when a model is loaded; a mismatch fails loudly):
+Patch points:
 
 - ``exllamav3.modules.BlockSparseMLP`` instances: ``routing_fn`` (instance attribute, the per-layer top-k
   router; wrapped to count expert picks on the device), ``routing_cfg.e_score_correction_bias`` and its lazily
@@ -19,7 +21,8 @@ Patch points (each checked by ``check_internals`` when a model is loaded; a mism
   the fused prefill kernel, the batched-reconstruct tier (which keeps references to the same tensors) and, with
   the captured gate/up table, the fused decode kernels read at launch. Rewriting entries in place redirects
   them. The per-expert graph/dq paths use each expert's own ``trellis`` (the host alias: correct bytes).
-- ``BlockSparseMLP.forward`` (instance attribute, wrapped for prefill staging).
+- ``BlockSparseMLP.forward`` (instance attribute, wrapped for prefill staging, and by the measurement tools'
+  perturbations and taps: ``wrap_output``); the first forward module's input (token ids or embeddings, ``forward_rows``).
 - ``BlockSparseMLP.cpu_split_combine`` (instance attribute, wrapped): called by ``forward`` on the fp32 routed sum
   before its cast, where exllamav3 adds its own CPU split's partial; fast mode adds the CPU tier's there. The
   fused decode kernels skip a pick whose router weight is 0 (``exl3_moe_coop_kernel.cuh``: ``slot_info``), which
@@ -28,25 +31,17 @@ Patch points (each checked by ``check_internals`` when a model is loaded; a mism
   ``activation_fn_idx`` and ``act_limit``, called as ``BlockSparseMLP.forward``'s fused tier calls it (no output
   scratch: contributions are added atomically into the fp32 output): fast mode's GPU fallback computes the
   experts of a CPU job that did not arrive in time into the routed sum (``fused_experts``).
-- ``exllamav3.generator.job.Job.prefill`` (recompiled from its source with one condition changed, see
-  ``install_single_pass_prefill``): a generator flagged by ``set_single_pass_prefill`` does not split a recurrent
-  model's prompt before its last page.
-- ``exllamav3.modules.gated_delta_net.causal_conv1d_update`` and ``.gated_delta_rule_fn`` (module globals the
-  recurrent layer's forward calls, wrapped) and ``Generator.recurrent_checkpoint`` (wrapped), with
-  ``GDNState.position / slot / base_row / cache``, ``GDNLayerState.conv_state / recurrent_state``, the job's
-  ``sequences[0].allocated_pages[i].phash / kv_position``, ``last_recurrent_checkpoint_pos`` and
-  ``RecurrentCache.put`` (its ``len``, ``current_size``, ``max_size``, ``metrics`` for /stats), whose checkpoint layout
-  (``PairedState.stash``: position, checkpoint_size, target -> {layer: (state row, conv window)}) they build: see
-  ``install_prompt_end_checkpoints``.
+
+The generator's patch points (the prompt's single-pass prefill and the recurrent checkpoint at its end) are in
+``prefill``, under the same version check.
 """
 
 from __future__ import annotations
 
-import ast
-import inspect
 import re
-import textwrap
+from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 
@@ -57,12 +52,23 @@ class InternalsChanged(RuntimeError):
     """The installed exllamav3 is not the one these patches were written against."""
 
 
-def check_internals(model) -> None:
-    """:raise InternalsChanged: wrong exllamav3 version, or an MoE layer without the attributes we use."""
+def installed_version() -> str:
+    """The installed exllamav3's version (imports exllamav3, which loads its extension)."""
     from exllamav3.version import __version__
 
-    if __version__ != EXLLAMAV3_VERSION:
-        raise InternalsChanged(f"glm53 patches exllamav3 {EXLLAMAV3_VERSION} internals; exllamav3 {__version__} is installed")
+    return __version__
+
+
+def check_version() -> None:
+    """:raise InternalsChanged: the installed exllamav3 is not the version every patch point was written against."""
+    installed = installed_version()
+    if installed != EXLLAMAV3_VERSION:
+        raise InternalsChanged(f"glm53 patches exllamav3 {EXLLAMAV3_VERSION} internals; exllamav3 {installed} is installed")
+
+
+def check_internals(model) -> None:
+    """:raise InternalsChanged: wrong exllamav3 version, or an MoE layer without the attributes we use."""
+    check_version()
     for _, mlp in moe_layers(model):
         for name in ("routing_fn", "routing_cfg", "num_experts", "key"):
             if not hasattr(mlp, name):
@@ -261,7 +267,6 @@ def wrap_forward(module, before=None, after=None):
     """Call ``before(x, params)`` / ``after(x, params)`` around the module's forward. Returns a remover (which
     puts back the forward it found, an earlier wrapper included)."""
     original = module.forward
-    earlier = vars(module).get("forward")
 
     def forward(x, params, *args, **kwargs):
         if before is not None:
@@ -272,6 +277,23 @@ def wrap_forward(module, before=None, after=None):
             if after is not None:
                 after(x, params)
 
+    return _replace_forward(module, forward)
+
+
+def wrap_output(module, transform):
+    """Return ``transform(y)`` for the module's output ``y`` (the measurement tools' perturbations and taps).
+    Returns a remover (as :func:`wrap_forward`'s)."""
+    original = module.forward
+
+    def forward(x, params, *args, **kwargs):
+        return transform(original(x, params, *args, **kwargs))
+
+    return _replace_forward(module, forward)
+
+
+def _replace_forward(module, forward):
+    """Make ``forward`` the module's (an instance attribute); the remover puts back the one found."""
+    earlier = vars(module).get("forward")
     module.forward = forward
 
     def remove():
@@ -346,253 +368,70 @@ def pinned_cuda_view(tensor: torch.Tensor, device_index: int) -> torch.Tensor:
     return ext.pinned_cuda_view(tensor, device_index)
 
 
-# ---- the prompt's last page (exllamav3/generator/job.py, Job.prefill)
-
-# For a recurrent model, stock prefill ends a forward at the prompt's last page boundary and runs the rest as a
-# second forward, to stash a recurrent-state checkpoint there. Each forward of an offloaded model streams every
-# non-resident expert over PCIe once, whatever its length, so the split doubles a prompt's time to first token.
-LAST_PAGE_SPLIT = "            if self.generator.recurrent_cache is not None:\n                seqlen = len(seq.sequence_ids) - 1\n"
-SINGLE_PASS_FLAG = "glm53_single_pass_prefill"
-_SINGLE_PASS_CONDITION = f"if self.generator.recurrent_cache is not None and not getattr(self.generator, {SINGLE_PASS_FLAG!r}, False):"
+def forward_rows(x: torch.Tensor) -> int:
+    """Tokens in a forward, from the first module's input: token ids ``[bsz, seq]``, or embeddings ``[bsz, seq,
+    hidden]`` / ``[rows, hidden]``."""
+    return x.numel() if x.dtype in (torch.int32, torch.int64) else x.shape[0] * (x.shape[1] if x.dim() > 2 else 1)
 
 
-def install_single_pass_prefill() -> None:
-    """Replace ``Job.prefill`` by a copy whose last-page split is skipped for flagged generators (idempotent;
-    unflagged generators run exactly the stock method). :raise InternalsChanged: the method's source changed."""
-    from exllamav3.generator import job as job_module
-
-    cls = job_module.Job
-    if getattr(cls.prefill, SINGLE_PASS_FLAG, False):
-        return
-    source = inspect.getsource(cls.prefill)
-    if source.count(LAST_PAGE_SPLIT) != 1:
-        raise InternalsChanged("exllamav3 Job.prefill no longer splits off the prompt's last page where glm53 expects it; "
-                               "the single-pass prefill patch point moved")
-    condition, rest = LAST_PAGE_SPLIT.split("\n", 1)
-    indent = condition[: len(condition) - len(condition.lstrip())]
-    patched = textwrap.dedent(source.replace(LAST_PAGE_SPLIT, indent + _SINGLE_PASS_CONDITION + "\n" + rest))
-    tree = ast.parse(patched)
-    ast.increment_lineno(tree, cls.prefill.__code__.co_firstlineno - 1)  # tracebacks point into job.py's own lines
-    namespace: dict = {}
-    exec(compile(tree, inspect.getsourcefile(cls.prefill) or "<exllamav3 Job.prefill>", "exec"), vars(job_module), namespace)
-    prefill = namespace["prefill"]
-    prefill.__qualname__ = cls.prefill.__qualname__
-    prefill.__doc__ = cls.prefill.__doc__
-    setattr(prefill, SINGLE_PASS_FLAG, True)
-    cls.prefill = prefill
+# ---- the offload attached to a model (glm53.engine.exl3.offload runs these in order)
 
 
-def set_single_pass_prefill(generator, on: bool) -> None:
-    """Prefill ``generator``'s jobs in one forward per chunk (``on``) or with stock's last-page split."""
-    if on:
-        install_single_pass_prefill()
-    setattr(generator, SINGLE_PASS_FLAG, bool(on))
+@dataclass(frozen=True)
+class MoeLayers:
+    """A model's routed MoE layers in the host store's order, and what the offload reads off them."""
+
+    mlps: list  # BlockSparseMLP
+    tables: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]  # per layer: gate, up, down (E,), gate/up (E, 2)
+    top_k: int  # experts picked per token
+    act_limit: float  # GLM's swiglu_limit (0: no clamp)
 
 
-# ---- a recurrent-state checkpoint at the prompt's end, inside its one forward
-# (exllamav3/modules/gated_delta_net.py, generator/job.py)
+def load_offloaded(model, store, load: Callable[[], None]) -> MoeLayers:
+    """Run ``load()`` (the model's ``Model.load``) with every routed expert's trellis answered from ``store`` (a
+    pinned ``HostStore``) and the gate/up pointer tables captured; then check the offload's patch points and match
+    the model's MoE layers with the store's.
 
-# With single-pass prefill a prompt's last forward runs past its last page boundary, where stock exllamav3 would
-# have split the forward to stash the recurrent state; without a checkpoint there, an agent's next request (this
-# prompt and more) prefills again from the previous one. Instead each recurrent layer splits its own work at that
-# boundary: its short convolution and its scan run on the tokens before it (both carry their state through the
-# sequence's slot, as between two forwards), the state is copied aside on the device, and both run on the rest.
-# The MoE layers still stream their experts once. After the prefill step the copies become a checkpoint in
-# exllamav3's recurrent cache under the hash of the page that ends at the boundary, as stock would stash it.
-PROMPT_END_FLAG = "glm53_prompt_end_checkpoints"
-CONV_PARAMS = ("mixed_qkv", "conv_state", "recurrent_slots", "conv1d_weight", "conv1d_bias", "history", "params", "token_major", "incremental")
-SCAN_PARAMS = ("mixed_qkv", "beta", "g", "recurrent_state", "recurrent_slots", "history", "save_state", "num_k_heads", "num_v_heads",
-               "k_dim", "v_dim", "k_head_dim", "v_head_dim", "params", "channelwise_g", "slots_in")
-
-
-def split_point(position: int, length: int, page_size: int) -> int:
-    """Tokens of a forward over ``[position, position + length)`` before the last page boundary inside it; 0 when
-    it contains none (a forward that ends on a boundary needs no split: stock stashes there)."""
-    boundary = (position + length) // page_size * page_size
-    return boundary - position if position < boundary < position + length else 0
-
-
-class PromptEndCheckpoints:
-    """The device copies of each recurrent layer's state at a prefilling sequence's split point, until the prefill
-    step's checkpoint sweep turns them into checkpoints (``commit``). Counters for /stats: made and dropped."""
-
-    def __init__(self, page_size: int):
-        self.page_size = page_size
-        self.pending: dict[int, dict] = {}  # id(sequence state) -> {"state", "position", "conv": {layer: t}, "scan": {layer: t}}
-        self.made = 0
-        self.dropped = 0
-
-    def note(self, state, position: int, part: str, layer, tensor: torch.Tensor) -> None:
-        """Keep a copy of ``tensor``, one layer's ``part`` (conv window or state row) of ``state`` at ``position``."""
-        entry = self.pending.get(id(state))
-        if entry is None or entry["state"] is not state or entry["position"] != position:
-            entry = self.pending[id(state)] = {"state": state, "position": position, "conv": {}, "scan": {}}
-        entry[part][layer] = tensor.clone()
-
-    def commit(self, jobs, recurrent_cache, layers: dict, host_copy) -> None:
-        """Stash each job's capture as a checkpoint; drop what is left (a job that failed or was not checkpointable).
-
-        :param layers: the cache's recurrent layers by key (a capture must hold every one of them).
-        :param host_copy: copies a device tensor into exllamav3's pooled host buffers.
-        """
-        for job in jobs:
-            state = getattr(job.recurrent_state, "target", None)
-            entry = self.pending.pop(id(state), None) if state is not None else None
-            if entry is not None and entry["state"] is state:
-                if self._stash(job, entry, recurrent_cache, layers, host_copy):
-                    self.made += 1
-                else:
-                    self.dropped += 1
-        self.dropped += len(self.pending)
-        self.pending.clear()
-
-    def _stash(self, job, entry: dict, recurrent_cache, layers: dict, host_copy) -> bool:
-        seq = job.sequences[0]
-        pos = entry["position"]
-        if not 0 < pos <= seq.kv_position or set(entry["conv"]) != set(layers) or set(entry["scan"]) != set(layers) \
-                or getattr(job.recurrent_state, "draft", None) is not None:
-            return False
-        page = seq.allocated_pages[pos // self.page_size - 1]
-        if page.kv_position != self.page_size:
-            return False
-        target = {key: (host_copy(entry["scan"][key]), host_copy(entry["conv"][key])) for key in layers}
-        size = sum(t.numel() * t.element_size() for pair in target.values() for t in pair)
-        recurrent_cache.put(page.phash, _Stashed({"position": pos, "checkpoint_size": size,
-                                                  "target": {"position": pos, "checkpoint_size": size, **target}}))
-        if pos > (job.last_recurrent_checkpoint_pos or 0):
-            job.last_recurrent_checkpoint_pos = pos
-        return True
+    :raise InternalsChanged: a patch point moved. :raise RuntimeError: the model's MoE layers or expert counts are not
+        the store's.
+    """
+    captured: dict[int, torch.Tensor] = {}
+    with expert_trellises_from(model.config, store.trellis_view), capture_gate_up_tables(captured):
+        load()
+    check_offload_internals(model)
+    by_key = {mlp.key: mlp for _, mlp in moe_layers(model)}
+    if sorted(by_key) != sorted(store.layer_keys):
+        raise RuntimeError(f"the model's MoE layers {sorted(by_key)} are not the host store's {store.layer_keys}")
+    mlps = [by_key[k] for k in store.layer_keys]
+    for mlp in mlps:
+        if mlp.num_experts != store.num_experts:
+            raise RuntimeError(f"{mlp.key}: {mlp.num_experts} experts, the host store has {store.num_experts}")
+    tables = [expert_tables(mlp, captured) for mlp in mlps]
+    return MoeLayers(mlps, tables, int(mlps[0].num_experts_per_tok), float(mlps[0].act_limit or 0.0))
 
 
-def _sequence_state(params: dict | None, history: bool):
-    """The one sequence's recurrent state of a plain (not speculative, not batched, not tensor-parallel) pass."""
-    states = (params or {}).get("recurrent_states")
-    if history or not states or len(states) != 1 or getattr(states[0], "exported", False):
-        return None
-    return states[0]
+def check_cpu_tier_fits(layers: MoeLayers) -> None:
+    """:raise RuntimeError: a layer's experts do not see the router's input, which the CPU tier computes them on."""
+    for mlp in layers.mlps:
+        if not experts_see_the_router_input(mlp):
+            raise RuntimeError(f"{mlp.key}: the experts' input is not the router's (a pre-norm or latent projection); "
+                               "the CPU tier does not support this model")
 
 
-def _capture_of(state) -> PromptEndCheckpoints | None:
-    return getattr(getattr(state, "cache", None), PROMPT_END_FLAG, None)
-
-
-class _Stashed:
-    """A ready checkpoint in the shape ``RecurrentCache.put`` takes a state in (``checkpoint_size``, ``stash()``)."""
-
-    def __init__(self, stashed: dict):
-        self._stashed = stashed
-        self.checkpoint_size = stashed["checkpoint_size"]
-
-    def stash(self) -> dict:
-        return self._stashed
-
-
-def _layer_key(state, attribute: str, tensor: torch.Tensor):
-    return next((k for k, layer in state.cache.get_all_recurrent_layers().items() if getattr(layer, attribute, None) is tensor), None)
-
-
-def _split_conv(original, page_size: int):
-    def causal_conv1d_update(mixed_qkv, conv_state, recurrent_slots, conv1d_weight, conv1d_bias, history=False, params=None,
-                             token_major=False, incremental=False):
-        state = _sequence_state(params, history or incremental)
-        capture = _capture_of(state)
-        length = mixed_qkv.shape[1] if token_major else mixed_qkv.shape[2]
-        cut = split_point(state.position, length, page_size) if capture is not None and conv_state is not None else 0
-        key = _layer_key(state, "conv_state", conv_state) if cut else None
-        if key is None:
-            return original(mixed_qkv, conv_state, recurrent_slots, conv1d_weight, conv1d_bias, history, params, token_major, incremental)
-        parts = (mixed_qkv[:, :cut], mixed_qkv[:, cut:]) if token_major else \
-            (mixed_qkv[:, :, :cut].contiguous(), mixed_qkv[:, :, cut:].contiguous())
-        first = original(parts[0], conv_state, recurrent_slots, conv1d_weight, conv1d_bias, history, params, token_major, incremental)
-        capture.note(state, state.position + cut, "conv", key, conv_state[state.slot, :, : conv1d_weight.shape[-1]])
-        rest = original(parts[1], conv_state, recurrent_slots, conv1d_weight, conv1d_bias, history, params, token_major, incremental)
-        return torch.cat([first, rest], dim=1)  # (bsz, seqlen, dim) either way
-
-    return causal_conv1d_update
-
-
-def _split_scan(original, page_size: int):
-    def gated_delta_rule_fn(mixed_qkv, beta, g, recurrent_state, recurrent_slots, history, save_state, num_k_heads, num_v_heads,
-                            k_dim, v_dim, k_head_dim, v_head_dim, params=None, channelwise_g=False, slots_in=None):
-        def run(q, b, gg):
-            return original(q, b, gg, recurrent_state, recurrent_slots, history, save_state, num_k_heads, num_v_heads, k_dim, v_dim,
-                            k_head_dim, v_head_dim, params, channelwise_g, slots_in)
-
-        state = _sequence_state(params, history)
-        capture = _capture_of(state)
-        ok = capture is not None and save_state and recurrent_state is not None
-        cut = split_point(state.position, mixed_qkv.shape[1], page_size) if ok else 0
-        key = _layer_key(state, "recurrent_state", recurrent_state) if cut else None
-        if key is None:
-            return run(mixed_qkv, beta, g)
-        first = run(mixed_qkv[:, :cut], beta[:, :cut], g[:, :cut])
-        row = state.base_row()
-        capture.note(state, state.position + cut, "scan", key, recurrent_state[row : row + 1])
-        rest = run(mixed_qkv[:, cut:], beta[:, cut:], g[:, cut:])
-        return torch.cat([first, rest.to(first.dtype)], dim=1)  # (bsz, seqlen, v_heads, v_head_dim)
-
-    return gated_delta_rule_fn
-
-
-def install_prompt_end_checkpoints() -> None:
-    """Wrap the recurrent layers' convolution and scan, and the generator's checkpoint sweep after each prefill step
-    (idempotent; caches without the flag run stock code). :raise InternalsChanged: a patch point moved."""
-    from exllamav3.cache.recurrent import host_copy
-    from exllamav3.constants import PAGE_SIZE
-    from exllamav3.generator import generator as generator_module
-    from exllamav3.modules import gated_delta_net
-
-    if getattr(gated_delta_net.gated_delta_rule_fn, PROMPT_END_FLAG, False):
-        return
-    for name, expected in (("causal_conv1d_update", CONV_PARAMS), ("gated_delta_rule_fn", SCAN_PARAMS)):
-        found = tuple(inspect.signature(getattr(gated_delta_net, name)).parameters)
-        if found != expected:
-            raise InternalsChanged(f"exllamav3 gated_delta_net.{name} takes {found}, glm53 expects {expected}; the patch point moved")
-    stock_sweep = generator_module.Generator.recurrent_checkpoint
-    if tuple(inspect.signature(stock_sweep).parameters) != ("self",):
-        raise InternalsChanged("exllamav3 Generator.recurrent_checkpoint's signature moved; the patch point moved")
-
-    def recurrent_checkpoint(self):
-        stock_sweep(self)
-        capture = getattr(self.cache, PROMPT_END_FLAG, None)
-        if capture is not None and capture.pending:
-            capture.commit(self.active_jobs, self.recurrent_cache, self.cache.get_all_recurrent_layers(), host_copy)
-
-    conv = _split_conv(gated_delta_net.causal_conv1d_update, PAGE_SIZE)
-    scan = _split_scan(gated_delta_net.gated_delta_rule_fn, PAGE_SIZE)
-    for fn in (conv, scan, recurrent_checkpoint):
-        setattr(fn, PROMPT_END_FLAG, True)
-    gated_delta_net.causal_conv1d_update = conv
-    gated_delta_net.gated_delta_rule_fn = scan
-    generator_module.Generator.recurrent_checkpoint = recurrent_checkpoint
-
-
-def checkpoint_settings(cache_gb: float, page_size: int) -> dict:
-    """The Generator's recurrent-checkpoint arguments: the host-RAM budget (exllamav3's LRU counts each checkpoint at
-    its size) and a checkpoint at every page boundary of an answer, so the one before its end is always there."""
-    return {"recurrent_cache_size": int(cache_gb * 1000**3), "recurrent_checkpoint_interval": page_size}
-
-
-def checkpoint_stats(generator, prompt_end: PromptEndCheckpoints | None) -> dict:
-    """The recurrent cache's occupancy and evictions, and the prompt-end checkpoints made and dropped."""
-    rc = generator.recurrent_cache
-    if rc is None:
-        return {}
-    out = {"count": len(rc), "bytes": rc.current_size, "budget_bytes": rc.max_size, "evictions": rc.metrics.get("stash_evictions", 0)}
-    if prompt_end is not None:
-        out.update(prompt_end_made=prompt_end.made, prompt_end_dropped=prompt_end.dropped)
-    return out
-
-
-def set_prompt_end_checkpoints(generator, on: bool) -> PromptEndCheckpoints | None:
-    """Checkpoint ``generator``'s prompts at their last page boundary inside single-pass prefill (``on``); returns
-    the capture (its counters), or None."""
-    from exllamav3.constants import PAGE_SIZE
-
-    if not on or generator.recurrent_cache is None:
-        setattr(generator.cache, PROMPT_END_FLAG, None)
-        return None
-    install_prompt_end_checkpoints()
-    capture = PromptEndCheckpoints(PAGE_SIZE)
-    setattr(generator.cache, PROMPT_END_FLAG, capture)
-    return capture
+def hook_offload(model, layers: MoeLayers, offload) -> list[Callable[[], None]]:
+    """Install the running offload (``glm53.offload.runtime.Offload``) on the model: after each layer's routing
+    (``offload.routed``), around each MoE layer (``before_layer``/``after_layer``), on its fp32 routed sum when the
+    CPU tier runs (``offload.fast.on_routed_sum``) and before the first module's forward (``forward_start``). The
+    hooks look the offload's methods up at each call. Returns the removers, last installed last."""
+    removers = []
+    for row, mlp in enumerate(layers.mlps):
+        if offload.fast is not None:
+            removers.append(add_routing_hook(
+                mlp, lambda sel, w, z, params, _row=row: offload.routed(_row, sel, w, z), with_inputs=True))
+            removers.append(wrap_routed_sum(mlp, lambda fhs, _row=row: offload.fast.on_routed_sum(_row, fhs)))
+        else:
+            removers.append(add_routing_hook(mlp, lambda sel, params, _row=row: offload.routed(_row, sel)))
+        removers.append(wrap_forward(mlp, before=lambda x, p, _row=row: offload.before_layer(_row),
+                                     after=lambda x, p, _row=row: offload.after_layer(_row)))
+    removers.append(wrap_forward(first_forward_module(model), before=lambda x, p: offload.forward_start(forward_rows(x))))
+    return removers

@@ -14,7 +14,8 @@ raises ``UnpinnedKey`` instead, in the launch that met it.
 
 The pick file's format is in ``triton_pin_file``.
 
-Patch points (Triton 3.6, exllamav3 1.6.5; ``install`` checks them on every pinned kernel, so a change fails at start):
+Patch points (Triton 3.6, exllamav3 1.6.5, ``patches.EXLLAMAV3_VERSION``: ``install`` refuses another exllamav3,
+and checks them on every pinned kernel, so a change fails at start):
 
 - ``triton.runtime.autotuner.Autotuner.run`` is wrapped at class level. Before a launch it replaces the instance's
   ``cache`` (Triton's ``{key tuple: Config}``, read as ``key not in self.cache`` then ``self.cache[key]``) with a
@@ -40,11 +41,12 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
-from .patches import InternalsChanged
+from .patches import EXLLAMAV3_VERSION, InternalsChanged
 from .triton_pin_file import (
     ArchitectureMismatch,
     PinFile,
     PinFileError,
+    VersionMismatch,
     config_fields,
     config_json,
     encode_key,
@@ -264,12 +266,18 @@ def install(path: str | os.PathLike | None, *, strict: bool | None = None) -> Pi
     :return: the live report: picks loaded, keys answered from the file, keys Triton tuned itself.
     :raise PinFileError: a malformed file, or one naming a kernel or config this exllamav3 does not have.
     :raise ArchitectureMismatch: the file was recorded on a GPU of another compute capability.
-    :raise InternalsChanged: Triton or exllamav3 changed the internals listed in the module docstring.
+    :raise VersionMismatch: the file was recorded with another triton or exllamav3 than the running one.
+    :raise InternalsChanged: the installed exllamav3 is not the one these patch points were written against, or
+        Triton or exllamav3 changed the internals listed in the module docstring.
     """
     global _state, _patched
     autotuner = _autotuner_class()
     if not callable(getattr(autotuner, "run", None)):
         raise InternalsChanged("triton.runtime.autotuner.Autotuner has no run(); the patch points moved")
+    running = runtime_versions()
+    if running["exllamav3"] is not None and running["exllamav3"] != EXLLAMAV3_VERSION:
+        raise InternalsChanged(f"glm53 pins Triton picks of exllamav3 {EXLLAMAV3_VERSION}'s kernels; exllamav3 "
+                               f"{running['exllamav3']} is installed")
     pins = load(path) if path is not None else None
     if strict is None:
         strict = pins.strict if pins else False
@@ -277,11 +285,10 @@ def install(path: str | os.PathLike | None, *, strict: bool | None = None) -> Pi
         raise ValueError("strict pinning needs a pick file")
     if pins is not None:
         check_gpus(pins, _visible_gpus())
-        running = runtime_versions()
         for name, recorded in (("triton", pins.triton), ("exllamav3", pins.exllamav3)):
             if running[name] is not None and running[name] != recorded:
-                log.warning("pick file %s was recorded with %s %s; %s %s is running (the picks are still checked against the "
-                            "declared configs)", pins.path, name, recorded, name, running[name])
+                raise VersionMismatch(f"{pins.path} was recorded with {name} {recorded}, but {name} {running[name]} is "
+                                      "running; record a pick file with this build (`glm53 triton-pin record`)")
     state = _State(pins, strict)
     # check every pin before changing anything
     attach = [(t, _pick_map(t, state)) for kernel in (pins.kernels if pins else {}) for t in find_tuners(kernel, autotuner, pins.path)]

@@ -13,8 +13,8 @@ A kernel is ``module:qualified name`` of its Python function. A key is Triton's 
 floats, strings, booleans and null as themselves, and tagged one-entry objects for the rest (``{"tuple": [...]}``,
 ``{"list": [...]}``, ``{"dtype": "torch.float16"}``, ``{"float": "inf"}``). Keys are matched on this encoding, so
 ``True`` and ``1`` are different keys. ``maxnreg`` appears only when set. ``recorded`` and ``torch`` are for
-people; a ``triton`` or ``exllamav3`` version other than the running one is logged as a warning, a GPU of
-another compute capability is refused.
+people; a ``triton`` or ``exllamav3`` version other than the running one, and a GPU of another compute
+capability, are refused (a config another build compiled may round differently).
 """
 
 from __future__ import annotations
@@ -37,6 +37,10 @@ class PinFileError(ValueError):
 
 class ArchitectureMismatch(PinFileError):
     """The pick file was recorded on a GPU of another compute capability."""
+
+
+class VersionMismatch(PinFileError):
+    """The pick file was recorded with another triton or exllamav3 than the running one."""
 
 
 # --- keys and configs as JSON

@@ -128,11 +128,10 @@ def forward_nc(model, ids: Sequence[int]):
 
 def generate(generator, prompts: list[list[int]], max_new_tokens: int) -> None:
     """Prefill each prompt and decode ``max_new_tokens`` greedily, all jobs at once, through the generator."""
-    import torch
-    from exllamav3 import ArgmaxSampler, Job
+    from .stock import greedy_job
 
     for p in prompts:
-        generator.enqueue(Job(input_ids=torch.tensor([p], dtype=torch.long), max_new_tokens=max_new_tokens, sampler=ArgmaxSampler()))
+        generator.enqueue(greedy_job(p, max_new_tokens))
     # a bound, so that a stuck generator fails the recording instead of hanging it
     for _ in range(sum(len(p) for p in prompts) + 64 * (max_new_tokens + 1) * len(prompts)):
         if not generator.num_remaining_jobs():

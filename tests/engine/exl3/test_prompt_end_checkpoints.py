@@ -1,4 +1,4 @@
-"""The prompt-end checkpoint inside a single-pass prefill (``patches``), on CPU with fakes of exllamav3's pieces.
+"""The prompt-end checkpoint inside a single-pass prefill (``glm53.engine.exl3.prefill``), on CPU with fakes of exllamav3's pieces.
 
 The fakes keep exllamav3's layouts (a conv window per slot, two state rows per slot, a pass that carries both
 through its slot) with a token-by-token recurrence, so a pass split in two computes exactly what one pass does,
@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from glm53.engine.exl3 import patches
-from glm53.engine.exl3.patches import PROMPT_END_FLAG, PromptEndCheckpoints, checkpoint_settings, split_point
+from glm53.engine.exl3 import prefill
+from glm53.engine.exl3.prefill import PROMPT_END_FLAG, PromptEndCheckpoints, checkpoint_settings, split_point
 
 PAGE = 256
 DIM, CDIM, HEADS, K, V = 6, 4, 2, 3, 3
@@ -115,7 +115,7 @@ def test_a_split_pass_computes_the_unsplit_one_and_captures_the_state_at_the_bou
     capture = PromptEndCheckpoints(PAGE)
     setattr(cache, PROMPT_END_FLAG, capture)
     state = State(cache, 1, position)
-    conv, scan = patches._split_conv(fake_conv, PAGE), patches._split_scan(fake_scan, PAGE)
+    conv, scan = prefill._split_conv(fake_conv, PAGE), prefill._split_scan(fake_scan, PAGE)
     got = layer_forward(cache, state, (0, 0), x, weight, token_major, conv, scan)
 
     assert torch.equal(got, expected)
@@ -135,7 +135,7 @@ def test_without_the_flag_or_a_boundary_the_stock_functions_run_alone():
         return torch.zeros(1)
 
     cache = Cache()
-    conv = patches._split_conv(original, PAGE)
+    conv = prefill._split_conv(original, PAGE)
     x = torch.zeros(1, 300, DIM * 3)
     conv(x, cache.layers[0, 0].conv_state, torch.tensor([0]), torch.zeros(DIM * 3, CDIM), None, False,
          {"recurrent_states": [State(cache, 0, 0)]}, True, False)  # no flag on the cache

@@ -1,4 +1,4 @@
-"""The single-pass prefill patch point (patches.install_single_pass_prefill) against a stand-in exllamav3 job
+"""The single-pass prefill patch point (glm53.engine.exl3.prefill.install_single_pass_prefill) against a stand-in exllamav3 job
 module laid out like 1.6.5's: the real method is exercised on the GPU (tests/gpu/test_offload_exact.py)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import traceback
 
 import pytest
 
-from glm53.engine.exl3 import patches
+from glm53.engine.exl3 import prefill
 
 # The stand-in keeps the shape of exllamav3's Job.prefill around the split: a loop over sequences, the
 # recurrent-model block that moves prefill_end back to the last page boundary, and one forward per call.
@@ -88,9 +88,9 @@ def test_stock_splits_a_recurrent_prompt_at_its_last_page_and_a_flagged_generato
     assert _prefill(module, Generator(), 700) == [(0, 512, True), (512, 699, False)]  # the stand-in is faithful
 
     stock, single = Generator(), Generator()
-    patches.set_single_pass_prefill(stock, False)
-    patches.set_single_pass_prefill(single, True)
-    assert getattr(module.Job.prefill, patches.SINGLE_PASS_FLAG)
+    prefill.set_single_pass_prefill(stock, False)
+    prefill.set_single_pass_prefill(single, True)
+    assert getattr(module.Job.prefill, prefill.SINGLE_PASS_FLAG)
     assert module.Job.prefill.__doc__ == "Stand-in for exllamav3's Job.prefill."
     assert _prefill(module, single, 700) == [(0, 699, False)]
     assert _prefill(module, stock, 700) == [(0, 512, True), (512, 699, False)]  # unflagged: stock's schedule
@@ -98,14 +98,14 @@ def test_stock_splits_a_recurrent_prompt_at_its_last_page_and_a_flagged_generato
     assert _prefill(module, single, 200) == [(0, 199, False)]
 
     patched = module.Job.prefill
-    patches.install_single_pass_prefill()  # idempotent
+    prefill.install_single_pass_prefill()  # idempotent
     assert module.Job.prefill is patched
 
 
 def test_a_traceback_from_the_patched_method_points_at_the_line_in_exllamav3s_file(job_module):
     module = job_module(JOB_MODULE)
     generator = Generator(fail_at=0)
-    patches.set_single_pass_prefill(generator, True)
+    prefill.set_single_pass_prefill(generator, True)
     with pytest.raises(RuntimeError, match="injected") as caught:
         module.Job(generator, 700).prefill([])
     frame = traceback.extract_tb(caught.value.__traceback__)[-1]
@@ -116,6 +116,6 @@ def test_a_traceback_from_the_patched_method_points_at_the_line_in_exllamav3s_fi
 def test_a_changed_prefill_fails_loudly_at_install(job_module):
     module = job_module(JOB_MODULE.replace("seqlen = len(seq.sequence_ids) - 1", "seqlen = len(seq.sequence_ids)"))
     original = module.Job.prefill
-    with pytest.raises(patches.InternalsChanged, match="last page"):
-        patches.set_single_pass_prefill(Generator(), True)
+    with pytest.raises(prefill.InternalsChanged, match="last page"):
+        prefill.set_single_pass_prefill(Generator(), True)
     assert module.Job.prefill is original

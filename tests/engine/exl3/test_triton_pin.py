@@ -20,6 +20,7 @@ from glm53.engine.exl3.patches import InternalsChanged
 from glm53.engine.exl3.triton_pin_file import (
     ArchitectureMismatch,
     PinFileError,
+    VersionMismatch,
     decode_value,
     document,
     dumps,
@@ -264,6 +265,18 @@ def test_a_file_from_another_gpu_architecture_is_refused(kernels, tmp_path, monk
     assert triton_pin.report() is None
 
 
+def test_another_exllamav3_or_a_file_recorded_by_another_build_is_refused(kernels, tmp_path, monkeypatch):
+    path = write(tmp_path, pin_doc({SCALE: [SCALE_128]}))  # recorded with triton 3.6.0 and exllamav3 1.6.5
+    monkeypatch.setattr(triton_pin, "runtime_versions", lambda: {"triton": "3.6.0", "exllamav3": "1.6.6", "torch": None})
+    for pins in (path, None):  # the patch points are exllamav3 1.6.5's, with or without a file
+        with pytest.raises(InternalsChanged, match="exllamav3 1.6.5's kernels; exllamav3 1.6.6 is installed"):
+            triton_pin.install(pins)
+    monkeypatch.setattr(triton_pin, "runtime_versions", lambda: {"triton": "3.7.0", "exllamav3": "1.6.5", "torch": None})
+    with pytest.raises(VersionMismatch, match=r"recorded with triton 3\.6\.0, but triton 3\.7\.0 is running; record"):
+        triton_pin.install(path)
+    assert triton_pin.report() is None
+
+
 def test_a_pin_that_is_not_a_declared_config_is_refused_and_nothing_is_installed(kernels, tmp_path):
     original = fake_triton.FakeAutotuner.run
     doc = pin_doc({SCALE: [{**SCALE_128, "config": cfg({"BLOCK": 128}, num_warps=2)}]})
@@ -379,6 +392,7 @@ def test_a_real_triton_autotuner_answers_from_the_pins_without_a_gpu(tmp_path, m
 
     importlib.reload(triton_kernels)
     monkeypatch.setattr(triton_pin, "_visible_gpus", lambda: H200)
+    monkeypatch.setattr(triton_pin, "runtime_versions", lambda: {"triton": "3.6.0", "exllamav3": "1.6.5", "torch": None})  # the file's
     kernel = "tests.engine.exl3.triton_kernels:add_one_kernel"
     path = write(tmp_path, pin_doc({kernel: [SCALE_128]}))
     original = Autotuner.run
