@@ -183,7 +183,7 @@ __global__ void ct_add_kernel(CtRing r, const int64_t* status, const int32_t* ou
 // step's T * topk picks (sel int64, rw fp16 [T, topk], exllamav3's own routing tensors) into hits (the expert has a
 // VRAM slot: slot_of[e] >= 0), misses the GPU reads over the link and cold misses for the CPU tier. How many of the
 // step's distinct missed experts go to the CPU is table[T][hits][misses] (uint8 [table_tokens + 1][table_experts +
-// 1][table_experts + 1], the cost model's, see glm53/offload/ct_cost.py), and they are the coldest (the lowest
+// 1][table_experts + 1], the cost model's, see glm53/cpu_tier/split.py), and they are the coldest (the lowest
 // freq[e]; ties: the lower expert index). When the job is published, every pick of a cold expert is written to it
 // (token, expert, the weight as the GPU reads it: __half2float) in pick order, with the T input rows y, and its
 // weight in rw is set to 0, which exllamav3's fused decode kernels skip (a zero-weight slot is inactive and reads

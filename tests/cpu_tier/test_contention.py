@@ -1,7 +1,7 @@
 """A busy host, on the CPU: with a CPU hog on every CPU the tier may use, the real worker and pool (the expert kernel
 on GLM-5.3-Flash's expert shapes, random trellis bits) take longer per expert, and the live refresh of the cost
 model (``Costs.refreshed``, what ``FastTier`` does every ``REFRESH_STEPS`` steps) then sends the CPU fewer misses
-or none. The engine's side (the split on the device, shadow jobs) is tested with stand-ins in test_fast_tier.py
+or none. The engine's side (the split on the device, shadow jobs) is tested with stand-ins in test_tier.py
 and on the GPU in tests/gpu/test_fast_tier.py."""
 
 from __future__ import annotations

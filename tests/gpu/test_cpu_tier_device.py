@@ -1,6 +1,6 @@
 """The CPU tier's handoff with the GPU as the producer (glm53.cpu_tier.device, native/ec/cpu_tier_device.cuh):
 jobs published by CUDA kernels into mapped host memory, computed by the host worker, collected on the device;
-late jobs taken back while the worker may be finishing them. Same random experts as tests/offload/test_cpu_tier.py.
+late jobs taken back while the worker may be finishing them. Same random experts as tests/cpu_tier/test_worker.py.
 """
 
 from __future__ import annotations
