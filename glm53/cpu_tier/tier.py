@@ -12,8 +12,8 @@ Per layer, on the compute stream, with no host synchronisation (the engine's hoo
 3. on the fp32 routed sum: ``ct_collect`` waits up to ``GLM53_CT_DEADLINE_MS`` for the job and adds its partial, or
    takes it back; then the GPU FALLBACK: ``ct_fallback_plan`` and exllamav3's fused expert kernel (the
    ``fallbacks`` the engine hands over) compute, into the same fp32 sum, the experts of a job that was taken back
-   or refused (nothing, when it arrived). Every routed expert is in every step; the fallbacks are
-   counted (``/stats``: ``cpu_tier.device.fallback_jobs``).
+   or refused (nothing, when it arrived). Every routed expert is in every step; the fallbacks are counted
+   (``/stats``: ``cpu_tier.device.fallback_jobs``).
 
 The GPU's wait for a job is a stop-loss: at most the time it would take to read the job's experts over the link
 itself (at least ``STOP_LOSS_FLOOR_S``, never over the deadline), so a late job costs about twice its experts' link
@@ -48,9 +48,9 @@ from contextlib import contextmanager
 import torch
 
 from . import kernel as ce
-from .worker import ExpertTable, Ring, Worker, host_store_experts
-from .split import Costs, fit_gpu_line, measure_cpu, pinned_cpu_cost
 from .device import OUTCOMES, CtKernels, DeviceProducer, pack_picks
+from .split import Costs, fit_gpu_line, measure_cpu, pinned_cpu_cost
+from .worker import ExpertTable, Ring, Worker, host_store_experts
 
 log = logging.getLogger("glm53.offload.fast")
 
