@@ -36,7 +36,7 @@ $(NPM_STAMP):
 		@anthropic-ai/claude-code@$(CLAUDE_CODE) @openai/codex@$(CODEX_CLI)
 	touch $@
 
-# The CPU tier's kernel library, native/build/libglm53_cpu_expert.so (g++; tests/native checks it).
+# The CPU tier's kernel library, native/build/libglm53_cpu_expert.so (g++; tests/cpu_tier/test_kernel.py checks it).
 native:
 	$(MAKE) -C native
 

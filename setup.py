@@ -5,7 +5,7 @@ A wheel, ``pip install .`` and the Nix package carry ``glm53/_native/`` with
 - the expert cache's CUDA library, one file with code for every GPU that ``TORCH_CUDA_ARCH_LIST`` names (else for
   the GPUs nvidia-smi lists), when nvcc is found; without nvcc the package is built without it, and says so.
 An editable install (``pip install -e .``) builds neither: the loaders then use the source tree's ``native/build/``
-(``make native``; the CUDA library is compiled on first use). ``glm53/offload/native_lib.py`` has the details.
+(``make native``; the CUDA library is compiled on first use). ``glm53/native/libraries.py`` has the details.
 
 The libraries are machine code but no Python extension, so the wheel is tagged ``py3-none-<platform>``.
 """
@@ -24,7 +24,7 @@ from setuptools.errors import SetupError
 ROOT = Path(__file__).resolve().parent
 NATIVE = ROOT / "native"
 sys.path.insert(0, str(ROOT))
-from glm53.offload import native_lib  # standard library only: the build environment has no torch
+from glm53.native import libraries as native_lib  # standard library only: the build environment has no torch
 
 
 def arch_list() -> str:

@@ -45,9 +45,9 @@ def _device_alias(host):
     import torch
 
     try:
-        from exllamav3.ext import exllamav3_ext
+        from glm53.engine.exl3.patches import pinned_cuda_view
 
-        return exllamav3_ext.pinned_cuda_view(host, torch.cuda.current_device()), "exllamav3 pinned_cuda_view"
+        return pinned_cuda_view(host, torch.cuda.current_device()), "exllamav3 pinned_cuda_view"
     except (ImportError, AttributeError):
         pass
 
@@ -131,7 +131,7 @@ def dram(nbytes: int, threads: int, reps: int = 3) -> dict:
 
 
 def measure(gib: float = 1.0, dram_gib: float = 4.0, threads: int | None = None) -> dict:
-    from bench.core_order import core_order
+    from glm53.engine.exl3.core_order import core_order
 
     threads = threads or core_order()[1]
     out = {}

@@ -138,7 +138,7 @@ def gpu_short_name(name: str) -> str:
 
 
 def machine_info() -> dict:
-    from bench.core_order import core_order
+    from glm53.engine.exl3.core_order import core_order
     from glm53.host import meminfo, query_gpus
 
     info = {"gpu": None, "gpu_memory_gb": None, "driver": None, "cpu": platform.processor() or None,
@@ -212,9 +212,9 @@ def prepare_checkpoint(args) -> tuple[Path, Path | None, bool]:
 
 
 def checkpoint_info(ckpt: Path, stats: Path | None, gpu_experts: int | None, args, reused: bool) -> dict:
-    from glm53.models.checkpoint import expert_bytes, shards
+    from glm53.models.checkpoint import expert_bytes, read_config, shards
 
-    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg = read_config(ckpt)
     text = cfg.get("text_config", cfg)
     experts, top_k = text["n_routed_experts"], text["num_experts_per_tok"]
     routed = expert_bytes(ckpt).routed
@@ -361,10 +361,12 @@ def build_native_libraries() -> None:
     first build (about half a minute each on a fresh machine) is no part of an arm's load time or timeout."""
     import torch
 
-    from glm53.offload import cpu_expert, ec_native, native_lib
+    from glm53.cpu_tier import kernel as cpu_expert
+    from glm53.native import cuda
+    from glm53.native import libraries as native_lib
 
     t0 = time.monotonic()
-    libraries = [("CPU tier", cpu_expert.locate)] + ([("expert cache", ec_native.locate)] if torch.cuda.is_available() else [])
+    libraries = [("CPU tier", cpu_expert.locate)] + ([("expert cache", cuda.locate)] if torch.cuda.is_available() else [])
     for name, locate in libraries:
         try:
             log(f"{name} library: {locate().name} ({time.monotonic() - t0:.1f} s)")

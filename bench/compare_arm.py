@@ -66,11 +66,9 @@ def run_job(generator, ids: list[int], new_tokens: int) -> tuple[float, list[flo
 def run_jobs(generator, prompts: list[list[int]], new_tokens: int) -> tuple[float, list[list[float]]]:
     """(enqueue time, per job the arrival time of every new token) of greedy jobs enqueued together: the
     generator batches their decode steps (up to its max_batch_size)."""
-    import torch
-    from exllamav3 import ArgmaxSampler, Job
+    from glm53.engine.exl3.stock import greedy_job
 
-    jobs = [Job(input_ids=torch.tensor([ids], dtype=torch.long), max_new_tokens=new_tokens, sampler=ArgmaxSampler(),
-                decode_special_tokens=True, identifier=i) for i, ids in enumerate(prompts)]
+    jobs = [greedy_job(ids, new_tokens, decode_special_tokens=True, identifier=i) for i, ids in enumerate(prompts)]
     times: list[list[float]] = [[] for _ in jobs]
     t0 = time.perf_counter()
     for job in jobs:
@@ -132,7 +130,8 @@ def max_streams(spec: dict) -> int:
 
 
 def load_stock(arm: str, spec: dict) -> Loaded:
-    from glm53.models.stock import load_stock as load
+    from glm53.engine.exl3.stock import cpu_worker_threads
+    from glm53.engine.exl3.stock import load_stock as load
 
     split = spec["mcs"] if arm != "stock-vram" else 0
     slots = max_streams(spec)
@@ -141,8 +140,7 @@ def load_stock(arm: str, spec: dict) -> Loaded:
     generator = stock.generator(max_batch_size=slots)
     facts = {"mcs": split or None, "pinned_arena": arm == "stock-mcs-pa"}
     if split:
-        host = sys.modules.get("exllamav3.model.moe_cpu_host")
-        facts["cpu_threads"] = stock.config.infer_params.moe_cpu_threads or (host.TUNING.threads if host else None)
+        facts["cpu_threads"] = cpu_worker_threads(stock)
 
     def close():
         generator.close()
@@ -316,11 +314,11 @@ def run_arm(arm: str, spec: dict) -> dict:
             vram_device_used_gb=(total - free) / GB,
         )
         loaded.close()
-    from exllamav3.version import __version__ as exl3_version
+    from glm53.engine.exl3.patches import installed_version
 
     result.update(
         status="ok",
-        exllamav3=exl3_version,
+        exllamav3=installed_version(),
         host_rss_peak_gb=sampler.peak / GB,
         host_rss_steady_gb=steady["rss"] / GB,
         host_pss_steady_gb=steady["pss"] / GB if steady["pss"] is not None else None,

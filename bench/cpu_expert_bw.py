@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """CPU-tier kernel throughput: GB/s of expert trellis bytes (gate + up + down) streamed by
-``glm53.offload.cpu_expert``, on one core and on all cores, next to the host's DRAM read bandwidth measured with
+``glm53.cpu_tier.kernel``, on one core and on all cores, next to the host's DRAM read bandwidth measured with
 the same pinned threads (a plain sum over a large buffer) and the ratio of the two.
 
 Experts have GLM-5.3-Flash's shape (4096 -> 2048 -> 4096, K = 3: 9.44 MB of trellis each) and random bits. Enough
@@ -29,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from glm53.config import CPUS
-from glm53.offload import cpu_expert as ce
+from glm53.cpu_tier import kernel as ce
 
 HIDDEN, INTER, BITS = 4096, 2048, 3
 EXPERT_BYTES = 3 * HIDDEN * INTER * BITS // 8

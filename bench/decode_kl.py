@@ -210,17 +210,13 @@ class Perturbation:
     (deterministic: the generator is reseeded on ``reset``). Installed by wrapping each layer's ``forward``."""
 
     def __init__(self, model, rel: float, seed: int = 0):
+        from glm53.engine.exl3.patches import wrap_output
+
         self.rel, self.seed, self.enabled = rel, seed, False
         self.layers = routed_moe_layers(model)
         self.generator = torch.Generator(device=self.layers[0].device)
         for m in self.layers:
-            original = m.forward
-
-            def forward(x, params, out_dtype=None, _original=original):
-                y = _original(x, params, out_dtype)
-                return self._perturb(y) if self.enabled else y
-
-            m.forward = forward
+            wrap_output(m, lambda y: self._perturb(y) if self.enabled else y)
 
     def _perturb(self, y: torch.Tensor) -> torch.Tensor:
         flat = y.reshape(-1, y.shape[-1]).float()  # [rows, hidden]
@@ -245,17 +241,16 @@ class LayerTap:
     whichever path ran it. Installed over the paths' own wrappers, so it sees what the next layer reads."""
 
     def __init__(self, model):
+        from glm53.engine.exl3.patches import wrap_output
+
         self.layers = routed_moe_layers(model)
         self.rows: list[torch.Tensor | None] = [None] * len(self.layers)
         for i, m in enumerate(self.layers):
-            original = m.forward
+            wrap_output(m, lambda y, _i=i: self._keep(_i, y))
 
-            def forward(x, params, out_dtype=None, _original=original, _i=i):
-                y = _original(x, params, out_dtype)
-                self.rows[_i] = y.reshape(-1, y.shape[-1])[-1].float().clone()
-                return y
-
-            m.forward = forward
+    def _keep(self, i: int, y: torch.Tensor) -> torch.Tensor:
+        self.rows[i] = y.reshape(-1, y.shape[-1])[-1].float().clone()
+        return y
 
     def take(self) -> list[torch.Tensor]:
         """The rows of the latest forward, then forgets them."""
@@ -266,18 +261,13 @@ class LayerTap:
 
 
 def routed_moe_layers(model) -> list:
-    from exllamav3.modules import BlockSparseMLP
+    """The model's routed MoE layers (exllamav3 BlockSparseMLP modules), in layer order."""
+    from glm53.engine.exl3.patches import moe_layers
 
-    layers = [m for m in _walk(model.modules) if isinstance(m, BlockSparseMLP) and getattr(m, "routing_gate", None) is not None]
+    layers = [m for _, m in moe_layers(model)]
     if not layers:
         raise ValueError("the model has no routed MoE layers")
     return layers
-
-
-def _walk(modules):
-    for m in modules:
-        yield m
-        yield from _walk(getattr(m, "modules", []))
 
 
 class PerturbedPath(ModelPath):
@@ -368,7 +358,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> dict:
     from glm53.engine.exl3.tokenizer import HFTokenizer
-    from glm53.models.stock import load_stock
+    from glm53.engine.exl3.stock import load_stock
     from glm53.panel import load_prompts, prompt_ids
     from glm53.server.chat_template import ChatTemplate
 
@@ -388,7 +378,7 @@ def run(args: argparse.Namespace) -> dict:
 
         engine = Exl3Backend(config.load(engine_argv(args.model, cache_tokens, args.engine_args), {}), extra_caches=2)
         if args.split == "all" and engine.offload.fast is not None:
-            from glm53.offload.ct_cost import every_miss_to_the_cpu
+            from glm53.cpu_tier.split import every_miss_to_the_cpu
 
             engine.offload.fast.use_costs(every_miss_to_the_cpu(engine.offload.fast.costs))
         a, b = (make_engine_path(spec, engine, cache) for spec, cache in zip((args.a, args.b), engine.extra_caches))

@@ -84,10 +84,10 @@ class SmReader:
     def __init__(self):
         import torch
 
-        from glm53.offload.ec_native import Kernels
+        from glm53.native import cuda
 
         self.host = torch.ones(READ_BYTES // 4, dtype=torch.int32, pin_memory=True)
-        lib = ctypes.CDLL(str(Kernels().path))
+        lib, _ = cuda.library()
         lib.ec_link_load_start.restype = ctypes.c_void_p
         lib.ec_link_load_start.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int64, ctypes.c_double, ctypes.c_int]
         lib.ec_link_load_stop.restype = ctypes.c_int64

@@ -13,7 +13,7 @@ the CPU) and the experts the split sent to the CPU. From them:
 
 - ``gpu_experts_us`` by the number of misses the GPU computes (``by_gpu_misses``), and its least-squares line
   ``fit.fixed_us + fit.per_miss_us * misses``: the in-place cost of one more zero-copy miss, to set against the
-  cost model's link figure (``ct_cost``: one expert's bytes over the measured link rate);
+  cost model's link figure (``glm53.cpu_tier.split``: one expert's bytes over the measured link rate);
 - ``wait_us`` (summed to combined) by the number of experts sent to the CPU (``by_cpu_experts``): what a job costs
   the GPU beyond its own part;
 - ``step_us``: the whole decode step per token, and ``moe_us``: the layers' routed-to-combined time summed.
@@ -56,15 +56,15 @@ class LayerClock:
         self.rows: list[int] = []
         self.step_marks: list[tuple[torch.cuda.Event, int]] = []  # (event, calls so far) at each step's start
         self._open: int | None = None
-        self._original_routed = offload._routed
+        self._original_routed = offload.routed
         self._original_sum = self.fast.on_routed_sum
         self._original_split = self.fast.producer.split_publish
-        offload._routed = self._routed
+        offload.routed = self._routed
         self.fast.on_routed_sum = self._routed_sum
         self.fast.producer.split_publish = self._split_publish
 
     def close(self) -> None:
-        del self.offload._routed
+        del self.offload.routed
         del self.fast.on_routed_sum
         del self.fast.producer.split_publish
 
@@ -74,7 +74,7 @@ class LayerClock:
         self.step_marks.append((event, len(self.rows)))
 
     def _routed(self, row, selected, weights=None, z=None):
-        decode = selected.shape[0] <= self.offload.policy.decode_rows and not self.offload._prefill
+        decode = selected.shape[0] <= self.offload.policy.decode_rows and not self.offload.prefilling
         i = len(self.rows)
         if not decode or i >= self.capacity:
             self._open = None

@@ -12,7 +12,7 @@ from pathlib import Path
 from . import __version__, config, panel, preflight
 from .progress import TerminalProgress
 from .models.synth import presets
-from .offload import triton_pin_record
+from .engine.exl3 import triton_pin_record
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -158,7 +158,7 @@ def _serve(settings: config.Settings) -> int:
 
 
 def _calibrate(ns: argparse.Namespace) -> int:
-    from .models.synth.calibrate import calibrate
+    from .engine.exl3.calibrate import calibrate
 
     bar = TerminalProgress()
     report = calibrate(ns.model_dir, ns.profile, rounds=ns.rounds, tolerance=ns.tolerance, log=bar.echo, progress=bar)

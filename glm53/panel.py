@@ -27,6 +27,8 @@ from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
 
+from .models.checkpoint import config_bytes, has_config
+
 DEFAULT_TOP_K = 20
 DEFAULT_MAX_NEW = 256
 
@@ -106,10 +108,9 @@ def checkpoint_facts(model_dir: Path) -> dict:
     else:
         listing = "\n".join(f"{p.name} {p.stat().st_size}" for p in sorted(model_dir.glob("*.safetensors")))
         index_hash = digest(listing.encode())
-    config = model_dir / "config.json"
     return {
         "path": str(model_dir.resolve()),
-        "config_sha256": digest(config.read_bytes()) if config.is_file() else None,
+        "config_sha256": digest(config_bytes(model_dir)) if has_config(model_dir) else None,
         "index_sha256": index_hash,
     }
 
@@ -121,12 +122,9 @@ def meta_path(out: Path) -> Path:
 
 def greedy(generator, ids: Sequence[int], max_new: int, stop_ids: Sequence[int]) -> list[int]:
     """Stock exllamav3's greedy completion of ``ids`` (stopping at, and dropping, any of ``stop_ids``)."""
-    import torch
-    from exllamav3 import ArgmaxSampler, Job
+    from .engine.exl3.stock import greedy_job
 
-    job = Job(input_ids=torch.tensor([list(ids)], dtype=torch.long), max_new_tokens=max_new, sampler=ArgmaxSampler(),
-              stop_conditions=list(stop_ids) or None, decode_special_tokens=True)
-    generator.enqueue(job)
+    generator.enqueue(greedy_job(ids, max_new, stop_conditions=list(stop_ids) or None, decode_special_tokens=True))
     out: list[int] = []
     while generator.num_remaining_jobs():
         for r in generator.iterate():
@@ -151,16 +149,17 @@ def build(model_dir: Path, out: Path, prompts: list[str], max_new: int, top_k: i
           argv: Sequence[str], log=print) -> dict:
     """Load the checkpoint in stock exllamav3, write the panel and its sidecar, return the sidecar."""
     import torch
-    from exllamav3.version import __version__ as exl3_version
 
     from .engine.exl3.backend import eos_token_ids
+    from .engine.exl3.patches import installed_version
+    from .engine.exl3.stock import load_stock
     from .engine.exl3.tokenizer import HFTokenizer
-    from .models.stock import load_stock
     from .server.chat_template import ChatTemplate
 
     started = time.monotonic()
     cache_tokens = -(-(chunk_size + max_new + 256) // 256) * 256
     stock = load_stock(model_dir, cache_tokens=cache_tokens, chunk_size=chunk_size)
+    exl3_version = installed_version()
     log(f"loaded {model_dir} in stock exllamav3 {exl3_version} ({time.monotonic() - started:.1f} s)")
     tokenizer = HFTokenizer(stock.tokenizer.tokenizer, stock.vocab_size)
     template = ChatTemplate.from_model_dir(model_dir)

@@ -40,6 +40,7 @@ from .config import Settings
 from .engine import cuda_gpu_visible, resolve_engine
 from .models import checkpoint
 from .models.download import fetch_command
+from .models.safetensors_header import read_header
 
 GiB = 2**30
 STORE_PADDING = 1.02
@@ -152,11 +153,11 @@ def _driver(query_gpus) -> Check | None:
 
 def _model_dir(settings: Settings) -> Check:
     model_dir = settings.model_dir
-    if not (model_dir / "config.json").is_file():
+    if not checkpoint.has_config(model_dir):
         return Check("model", "fail", f"{model_dir} holds no config.json; point -m/GLM53_MODEL_DIR at an EXL3 checkpoint, "
                                       f"set GLM53_MODEL_DOWNLOAD=1, or fetch it: {fetch_command(settings)}")
     try:
-        archs = json.loads((model_dir / "config.json").read_text()).get("architectures", [])
+        archs = checkpoint.read_config(model_dir).get("architectures", [])
     except ValueError as exc:
         return Check("model", "fail", f"{model_dir}/config.json is not valid JSON ({exc}); re-download the checkpoint")
     if archs != [SUPPORTED_ARCHITECTURE]:
@@ -184,13 +185,11 @@ def _model_dir(settings: Settings) -> Check:
 def _header_fits(path: Path) -> bool:
     """Whether a safetensors file is as long as its header's largest data offset says."""
     try:
-        with path.open("rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            header = json.loads(f.read(n))
+        header, data_start = read_header(path)
     except (OSError, ValueError):
         return False
-    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
-    return path.stat().st_size >= 8 + n + end
+    end = max((t["data_offsets"][1] for t in header.values()), default=0)
+    return path.stat().st_size >= data_start + end
 
 
 def _expert_bytes(model_dir: Path) -> checkpoint.ExpertBytes | None:

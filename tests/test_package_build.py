@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from glm53.offload import native_lib
+from glm53.native import libraries as native_lib
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE_SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "glm53", "native")
@@ -62,7 +62,7 @@ def test_the_wheel_carries_the_cpu_library_and_names_its_platform(wheel):
     assert wheel.name == "glm53-0.1.0-py3-none-linux_x86_64.whl"
     names = zipfile.ZipFile(wheel).namelist()
     assert f"glm53/_native/{native_lib.CPU_LIBRARY}" in names
-    assert "glm53/offload/native_lib.py" in names
+    assert "glm53/native/libraries.py" in names
     assert not [n for n in names if n.startswith("native/")]
     text = zipfile.ZipFile(wheel).read("glm53-0.1.0.dist-info/WHEEL").decode()
     assert "Root-Is-Purelib: false" in text
@@ -71,7 +71,7 @@ def test_the_wheel_carries_the_cpu_library_and_names_its_platform(wheel):
 def test_the_installed_package_loads_its_own_cpu_library(wheel, tmp_path):
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
-    probe = ("import glm53, glm53.offload.cpu_expert as ce; "
+    probe = ("import glm53, glm53.cpu_tier.kernel as ce; "
              "print(glm53.__file__); print(ce.locate()); print(','.join(ce.available_isas()))")
     environ = {k: v for k, v in os.environ.items() if k != native_lib.OVERRIDE_ENV} | {"PYTHONPATH": str(site)}
     done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=environ, capture_output=True, text=True,

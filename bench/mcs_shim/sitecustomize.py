@@ -7,7 +7,7 @@ import importlib.util
 import os
 import sys
 
-from bench.core_order import install_import_hook
+from glm53.engine.exl3.core_order import install_import_hook
 
 install_import_hook()
 

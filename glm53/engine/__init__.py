@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from ..config import Settings
+from ..models.checkpoint import has_config
 from ..progress import Progress
 from .interface import Backend
 
@@ -28,7 +29,7 @@ def resolve_engine(settings: Settings) -> tuple[str, str]:
     """The backend to run (``exl3`` or ``tiny``) and why."""
     if settings.engine != "auto":
         return settings.engine, f"--engine {settings.engine}"
-    has_model = (settings.model_dir / "config.json").is_file()
+    has_model = has_config(settings.model_dir)
     if not cuda_gpu_visible():
         return "tiny", "no CUDA GPU is visible, so the CPU demo model serves"
     if settings.model_download and not has_model:

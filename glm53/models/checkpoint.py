@@ -1,4 +1,5 @@
-"""Facts about a checkpoint read from its safetensors headers alone (no tensor data is read)."""
+"""Facts about a checkpoint: its ``config.json`` (read here and nowhere else) and what its safetensors headers say
+(no tensor data is read)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .synth.safetensors_file import read_header
+from .safetensors_header import read_header
 
 # Routed experts: model.layers.N.mlp.experts.E.*; the shared expert is mlp.shared_experts and does not match.
 ROUTED_EXPERT = re.compile(r"\.mlp\.experts\.\d+\.")
@@ -16,12 +17,36 @@ SIGN_SCALE = re.compile(r"\.(suh|svh)$")
 # A checkpoint's own routing profile, {"model.language_model.layers.N.mlp": [picks per expert]}: the synthetic
 # writer ships the routing its router biases were fitted to; the expert cache warm-starts from it.
 ROUTING_PROFILE_FILE = "glm53-routing-profile.json"
+CONFIG_FILE = "config.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
 
 
 @dataclass(frozen=True)
 class ExpertBytes:
     routed: int  # bytes of every routed-expert tensor: what the host store holds once
     sign_scale: int  # of those, the suh/svh vectors
+
+
+def has_config(model_dir: Path) -> bool:
+    """Whether ``model_dir`` holds a checkpoint's ``config.json`` (what makes a directory a checkpoint)."""
+    return (Path(model_dir) / CONFIG_FILE).is_file()
+
+
+def read_config(model_dir: Path, name: str = CONFIG_FILE) -> dict:
+    """The checkpoint's ``config.json`` (or, by ``name``, another of its JSON files such as ``generation_config.json``).
+
+    :raise OSError: the file is missing or unreadable. :raise ValueError: it is not a JSON object.
+    """
+    data = json.loads((Path(model_dir) / name).read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{Path(model_dir) / name} holds a JSON {type(data).__name__}, not an object")
+    return data
+
+
+def config_bytes(model_dir: Path) -> bytes:
+    """The bytes of ``config.json`` as they are on disk (for a digest of the checkpoint), or b"" without one."""
+    path = Path(model_dir) / CONFIG_FILE
+    return path.read_bytes() if path.is_file() else b""
 
 
 def shards(model_dir: Path) -> list[Path]:

@@ -7,6 +7,7 @@ file against the hub's hashes; a stopped download picks up where it left off on 
 from __future__ import annotations
 
 from ..config import Settings
+from .checkpoint import has_config
 
 
 class DownloadError(RuntimeError):
@@ -18,7 +19,7 @@ def fetch_command(settings: Settings) -> str:
 
 
 def needs_download(settings: Settings) -> bool:
-    return settings.model_download and not (settings.model_dir / "config.json").is_file()
+    return settings.model_download and not has_config(settings.model_dir)
 
 
 def download_checkpoint(settings: Settings) -> None:

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ..models.checkpoint import shards
-from ..models.synth.safetensors_file import read_header
+from ..models.safetensors_header import read_header
 
 PROJECTIONS = ("gate", "up", "down")
 ALIGN = 256  # byte alignment of each projection inside an expert block (exllamav3's kernels load 16 B vectors)
@@ -35,6 +35,8 @@ EXPERT_SIGN_SCALE = re.compile(r"^(?P<layer>.*\.layers\.\d+\.mlp)\.experts\.(?P<
 EXPERT_TRELLIS = re.compile(r"^(?P<layer>.*\.layers\.(?P<index>\d+)\.mlp)\.experts\.(?P<expert>\d+)\.(?P<proj>gate|up|down)_proj\.trellis$")
 READ_THREADS = 8
 READ_CHUNK = 64 * 1024**2  # one preadv call; bounded so a short read is retried at a known place
+CUDA_HOST_REGISTER_PORTABLE_MAPPED = 0x01 | 0x02
+GB = 1000**3
 
 
 @dataclass(frozen=True)
@@ -204,6 +206,7 @@ class HostStore:
         self._cuda_arenas = [device_view(arena, device.index or 0) for arena in self.arenas]
 
     def unpin(self, unregister: Callable[[int], None]) -> None:
+        """Undo :meth:`pin_and_map` (``unregister``: :func:`cuda_unregister`, or a test's stand-in)."""
         if self._registered:
             for arena in self.arenas:
                 unregister(arena.data_ptr())
@@ -278,3 +281,18 @@ class HostStore:
             "pinned": self._registered,
         }
 
+
+def cuda_register(address: int, nbytes: int) -> None:
+    """Page-lock and map host memory for the GPU (``cudaHostRegister``, portable and mapped): what
+    :meth:`HostStore.pin_and_map` registers the arenas with.
+
+    :raise RuntimeError: the registration failed (page-locked memory is limited: ``ulimit -l``).
+    """
+    err = torch.cuda.cudart().cudaHostRegister(address, nbytes, CUDA_HOST_REGISTER_PORTABLE_MAPPED)
+    if int(err) != 0:
+        raise RuntimeError(f"cudaHostRegister of {nbytes / GB:.2f} GB of expert memory failed (error {int(err)}): "
+                           "page-locked memory is limited (ulimit -l; set memlock to unlimited)")
+
+
+def cuda_unregister(address: int) -> None:
+    torch.cuda.cudart().cudaHostUnregister(address)

@@ -59,6 +59,9 @@ typedef struct glm53_ce_expert {
 typedef struct glm53_ce_pool glm53_ce_pool;
 
 GLM53_CE_API const char* glm53_ce_error(void);
+/* The sizes and field offsets of the structs above and the numbers of the enums, by name (../abi.h): what the
+ * Python side checks its mirrors against when it loads the library. 0 when the name is known, else -1. */
+GLM53_CE_API int32_t glm53_ce_abi(const char* name, int64_t* value);
 
 GLM53_CE_API const char* glm53_ce_isa_name(int32_t isa);
 GLM53_CE_API int32_t glm53_ce_isa_supported(int32_t isa);

@@ -106,6 +106,10 @@ typedef struct glm53_ct_worker glm53_ct_worker;
 /* What the last failing glm53_ct_ call of this thread said. */
 GLM53_CT_API const char* glm53_ct_error(void);
 
+/* The sizes and field offsets of the structs above and the numbers of the enums, by name (../abi.h). 0 when the
+ * name is known, else -1. */
+GLM53_CT_API int32_t glm53_ct_abi(const char* name, int64_t* value);
+
 /* The layout of a ring for these dims (hidden a multiple of 128, 1 <= max_tokens <= 8, 1 <= max_picks <= 64). */
 GLM53_CT_API int32_t glm53_ct_ring_layout(int32_t slots, int32_t hidden, int32_t max_tokens, int32_t max_picks,
                                           glm53_ct_layout* out);

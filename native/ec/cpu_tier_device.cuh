@@ -183,7 +183,7 @@ __global__ void ct_add_kernel(CtRing r, const int64_t* status, const int32_t* ou
 // step's T * topk picks (sel int64, rw fp16 [T, topk], exllamav3's own routing tensors) into hits (the expert has a
 // VRAM slot: slot_of[e] >= 0), misses the GPU reads over the link and cold misses for the CPU tier. How many of the
 // step's distinct missed experts go to the CPU is table[T][hits][misses] (uint8 [table_tokens + 1][table_experts +
-// 1][table_experts + 1], the cost model's, see glm53/offload/ct_cost.py), and they are the coldest (the lowest
+// 1][table_experts + 1], the cost model's, see glm53/cpu_tier/split.py), and they are the coldest (the lowest
 // freq[e]; ties: the lower expert index). When the job is published, every pick of a cold expert is written to it
 // (token, expert, the weight as the GPU reads it: __half2float) in pick order, with the T input rows y, and its
 // weight in rw is set to 0, which exllamav3's fused decode kernels skip (a zero-weight slot is inactive and reads
@@ -363,8 +363,43 @@ int ct_fallback_plan(const int64_t* status, const int32_t* outcome, const int32_
     return (int) cudaGetLastError();
 }
 
-int ct_counter_count(void) { return CT_N; }
-int ct_record_size(void) { return CT_RECORD; }
+// The sizes, offsets and numbers the Python side (glm53/cpu_tier/device.py) checks its mirrors against at load
+// (../abi.h; 0 when the name is known, else -1).
+int ct_abi(const char* name, int64_t* value)
+{
+    static const glm53_abi_entry table[] = {
+        GLM53_ABI_SIZE(CtRing),
+        GLM53_ABI_FIELD(CtRing, base),
+        GLM53_ABI_FIELD(CtRing, slots),
+        GLM53_ABI_FIELD(CtRing, hidden),
+        GLM53_ABI_FIELD(CtRing, max_tokens),
+        GLM53_ABI_FIELD(CtRing, max_picks),
+        GLM53_ABI_FIELD(CtRing, slot_bytes),
+        GLM53_ABI_FIELD(CtRing, slots_offset),
+        GLM53_ABI_FIELD(CtRing, picks_offset),
+        GLM53_ABI_FIELD(CtRing, x_offset),
+        GLM53_ABI_FIELD(CtRing, out_offset),
+        GLM53_ABI_VALUE("limit.split_max_picks", CT_SPLIT_MAX_PICKS),
+        GLM53_ABI_VALUE("limit.record", CT_RECORD),
+        GLM53_ABI_VALUE("outcome.none", CT_OUT_NONE),
+        GLM53_ABI_VALUE("outcome.done", CT_OUT_DONE),
+        GLM53_ABI_VALUE("outcome.failed", CT_OUT_FAILED),
+        GLM53_ABI_VALUE("outcome.taken_back_before_claim", CT_OUT_TAKEN_BACK_BEFORE),
+        GLM53_ABI_VALUE("outcome.taken_back_after_claim", CT_OUT_TAKEN_BACK_AFTER),
+        GLM53_ABI_VALUE("counter.published", CT_C_PUBLISHED),
+        GLM53_ABI_VALUE("counter.busy", CT_C_BUSY),
+        GLM53_ABI_VALUE("counter.done", CT_C_DONE),
+        GLM53_ABI_VALUE("counter.failed", CT_C_FAILED),
+        GLM53_ABI_VALUE("counter.taken_back_before_claim", CT_C_TAKEN_BEFORE),
+        GLM53_ABI_VALUE("counter.taken_back_after_claim", CT_C_TAKEN_AFTER),
+        GLM53_ABI_VALUE("counter.wait_ns", CT_C_WAIT_NS),
+        GLM53_ABI_VALUE("counter.fallback_jobs", CT_C_FALLBACK_JOBS),
+        GLM53_ABI_VALUE("counter.fallback_experts", CT_C_FALLBACK_EXPERTS),
+        GLM53_ABI_VALUE("counter.probes", CT_C_PROBES),
+        GLM53_ABI_VALUE("counter.count", CT_N),
+    };
+    return value ? glm53_abi_lookup(table, sizeof(table) / sizeof(table[0]), name, value) : -1;
+}
 
 int ct_split_publish(const CtRing* r, uint64_t* next_seq, int layer, int T, int topk, const int64_t* sel, void* rw,
                      const uint16_t* y, const int32_t* slot_of, const float* freq, const uint8_t* table,
@@ -377,8 +412,6 @@ int ct_split_publish(const CtRing* r, uint64_t* next_seq, int layer, int T, int 
         info, record);
     return (int) cudaGetLastError();
 }
-
-int ct_struct_size(void) { return (int) sizeof(CtRing); }
 
 int ct_publish(const CtRing* r, uint64_t* next_seq, int layer, int n_tokens, const int32_t* picks, int n_picks,
                const uint16_t* x, int64_t* status, int64_t* counters, cudaStream_t stream)

@@ -8,6 +8,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "../abi.h"
+
 #define EC_MAX_EXPERTS 512   // exllamav3's own limit per MoE layer (BC_BlockSparseMLP MAX_EXPERTS)
 #define EC_THREADS 512
 #define EC_MAX_ADMIT 16
@@ -219,7 +221,37 @@ int ec_read_probe(const void* src, int64_t bytes, unsigned int* out, int blocks,
     return (int) cudaGetLastError();
 }
 
-int ec_struct_size(void) { return (int) sizeof(EcState); }
+// The sizes, offsets and numbers the Python side checks its mirrors against at load (../abi.h; 0 when the name
+// is known, else -1).
+int ec_abi(const char* name, int64_t* value)
+{
+    static const glm53_abi_entry table[] = {
+        GLM53_ABI_SIZE(EcState),
+        GLM53_ABI_FIELD(EcState, num_layers),
+        GLM53_ABI_FIELD(EcState, num_experts),
+        GLM53_ABI_FIELD(EcState, freq),
+        GLM53_ABI_FIELD(EcState, slot_of),
+        GLM53_ABI_FIELD(EcState, owner),
+        GLM53_ABI_FIELD(EcState, picks),
+        GLM53_ABI_FIELD(EcState, counters),
+        GLM53_ABI_FIELD(EcState, home),
+        GLM53_ABI_FIELD(EcState, slot_addr),
+        GLM53_ABI_FIELD(EcState, tables),
+        GLM53_ABI_FIELD(EcState, off_up),
+        GLM53_ABI_FIELD(EcState, off_down),
+        GLM53_ABI_FIELD(EcState, jobs),
+        GLM53_ABI_FIELD(EcState, num_jobs),
+        GLM53_ABI_VALUE("limit.max_admit", EC_MAX_ADMIT),
+        GLM53_ABI_VALUE("limit.max_experts", EC_MAX_EXPERTS),
+        GLM53_ABI_VALUE("counter.picks", C_PICKS),
+        GLM53_ABI_VALUE("counter.hits", C_HITS),
+        GLM53_ABI_VALUE("counter.admits", C_ADMITS),
+        GLM53_ABI_VALUE("counter.evicts", C_EVICTS),
+        GLM53_ABI_VALUE("counter.steps", C_STEPS),
+        GLM53_ABI_VALUE("counter.count", C_N),
+    };
+    return value ? glm53_abi_lookup(table, sizeof(table) / sizeof(table[0]), name, value) : -1;
+}
 
 }
 

@@ -95,9 +95,9 @@ for lib in "$(find "$env/" -name 'exllamav3_ext*.so' | head -n1)" "$(find "$env/
 	}
 	echo "$(basename "$lib"): $found"
 done
-printf '$ %s\n' "$env/bin/python -c 'from glm53.offload import cpu_expert; ...'" >&2
+printf '$ %s\n' "$env/bin/python -c 'from glm53.cpu_tier import kernel as cpu_expert; ...'" >&2
 "$env/bin/python" - <<'EOF'
-from glm53.offload import cpu_expert
+from glm53.cpu_tier import kernel as cpu_expert
 print("glm53 CPU tier:", cpu_expert.locate(), "ISAs", ", ".join(cpu_expert.available_isas()))
 EOF
 

@@ -39,7 +39,7 @@ in
   torchArchList = capabilities: concatStringsSep ";" (checked capabilities);
 
   # The file glm53's package build makes for the expert cache's kernels from that TORCH_CUDA_ARCH_LIST: one library
-  # with machine code for each capability, named for them (glm53/offload/native_lib.py: ec_library_name, cuda_targets).
+  # with machine code for each capability, named for them (glm53/native/libraries.py: ec_library_name, cuda_targets).
   ecLibrary =
     capabilities:
     "libglm53_ec_${

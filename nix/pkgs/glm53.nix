@@ -90,7 +90,7 @@ in
   # library needs a GPU driver to load).
   postInstallCheck = ''
     PYTHONPATH="$out/${python.sitePackages}:$PYTHONPATH" ${python.interpreter} -c \
-      'from glm53.offload import cpu_expert; print(cpu_expert.locate(), cpu_expert.available_isas())'
+      'from glm53.cpu_tier import kernel as cpu_expert; print(cpu_expert.locate(), cpu_expert.available_isas())'
   '';
 
   passthru = { inherit torch nativeLibraries; };

@@ -240,7 +240,7 @@ let
       rejects-native = rejects (cuda.torchArchList [ "native" ]);
     };
     # The expert-cache library the package build must install (nix/pkgs/glm53.nix checks for it), next to the
-    # TORCH_CUDA_ARCH_LIST it is built from; tests/offload/test_native_lib.py checks that glm53's own build names
+    # TORCH_CUDA_ARCH_LIST it is built from; tests/native/test_libraries.py checks that glm53's own build names
     # each one the same.
     cuda-ec-library =
       map

@@ -38,7 +38,7 @@ def test_panel_of_the_tiny_checkpoint(tiny_checkpoint, tmp_path):
 
 @pytest.fixture(scope="module")
 def stock(tiny_checkpoint):
-    from glm53.models.stock import load_stock
+    from glm53.engine.exl3.stock import load_stock
 
     s = load_stock(tiny_checkpoint, cache_tokens=1024, caches=2)
     yield s

@@ -3,7 +3,7 @@
 - Codebook and tile layout: exllamav3's reconstructed W_hat (``get_inner_weight_tensor``, fp16) equals, bit for
   bit, the GPU codebook (one fp16 fma: (1024 + byte sum) * fp16 0x1eee + fp16 0xc931, emulated by
   exl3_reference.mul1_values_gpu) applied to the states exl3_reference reads from the trellis. The kernel decodes
-  exactly these values (native/cpu_expert/format.h; tests/native checks every state), so against x @ W_hat in
+  exactly these values (native/cpu_expert/format.h; tests/cpu_tier/test_kernel.py checks every state), so against x @ W_hat in
   float64 it is off by its fp32 arithmetic only. The exact codebook (byte sum - 510) * 0x1eee would be 1.5e-3 to
   5e-3 off (printed for reference): 0xc931 puts every GPU weight 476 / 2^18 = 1.8e-3 lower.
 - One projection against exllamav3's dense weight (``get_weight_tensor``, fp16): that weight is rounded to fp16
@@ -28,8 +28,8 @@ import pytest
 import torch
 
 from glm53.models.synth import exl3_reference as ref
-from glm53.offload import cpu_expert as ce
-from tests.native.exl3_float64 import (
+from glm53.cpu_tier import kernel as ce
+from tests.cpu_tier.exl3_float64 import (
     Reference,
     random_expert,
     random_linear,
@@ -39,7 +39,7 @@ from tests.native.exl3_float64 import (
 
 SEED = int.from_bytes(os.urandom(4), "little")
 HIDDEN, INTER = 4096, 2048
-TOLERANCE = 2e-6  # the kernel's fp32 arithmetic against float64 (tests/native)
+TOLERANCE = 2e-6  # the kernel's fp32 arithmetic against float64 (tests/cpu_tier/test_kernel.py)
 DENSE_BOUND = 1.3e-3  # 3x the 4.0e-4 to 4.4e-4 of the emulated fp16 roundings of get_weight_tensor
 
 

@@ -1,6 +1,6 @@
-"""The CPU tier's handoff with the GPU as the producer (glm53.offload.ct_device, native/ec/cpu_tier_device.cuh):
+"""The CPU tier's handoff with the GPU as the producer (glm53.cpu_tier.device, native/ec/cpu_tier_device.cuh):
 jobs published by CUDA kernels into mapped host memory, computed by the host worker, collected on the device;
-late jobs taken back while the worker may be finishing them. Same random experts as tests/offload/test_cpu_tier.py.
+late jobs taken back while the worker may be finishing them. Same random experts as tests/cpu_tier/test_worker.py.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from glm53.offload import cpu_expert as ce
-from glm53.offload import cpu_tier as ct
-from tests.offload.test_cpu_tier import (  # noqa: F401 (tier: fixture)
+from glm53.cpu_tier import kernel as ce
+from glm53.cpu_tier import worker as ct
+from tests.cpu_tier.host_producer import debug_hold
+from tests.cpu_tier.test_worker import (  # noqa: F401 (tier: fixture)
     HIDDEN,
     LIMIT,
     SEED,
@@ -42,7 +43,7 @@ def fallback_reference(record, T, topk, num_experts, fall):
 def _device_job(job):
     layer, x, picks = job
     t, e, w = (torch.tensor(v) for v in zip(*picks))
-    from glm53.offload.ct_device import pack_picks
+    from glm53.cpu_tier.device import pack_picks
 
     return layer, torch.from_numpy(x).to(DEVICE), pack_picks(t, e, w).to(DEVICE)
 
@@ -54,7 +55,7 @@ def pool():
 
 
 def test_jobs_published_by_the_gpu_come_back_bit_exact(tier, pool):
-    from glm53.offload.ct_device import OUTCOMES, DeviceProducer
+    from glm53.cpu_tier.device import OUTCOMES, DeviceProducer
 
     _, table, experts = tier
     rng = np.random.default_rng([SEED, 11])
@@ -82,7 +83,7 @@ def test_jobs_published_by_the_gpu_come_back_bit_exact(tier, pool):
 
 
 def test_a_late_job_is_taken_back_before_or_after_the_claim(tier):
-    from glm53.offload.ct_device import OUTCOMES, DeviceProducer
+    from glm53.cpu_tier.device import OUTCOMES, DeviceProducer
 
     _, table, experts = tier
     rng = np.random.default_rng([SEED, 12])
@@ -98,7 +99,7 @@ def test_a_late_job_is_taken_back_before_or_after_the_claim(tier):
         assert ring.word(0) == (1, "taken_back") and not ring.free(0)  # free once the worker has passed it
         with ct.Worker(ring, table, act_limit=LIMIT) as worker:
             wait_for(lambda: ring.ack(0) == (1, "skipped"))
-            worker.debug_hold(True)  # claimed, then held past the deadline
+            debug_hold(worker, True)  # claimed, then held past the deadline
             status = producer.publish(layer, x, picks)
             outcome = producer.collect(status, acc, timeout_s=0.05)
             assert OUTCOMES[int(outcome)] == "taken_back_after_claim"
@@ -106,7 +107,7 @@ def test_a_late_job_is_taken_back_before_or_after_the_claim(tier):
             # the slot is still the worker's: the next job cannot be published and says so
             busy = producer.publish(layer, x, picks)
             assert int(busy) == 0 and OUTCOMES[int(producer.collect(busy, acc, timeout_s=1.0))] == "none"
-            worker.debug_hold(False)
+            debug_hold(worker, False)
             wait_for(lambda: ring.free(0))
             assert ring.ack(0) == (2, "done")  # computed and published, never used
             outcome = producer.collect(producer.publish(layer, x, picks), acc, timeout_s=10.0)
@@ -123,7 +124,7 @@ def test_deadlines_racing_the_worker_never_lose_nor_double_count_a_job(tier, poo
     """Deadlines around the worker's compute time: the GPU's take-back and the worker's completion cross; every job
     ends exactly one way on the GPU's side (a DONE partial exact, a taken-back job adds nothing), the worker reaches
     each once, and its counters bound the GPU's outcomes (each side may see the other's word when they cross)."""
-    from glm53.offload.ct_device import OUTCOMES, DeviceProducer
+    from glm53.cpu_tier.device import OUTCOMES, DeviceProducer
 
     _, table, experts = tier
     rng = np.random.default_rng([SEED, 13])
@@ -160,7 +161,7 @@ def test_deadlines_racing_the_worker_never_lose_nor_double_count_a_job(tier, poo
 
 def test_round_trip_latency(tier, pool):
     """Figures, not a check: publish -> host compute -> collect of one token's 8 experts, measured on the device."""
-    from glm53.offload.ct_device import DeviceProducer
+    from glm53.cpu_tier.device import DeviceProducer
 
     _, table, _ = tier
     rng = np.random.default_rng([SEED, 14])
@@ -193,12 +194,12 @@ def test_round_trip_latency(tier, pool):
 
 
 def test_the_split_kernel_matches_the_reference_and_the_worker_computes_what_it_sent(tier, pool):
-    """Fast mode's split (ct_split_publish_kernel) on random decode steps against ct_cost.split_reference: the same
+    """Fast mode's split (ct_split_publish_kernel) on random decode steps against split.split_reference: the same
     counts, the same weights left to the GPU (the CPU's zeroed), and the worker's partial for the job it published
     equals the CPU reference of those picks."""
-    from glm53.offload.ct_cost import Costs, split_reference
-    from glm53.offload.ct_device import OUTCOMES, DeviceProducer
-    from tests.offload.test_cpu_tier import EXPERTS, LAYERS
+    from glm53.cpu_tier.split import Costs, split_reference
+    from glm53.cpu_tier.device import OUTCOMES, DeviceProducer
+    from tests.cpu_tier.test_worker import EXPERTS, LAYERS
 
     _, expert_table, experts = tier
     rng = np.random.default_rng([SEED, 15])

@@ -36,24 +36,19 @@ def backend(tiny_checkpoint):
 @pytest.fixture(scope="module")
 def reference(tiny_checkpoint):
     """Stock exllamav3, set up the way its own model_init does, with the same sizes."""
-    from exllamav3 import Cache, CacheLayer_fp16, Config, Generator, Model, Tokenizer
+    from glm53.engine.exl3.stock import load_stock
 
-    cfg = Config.from_directory(str(tiny_checkpoint))
-    model = Model.from_config(cfg)
-    cache = Cache(model, max_num_tokens=CACHE_TOKENS, layer_type=CacheLayer_fp16, max_batch_size=4)
-    model.load(progressbar=False, max_batch_size=4, max_chunk_size=CHUNK)
-    model.warmup(cache=cache, max_chunk_size=CHUNK, progressbar=False)
-    gen = Generator(model, cache, Tokenizer.from_config(cfg), max_batch_size=4, max_chunk_size=CHUNK)
-    yield model, gen
+    stock = load_stock(tiny_checkpoint, cache_tokens=CACHE_TOKENS, max_batch_size=4, chunk_size=CHUNK)
+    gen = stock.generator(max_batch_size=4)
+    yield stock.model, gen
     gen.close()
-    model.unload()
+    stock.close()
 
 
 def reference_greedy(gen, prompt: list[int], n: int) -> tuple[list[int], torch.Tensor]:
-    from exllamav3 import ArgmaxSampler, Job
+    from glm53.engine.exl3.stock import greedy_job
 
-    job = Job(input_ids=torch.tensor([prompt]), max_new_tokens=n, sampler=ArgmaxSampler(), return_logits=True, decode_special_tokens=True)
-    gen.enqueue(job)
+    gen.enqueue(greedy_job(prompt, n, return_logits=True, decode_special_tokens=True))
     ids, logits = [], []
     while gen.num_remaining_jobs():
         for r in gen.iterate():
@@ -92,15 +87,16 @@ def test_greedy_tokens_and_logprobs_equal_plain_exllamav3(backend, reference, in
 def test_a_repeated_prompt_reuses_the_prefix_cache_and_gives_the_same_tokens(backend):
     """The second run of a prompt starts from exllamav3's cached pages (and recurrent checkpoint), and its first
     token says how many prompt tokens that saved: every whole page before the prompt's last token."""
-    from exllamav3.constants import PAGE_SIZE
+    from glm53.engine.exl3.load import page_size
 
+    page = page_size()
     prompt = PROMPTS[2] + [500] * 700
     first = backend_greedy(backend, 300, prompt, 16, None)
     second = backend_greedy(backend, 301, prompt, 16, None)
     assert [t.token_id for t in first] == [t.token_id for t in second]
     # the first run may reuse the first page of PROMPTS[2] (310 tokens), which an earlier test ran
-    assert first[0].cached_prompt_tokens in (0, PAGE_SIZE)
-    assert second[0].cached_prompt_tokens == (len(prompt) - 1) // PAGE_SIZE * PAGE_SIZE
+    assert first[0].cached_prompt_tokens in (0, page)
+    assert second[0].cached_prompt_tokens == (len(prompt) - 1) // page * page
     assert all(t.cached_prompt_tokens == 0 for t in first[1:] + second[1:])
 
 

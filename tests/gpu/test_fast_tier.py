@@ -1,4 +1,4 @@
-"""Fast mode's CPU tier wired into the engine (glm53.offload.fast_tier), on the tiny checkpoint with 11 % of the
+"""Fast mode's CPU tier wired into the engine (glm53.cpu_tier.tier), on the tiny checkpoint with 11 % of the
 experts in VRAM: the CPU really takes experts, its answers stay close to exact mode's, a job that comes too late is
 computed on the GPU (the fallback) so the step still has every routed expert, and an idle tier parks.
 
@@ -15,7 +15,8 @@ import torch
 
 from glm53 import config
 from glm53.engine.interface import LogprobRequest, SamplingParams, SequenceFailure
-from glm53.offload.ct_cost import every_miss_to_the_cpu
+from glm53.cpu_tier.split import every_miss_to_the_cpu
+from tests.cpu_tier.host_producer import debug_hold
 
 CPU_TAKES_THE_MISSES = ["--ct-enable", "1"]
 
@@ -105,9 +106,9 @@ def test_a_worker_past_the_deadline_has_its_experts_computed_on_the_gpu(tiny_che
     steps complete with every routed expert (no request fails) and the answer is exact mode's."""
     backend = _backend(tiny_checkpoint, "fast", [*CPU_TAKES_THE_MISSES, "--ct-threads", "2", "--ct-deadline-ms", "5"])
     try:
-        backend.offload.fast.worker.debug_hold(True)
+        debug_hold(backend.offload.fast.worker, True)
         got = _greedy(backend)
-        backend.offload.fast.worker.debug_hold(False)
+        debug_hold(backend.offload.fast.worker, False)
         stats = backend.offload.stats()["cpu_tier"]["device"]
     finally:
         backend.close()

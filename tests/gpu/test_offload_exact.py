@@ -56,9 +56,8 @@ def checkpoint(request, tiny_checkpoint) -> Path:
 @pytest.fixture(scope="module")
 def stock(checkpoint):
     """Stock exllamav3 with the experts in VRAM, and its answers for every prompt."""
-    from glm53.models.stock import load_stock
-
-    from glm53.offload import exl3_patch
+    from glm53.engine.exl3 import prefill
+    from glm53.engine.exl3.stock import load_stock
 
     s = load_stock(checkpoint, cache_tokens=CACHE_TOKENS, max_batch_size=4, chunk_size=CHUNK)
     answers = {"prefill": [_prefill_logits(s.model, p) for p in PROMPTS]}
@@ -68,7 +67,7 @@ def stock(checkpoint):
     # resumes from its stashed recurrent state, which would give the single pass stock's split)
     for split in (True, False):
         gen = s.generator(max_batch_size=4)
-        exl3_patch.set_single_pass_prefill(gen, not split)
+        prefill.set_single_pass_prefill(gen, not split)
         answers[split] = {"single": [_stock_decode(gen, [p], s.vocab_size)[0] for p in PROMPTS],
                           "batch4": _stock_decode(gen, PROMPTS, s.vocab_size)}
         gen.close()
@@ -83,10 +82,9 @@ def _prefill_logits(model, prompt):
 
 
 def _stock_decode(gen, prompts, vocab):
-    from exllamav3 import ArgmaxSampler, Job
+    from glm53.engine.exl3.stock import greedy_job
 
-    jobs = [Job(input_ids=torch.tensor([p]), max_new_tokens=DECODE, sampler=ArgmaxSampler(), return_logits=True,
-                decode_special_tokens=True, identifier=i) for i, p in enumerate(prompts)]
+    jobs = [greedy_job(p, DECODE, return_logits=True, decode_special_tokens=True, identifier=i) for i, p in enumerate(prompts)]
     for job in jobs:
         gen.enqueue(job)
     out = {i: ([], []) for i in range(len(prompts))}
@@ -122,7 +120,7 @@ def _engine_decode(backend, prompts):
 @pytest.mark.parametrize("case", list(CASES))
 def test_exact_mode_is_bit_identical_to_stock(checkpoint, stock, case):
     from glm53.engine.exl3.backend import Exl3Backend
-    from glm53.offload import exl3_patch
+    from glm53.engine.exl3 import patches
 
     backend = Exl3Backend(_settings(checkpoint, CASES[case]))
     try:
@@ -136,7 +134,7 @@ def test_exact_mode_is_bit_identical_to_stock(checkpoint, stock, case):
         split = "single-pass" not in case
         want = stock[split]
         forwards = []  # prompt tokens per forward of more than one token (prefill)
-        count = exl3_patch.wrap_forward(exl3_patch.first_forward_module(backend.model),
+        count = patches.wrap_forward(patches.first_forward_module(backend.model),
                                         before=lambda x, p: forwards.append(x.shape[-1]) if x.shape[-1] > 1 else None)
         for i, p in enumerate(PROMPTS):
             forwards.clear()

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from glm53.offload import triton_pin
-from glm53.offload.triton_pin_record import forward_nc, load_stock
+from glm53.engine.exl3 import triton_pin
+from glm53.engine.exl3.triton_pin_record import forward_nc, load_stock
 
 ROW_STRIDE = 16
 

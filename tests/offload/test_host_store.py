@@ -11,7 +11,7 @@ import pytest
 
 from glm53.offload.cache import placement
 from glm53.offload.host_store import ALIGN, HostStore
-from glm53.offload.runtime import merge_profile
+from glm53.offload.profile import merge_profile
 
 PREFIX = "model.language_model.layers"
 SHAPES = {"gate": (4, 2, 48), "up": (4, 2, 48), "down": (2, 4, 48)}  # int16 trellises: [in/16, out/16, 16K], K=3

@@ -5,19 +5,19 @@ carry no stop conditions and no length limit here: the scheduler removes a seque
 backends stop in exactly the same way. Pages are reserved in rounds (``max_rq_tokens``) rather than for the
 whole remaining context, so several jobs with uncapped ``max_tokens`` all start at once.
 
-Only exllamav3's public API is used here (and a job's own prefix-cache counters, ``cached_prompt_tokens``);
-reaching into its internals is ``glm53/offload/exl3_patch.py``'s job.
+Only exllamav3's public API is used here (and a job's own prefix-cache counters, ``cached_prompt_tokens``): the
+model is loaded by ``load`` with the offload started inside it (``offload.start_offload``), and reaching into
+exllamav3's internals is ``patches``' and ``prefill``'s job.
 
 An agent's turns share their prefix: each request is the last one plus the answer and what came after. The
 generator keeps a recurrent-state checkpoint at every page boundary an answer passes and one at each prompt's
-last page boundary (``exl3_patch.set_prompt_end_checkpoints`` in single-pass prefill, stock's last-page split
+last page boundary (``prefill.set_prompt_end_checkpoints`` in single-pass prefill, stock's last-page split
 otherwise), in host RAM bounded by ``GLM53_RECURRENT_CACHE_GB``, so the next turn prefills only from the last
 page boundary that both requests share.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Iterator, Sequence
@@ -26,8 +26,7 @@ from pathlib import Path
 import torch
 
 from ...config import Settings
-from ...offload import exl3_patch
-from ...offload.runtime import Offload
+from ...models.checkpoint import CONFIG_FILE, GENERATION_CONFIG_FILE, read_config
 from ...progress import Progress
 from ..constraints import Constraint, Vocabulary
 from ..gpu import device_facts
@@ -40,6 +39,9 @@ from ..interface import (
     TokenLogprobs,
 )
 from ..sampling import logprobs_for
+from . import prefill
+from .load import load, page_size
+from .offload import start_offload
 from .tokenizer import HFTokenizer
 
 log = logging.getLogger("glm53.engine.exl3")
@@ -63,43 +65,21 @@ class Exl3Backend:
         t0 = time.monotonic()
         if not torch.cuda.is_available():
             raise RuntimeError("no CUDA GPU is available to this process; use --engine tiny or run on a CUDA host")
-        from exllamav3 import (
-            Cache,
-            CacheLayer_fp16,
-            Config,
-            Generator,
-            Model,
-            Tokenizer,
-        )
-        from exllamav3.constants import PAGE_SIZE
-
-        model_dir = str(settings.model_dir)
-        self._config = Config.from_directory(model_dir)
-        self.model = Model.from_config(self._config)
-        self.cache = Cache(self.model, max_num_tokens=settings.cache_size, layer_type=CacheLayer_fp16, max_batch_size=settings.ambs)
-        # created before the load, which allocates every attached cache's tensors
-        self.extra_caches = [Cache(self.model, max_num_tokens=settings.cache_size, layer_type=CacheLayer_fp16, max_batch_size=1)
-                             for _ in range(extra_caches)]
-        split = [settings.vram_limit_gb] if settings.vram_limit_gb else None
-        # Routed experts live in pinned host memory and a VRAM cache (glm53/offload), never loaded into VRAM whole
-        self.offload = Offload(settings, progress=progress)
-        if settings.mode == "fast" and not settings.ct_enable:
-            log.info("fast mode: the CPU tier is off (GLM53_CT_ENABLE=0): experts are served as in exact mode, with the "
-                     "one-pass prefill")
-        with self.offload.loading(self.model):
-            self.model.load(use_per_device=split, progressbar=False, max_batch_size=settings.ambs, max_chunk_size=settings.chunk_size,
-                            callback=progress.steps("loading the model", "modules"))
-        self.model.warmup(cache=self.cache, max_chunk_size=settings.chunk_size, progressbar=False,
-                          callback=progress.steps("warming up", "passes"))
-        progress.phase("building the cache")
-        self.offload.attach(self.model)
-        progress.finish()
-        exl_tokenizer = Tokenizer.from_config(self._config)
-        self.generator = Generator(self.model, self.cache, exl_tokenizer, max_batch_size=settings.max_batch_size, max_chunk_size=settings.chunk_size,
-                                   **exl3_patch.checkpoint_settings(settings.recurrent_cache_gb, PAGE_SIZE))
-        exl3_patch.set_single_pass_prefill(self.generator, not settings.prefill_last_page_split)
+        # Routed experts live in pinned host memory and a VRAM cache (glm53/offload), never loaded into VRAM whole;
+        # the extra caches exist before the load, which allocates every attached cache's tensors
+        loaded = load(settings.model_dir, cache_tokens=settings.cache_size, cache_batch=[settings.ambs] + [1] * extra_caches,
+                      chunk_size=settings.chunk_size, gpu_split=[settings.vram_limit_gb] if settings.vram_limit_gb else None,
+                      offload=lambda model, load_model, warmup: start_offload(settings, model, load_model, warmup, progress),
+                      progress=progress)
+        self._config, self.model, self.offload = loaded.config, loaded.model, loaded.offload
+        self.cache, self.extra_caches = loaded.caches[0], loaded.caches[1:]
+        exl_tokenizer = loaded.tokenizer
+        page = page_size()
+        self.generator = loaded.generator(max_batch_size=settings.max_batch_size,
+                                          **prefill.checkpoint_settings(settings.recurrent_cache_gb, page))
+        prefill.set_single_pass_prefill(self.generator, not settings.prefill_last_page_split)
         # single-pass prefill skips stock's checkpoint at the prompt's last page: the recurrent layers can make it instead
-        self.prompt_end = exl3_patch.set_prompt_end_checkpoints(
+        self.prompt_end = prefill.set_prompt_end_checkpoints(
             self.generator, settings.prompt_end_checkpoints and not settings.prefill_last_page_split)
         # a recurrent model decodes at most as many sequences as the cache has state slots (-ambs)
         self.max_batch_size = self.generator.max_batch_size
@@ -107,7 +87,7 @@ class Exl3Backend:
         self.tokenizer = HFTokenizer(exl_tokenizer.tokenizer, self._config.vocab_size)
         self._exl_tokenizer = exl_tokenizer
         self.info = ModelInfo(
-            name=Path(model_dir).name,
+            name=Path(settings.model_dir).name,
             architecture=self._config.architecture,
             context_length=settings.cache_size,
             vocab_size=self._config.vocab_size,
@@ -119,7 +99,7 @@ class Exl3Backend:
         )
         self.vocabulary = Vocabulary.from_hf(exl_tokenizer.tokenizer, self._config.vocab_size, self.info.eos_token_ids)
         self._jobs: dict[int, LogprobRequest | None] = {}
-        self._page_size = PAGE_SIZE
+        self._page_size = page
         self._prefilling: set[int] = set()  # sequences that have not had their first token yet
         self._counters = {"steps": 0, "decode_tokens": 0, "scored_tokens": 0, "requeues_seen": 0}
 
@@ -220,7 +200,7 @@ class Exl3Backend:
             "active_jobs": len(self.generator.active_jobs),
             "pending_jobs": len(self.generator.pending_jobs),
             **_memory_facts(),
-            "recurrent_checkpoints": exl3_patch.checkpoint_stats(self.generator, self.prompt_end),
+            "recurrent_checkpoints": prefill.checkpoint_stats(self.generator, self.prompt_end),
             "offload": self.offload.stats(),
         }
 
@@ -263,10 +243,9 @@ def exl3_sampler(params: SamplingParams):
 def eos_token_ids(model_dir: Path, exl_tokenizer) -> set[int]:
     """Union of the config's, generation_config's and the tokenizer's end-of-sequence ids."""
     ids: set[int] = set()
-    for name in ("config.json", "generation_config.json"):
-        path = Path(model_dir) / name
-        if path.is_file():
-            data = json.loads(path.read_text())
+    for name in (CONFIG_FILE, GENERATION_CONFIG_FILE):
+        if (Path(model_dir) / name).is_file():
+            data = read_config(model_dir, name)
             for value in (data.get("eos_token_id"), data.get("text_config", {}).get("eos_token_id")):
                 if isinstance(value, int):
                     ids.add(value)

@@ -70,7 +70,7 @@ def mul1_values_gpu(states: np.ndarray) -> np.ndarray:
 
 def mul1_values_gpu_unrounded(states: np.ndarray) -> np.ndarray:
     """The GPU's fused multiply-add of :func:`mul1_values_gpu` before its rounding to fp16, float64 (exact): the
-    CPU tier's ``fma`` codebook (``glm53.offload.cpu_expert``)."""
+    CPU tier's ``fma`` codebook (``glm53.cpu_tier.kernel``)."""
     x = states.astype(np.uint32) * np.uint32(MUL1_MULT)
     byte_sum = (x & 0xFF) + ((x >> 8) & 0xFF) + ((x >> 16) & 0xFF) + (x >> 24)
     return (1024 + byte_sum).astype(np.float64) * K_INV + K_BIAS_GPU

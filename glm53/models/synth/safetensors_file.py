@@ -1,4 +1,5 @@
-"""A minimal safetensors writer and reader: a header planned up front, tensor bytes streamed after it.
+"""A minimal safetensors writer: a header planned up front, tensor bytes streamed after it (the reader of headers
+is ``models/safetensors_header``, which ``overwrite_tensor`` uses).
 
 File layout (https://github.com/huggingface/safetensors): an 8-byte little-endian header length N, N bytes of
 JSON mapping each tensor name to ``{"dtype", "shape", "data_offsets": [begin, end]}`` (offsets relative to
@@ -22,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from ..safetensors_header import read_header
+
 DTYPE_SIZES = {"F16": 2, "BF16": 2, "F32": 4, "I16": 2, "I32": 4}
-MAX_HEADER_BYTES = 100 * 1024**2  # the reference implementation's (and exllamav3's) limit
 
 
 @dataclass(frozen=True)
@@ -109,20 +111,6 @@ def _reserve(file, nbytes: int) -> None:
     except OSError as exc:
         if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
             raise
-
-
-def read_header(path: Path) -> tuple[dict[str, dict], int]:
-    """The tensor entries of a safetensors file (without ``__metadata__``) and the offset its data starts at.
-
-    :raise ValueError: a header length that is out of range.
-    """
-    with open(path, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        if not 0 < n <= MAX_HEADER_BYTES:
-            raise ValueError(f"{path}: header length {n} out of range")
-        header = json.loads(f.read(n))
-    header.pop("__metadata__", None)
-    return header, 8 + n
 
 
 def overwrite_tensor(path: Path, name: str, dtype: str, data: bytes) -> None:

@@ -22,10 +22,11 @@ from glm53 import __version__
 
 from ...progress import Progress
 from ..checkpoint import ROUTING_PROFILE_FILE
+from ..safetensors_header import read_header
 from . import metadata, router, tokenizer_files
 from .presets import SCALES, ModelShape, Scales, resolve
 from .random_pool import RandomSource, name_key
-from .safetensors_file import open_shard, overwrite_tensor, read_header
+from .safetensors_file import open_shard, overwrite_tensor
 from .tensors import PREFIX, TensorSpec, average_bits, plan
 
 SHARD_BYTES = 4 * 1000**3

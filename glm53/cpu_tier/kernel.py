@@ -1,0 +1,325 @@
+"""The CPU tier's expert kernel (``native/cpu_expert``): routed experts computed on host cores from EXL3 data.
+
+An expert is ``out[t] += w[t] * down(min(silu(gate(x[t])), L) * clamp(up(x[t]), -L, L))`` for 1..8 tokens,
+each projection an EXL3 linear with the mul1 codebook read from its on-disk tensors (``trellis`` int16
+``[in/16, out/16, 16 K]``, ``suh``/``svh`` fp16), accumulated in fp32. The activation clamp is exllamav3
+1.6.5's reading of GLM's ``swiglu_limit`` (the activated gate clamped from above, the up projection both ways).
+Results are identical bit for bit on every ISA and for any number of threads.
+
+Codebook values (``codebook``, :data:`CODEBOOKS`):
+
+- ``fp16`` (the default): the fp16 weights exllamav3's GPU kernels (and its quantiser) decode, bit for bit,
+  ``fp16(fma(1024 + byte sum, fp16 0x1eee, fp16 0xc931))``, which sit 476 / 2^18 (1.8e-3) below the exact
+  ``(byte sum - 510) * fp16(0x1eee)`` of ``models/synth/exl3_reference.mul1_values`` and exllamav3's own CPU
+  kernel, plus their fp16 rounding;
+- ``fma``: that fused multiply-add before its rounding to fp16 (relative RMS 2.1e-4 from the fp16 weights, without
+  bias), which spares the rounding's three of the ten vector operations a weight costs at one token: the CPU
+  tier's choice (``GLM53_CT_CODEBOOK``).
+
+``native/cpu_expert/format.h`` has the derivation; :func:`mul1_values` exposes the values.
+
+Arrays are NumPy arrays or CPU torch tensors, C-contiguous. Outputs are passed in (destination passing). The
+shared library comes from ``$GLM53_NATIVE_BUILD``, the installed package or the source tree's ``native/build/``
+(built there with ``make`` when it is missing or older than its sources); ``glm53.native.libraries`` says how. The library
+reports its structs' layout and its enums' numbers, which :func:`library` checks the mirrors here against.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Self
+
+import numpy as np
+
+from ..native import abi, libraries
+
+NativeBuildError = libraries.NativeBuildError  # what library() raises when it finds and builds no library
+NATIVE = libraries.SOURCE
+LIBRARY = NATIVE / "build" / libraries.CPU_LIBRARY  # where `make -C native` puts it
+ISAS = ("scalar", "avx2", "avx512", "avx512vbmi")  # ids 0.. of cpu_expert.h
+CODEBOOKS = ("fp16", "fma")  # ids 0.. of cpu_expert.h (GLM53_CE_CODEBOOK_*)
+MAX_ROWS = 8
+SYS_CPU = Path("/sys/devices/system/cpu")
+F16, F32, I16, U16 = (np.dtype(t) for t in (np.float16, np.float32, np.int16, np.uint16))
+
+
+class KernelError(ValueError):
+    """The kernel refused its arguments (the message is the library's)."""
+
+
+@dataclass(frozen=True)
+class Linear:
+    """One EXL3 linear (mul1 codebook): ``y = x @ W`` with ``W = diag(suh) H W_hat H diag(svh) / 128``."""
+
+    trellis: object  # int16 [in/16, out/16, 16 K]
+    suh: object  # fp16 [in]
+    svh: object  # fp16 [out]
+
+    @property
+    def in_features(self) -> int:
+        return _array(self.trellis).shape[0] * 16
+
+    @property
+    def out_features(self) -> int:
+        return _array(self.trellis).shape[1] * 16
+
+
+class _CLinear(ctypes.Structure):
+    _fields_ = [("trellis", ctypes.c_void_p), ("suh", ctypes.c_void_p), ("svh", ctypes.c_void_p),
+                ("in_features", ctypes.c_int32), ("out_features", ctypes.c_int32), ("bits", ctypes.c_int32)]
+
+
+class _CExpert(ctypes.Structure):
+    _fields_ = [("gate", _CLinear), ("up", _CLinear), ("down", _CLinear)]
+
+
+def _sources() -> list[Path]:
+    dirs = (NATIVE / "cpu_expert", NATIVE / "cpu_tier")  # cpu_tier (the handoff) is built into the same library
+    return [NATIVE / "Makefile", NATIVE / "abi.h", *(f for d in dirs if d.is_dir() for f in sorted(d.iterdir()))]
+
+
+def build() -> Path:
+    """Builds the library in the source tree with ``make -C native``; returns its path.
+
+    :raise NativeBuildError: no sources, no ``make``, or the build failed (e.g. no C++ compiler).
+    """
+    return libraries.build_cpu(NATIVE, LIBRARY)
+
+
+def locate() -> Path:
+    """The library to load (see ``glm53.native.libraries`` for where it is looked for), built in the source tree if need be.
+
+    :raise NativeBuildError: found nowhere and not built; the message says where it looked and what to do.
+    """
+    fix = (f"To fix: reinstall glm53 with g++ and make present (the package build compiles it), or put a "
+           f"{libraries.CPU_LIBRARY} built with `make -C native` in ${libraries.OVERRIDE_ENV}.")
+    return libraries.find_or_build(libraries.CPU_LIBRARY, libraries.named(libraries.CPU_LIBRARY), _sources(), build, fix)
+
+
+@cache
+def library() -> ctypes.CDLL:
+    """The loaded library, its signatures set.
+
+    :raise NativeBuildError: found nowhere and not built. :raise AbiMismatch: its structs or enums are not the
+        mirrors here (a stale build).
+    """
+    path = locate()
+    lib = ctypes.CDLL(str(path))
+    abi.check(lib.glm53_ce_abi, path, {"glm53_ce_linear": _CLinear, "glm53_ce_expert": _CExpert},
+              {"limit.max_rows": MAX_ROWS, "isa.count": len(ISAS), "codebook.count": len(CODEBOOKS),
+               **{f"isa.{name}": i for i, name in enumerate(ISAS)}, **{f"codebook.{name}": i for i, name in enumerate(CODEBOOKS)}})
+    i32, ptr = ctypes.c_int32, ctypes.c_void_p
+    signatures = {
+        "glm53_ce_error": (ctypes.c_char_p, []),
+        "glm53_ce_isa_supported": (i32, [i32]),
+        "glm53_ce_isa_best": (i32, []),
+        "glm53_ce_pool_start": (ptr, [ptr, i32, i32, i32]),
+        "glm53_ce_pool_stop": (None, [ptr]),
+        "glm53_ce_pool_threads": (i32, [ptr]),
+        "glm53_ce_experts": (i32, [ptr, ptr, i32, ptr, i32, i32, ptr, ctypes.c_float, ptr, i32, i32]),
+        "glm53_ce_linear_forward": (i32, [ptr, ptr, i32, ptr, i32, i32]),
+        "glm53_ce_mul1_values": (i32, [ptr, i32, ptr, i32, i32]),
+        "glm53_ce_read_bytes": (ctypes.c_uint64, [ptr, ptr, ctypes.c_uint64]),
+    }
+    for name, (restype, argtypes) in signatures.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return lib
+
+
+@cache
+def available_isas() -> tuple[str, ...]:
+    """The kernel variants this CPU can run, slowest first (the last is the default)."""
+    lib = library()
+    return tuple(name for i, name in enumerate(ISAS) if lib.glm53_ce_isa_supported(i))
+
+
+def _isa_id(isa: str | None) -> int:
+    if isa is None:
+        return -1
+    if isa not in ISAS:
+        raise ValueError(f"isa must be one of {', '.join(ISAS)}, got {isa!r}")
+    if isa not in available_isas():
+        raise ValueError(f"this CPU cannot run isa {isa!r}; available: {', '.join(available_isas())}")
+    return ISAS.index(isa)
+
+
+def codebook_id(codebook: str) -> int:
+    if codebook not in CODEBOOKS:
+        raise ValueError(f"codebook must be one of {', '.join(CODEBOOKS)}, got {codebook!r}")
+    return CODEBOOKS.index(codebook)
+
+
+def _array(a) -> np.ndarray:
+    """A NumPy view of an ndarray or CPU torch tensor (same memory)."""
+    if isinstance(a, np.ndarray):
+        return a
+    if hasattr(a, "detach") and hasattr(a, "device"):
+        if a.device.type != "cpu":
+            raise ValueError(f"expected a CPU tensor, got one on {a.device}")
+        return a.detach().numpy()
+    raise TypeError(f"expected a NumPy array or a torch tensor, got {type(a).__name__}")
+
+
+def _checked(a, name: str, dtypes: tuple[np.dtype, ...], shape: tuple[int, ...] | None = None, writable: bool = False) -> np.ndarray:
+    arr = _array(a)
+    if arr.dtype not in dtypes:
+        raise ValueError(f"{name} must be {' or '.join(d.name for d in dtypes)}, got {arr.dtype.name}")
+    if shape is not None and arr.shape != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {arr.shape}")
+    if not arr.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous")
+    if writable and not arr.flags.writeable:
+        raise ValueError(f"{name} must be writable")
+    return arr
+
+
+def _c_linear(lin: Linear, name: str, keep: list) -> _CLinear:
+    trellis = _checked(lin.trellis, f"{name}.trellis", (I16, U16))
+    if trellis.ndim != 3 or trellis.shape[2] % 16 or not 1 <= trellis.shape[2] // 16 <= 8:
+        raise ValueError(f"{name}.trellis must be [in/16, out/16, 16 K] with K in 1..8, got {trellis.shape}")
+    n_in, n_out = trellis.shape[0] * 16, trellis.shape[1] * 16
+    suh = _checked(lin.suh, f"{name}.suh", (F16,), (n_in,))
+    svh = _checked(lin.svh, f"{name}.svh", (F16,), (n_out,))
+    keep += [trellis, suh, svh]
+    return _CLinear(trellis.ctypes.data, suh.ctypes.data, svh.ctypes.data, n_in, n_out, trellis.shape[2] // 16)
+
+
+def _call(rc: int) -> None:
+    if rc != 0:
+        raise KernelError(library().glm53_ce_error().decode())
+
+
+def experts_forward(x, experts: Sequence[tuple[Linear, Linear, Linear]], weights, out, *, act_limit: float,
+                    isa: str | None = None, pool: Pool | None = None, codebook: str = "fp16") -> None:
+    """``out[t] += sum_e weights[e, t] * expert_e(x[t])``; a zero weight skips that token for that expert.
+
+    :param x: fp16 or fp32 ``[T, hidden]``, T in 1..8.
+    :param experts: (gate, up, down) per expert, all of the same shape.
+    :param weights: fp32 ``[E, T]`` router weights.
+    :param out: fp32 ``[T, hidden]``, accumulated into.
+    :param act_limit: GLM's ``swiglu_limit``; 0 for no clamp.
+    :param isa: a name from :func:`available_isas`; None for the fastest.
+    :param pool: run on this started :class:`Pool`; None for the calling thread.
+    :param codebook: a name from :data:`CODEBOOKS` (see the module's docstring).
+    :raise ValueError: a wrong dtype, shape or layout (the message names the argument); KernelError from the kernel.
+    """
+    xa = _checked(x, "x", (F16, F32))
+    if xa.ndim != 2 or not 1 <= xa.shape[0] <= MAX_ROWS:
+        raise ValueError(f"x must be [T, hidden] with T in 1..{MAX_ROWS}, got {xa.shape}")
+    rows, hidden = xa.shape
+    w = _checked(weights, "weights", (F32,), (len(experts), rows))
+    o = _checked(out, "out", (F32,), (rows, hidden), writable=True)
+    keep: list = [xa, w, o]
+    table = (_CExpert * len(experts))()
+    for i, (gate, up, down) in enumerate(experts):
+        table[i] = _CExpert(_c_linear(gate, f"experts[{i}].gate", keep), _c_linear(up, f"experts[{i}].up", keep),
+                            _c_linear(down, f"experts[{i}].down", keep))
+    handle = pool.handle if pool is not None else None
+    _call(library().glm53_ce_experts(handle, table, len(experts), xa.ctypes.data, int(xa.dtype == F16), rows,
+                                     w.ctypes.data, float(act_limit), o.ctypes.data, _isa_id(isa), codebook_id(codebook)))
+
+
+def expert_forward(x, gate: Linear, up: Linear, down: Linear, weights, out, *, act_limit: float,
+                   isa: str | None = None, pool: Pool | None = None, codebook: str = "fp16") -> None:
+    """One expert: ``out[t] += weights[t] * expert(x[t])`` (weights fp32 ``[T]``); see :func:`experts_forward`."""
+    w = _checked(weights, "weights", (F32,))
+    experts_forward(x, [(gate, up, down)], w.reshape(1, -1), out, act_limit=act_limit, isa=isa, pool=pool, codebook=codebook)
+
+
+def linear_forward(x, linear: Linear, out, *, isa: str | None = None, codebook: str = "fp16") -> None:
+    """One projection on the calling thread: ``out = x @ W`` (x fp32 ``[rows, in]``, out fp32 ``[rows, out]``)."""
+    keep: list = []
+    lin = _c_linear(linear, "linear", keep)
+    xa = _checked(x, "x", (F32,))
+    if xa.ndim != 2 or xa.shape[1] != lin.in_features or xa.shape[0] < 1:
+        raise ValueError(f"x must be [rows, {lin.in_features}], got {xa.shape}")
+    o = _checked(out, "out", (F32,), (xa.shape[0], lin.out_features), writable=True)
+    _call(library().glm53_ce_linear_forward(ctypes.byref(lin), xa.ctypes.data, xa.shape[0], o.ctypes.data, _isa_id(isa),
+                                            codebook_id(codebook)))
+
+
+def mul1_values(states, *, isa: str | None = None, codebook: str = "fp16") -> np.ndarray:
+    """The codebook value (fp32) the kernel's projections give each 16-bit state (uint16 array), for tests."""
+    s = np.ascontiguousarray(_array(states), dtype=U16)
+    out = np.empty(s.shape, F32)
+    _call(library().glm53_ce_mul1_values(s.ctypes.data, s.size, out.ctypes.data, _isa_id(isa), codebook_id(codebook)))
+    return out
+
+
+def read_bytes(buf: np.ndarray, pool: Pool | None = None) -> int:
+    """Reads every byte of ``buf`` once (split over the pool's threads): the DRAM bandwidth probe of the bench."""
+    arr = _checked(buf, "buf", (_array(buf).dtype,))
+    return library().glm53_ce_read_bytes(pool.handle if pool is not None else None, arr.ctypes.data, arr.nbytes)
+
+
+class Pool:
+    """The CPU tier's worker threads, pinned to ``cpus`` (thread i to ``cpus[i % len(cpus)]``; None: not pinned).
+
+    A thread that calls a kernel with the pool takes part in the work, so it should have a core of its own
+    (:meth:`for_caller` gives it one); a caller sharing a worker's core slows both. Idle
+    workers, and a caller waiting for the last units, spin ``spin_us`` microseconds, then sleep. One call at a
+    time runs on a pool; calls from several threads queue. Use ``with Pool(...) as pool:`` or ``start()``/``stop()``.
+    """
+
+    def __init__(self, cpus: Sequence[int] | None = None, threads: int | None = None, spin_us: int = 100) -> None:
+        self.cpus = tuple(cpus or ())
+        self.threads = threads or len(self.cpus) or 1
+        self.spin_us = spin_us
+        self.handle: int | None = None
+
+    @classmethod
+    def for_caller(cls, settings, spin_us: int = 100) -> tuple[Pool, int | None]:
+        """``(pool, caller_cpu)`` for the threads ``GLM53_CT_CPUS`` and ``GLM53_CT_THREADS`` ask for, counting the
+        thread that calls the kernels with the pool (it takes part in the work): that one gets the first CPU, the
+        pool (not started) the others, one compute thread per CPU. With one CPU they share it (caller_cpu None)."""
+        cpus = tier_cpus(settings.ct_cpus)
+        threads = max(1, (settings.ct_threads or len(cpus)) - 1)
+        if len(cpus) > 1:
+            return cls(cpus[1:], threads, spin_us), cpus[0]
+        return cls(cpus, threads, spin_us), None
+
+    def start(self) -> Self:
+        """:raise KernelError: a thread could not be started or pinned (e.g. a CPU outside this process's set)."""
+        if self.handle is None:
+            cpus = (ctypes.c_int32 * len(self.cpus))(*self.cpus)
+            handle = library().glm53_ce_pool_start(cpus, len(self.cpus), self.threads, self.spin_us)
+            if not handle:
+                raise KernelError(library().glm53_ce_error().decode())
+            self.handle = handle
+        return self
+
+    def stop(self) -> None:
+        if self.handle is not None:
+            library().glm53_ce_pool_stop(self.handle)
+            self.handle = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def tier_cpus(ct_cpus, allowed: Sequence[int] | None = None, sys_cpu: Path = SYS_CPU) -> tuple[int, ...]:
+    """The CPUs of ``GLM53_CT_CPUS``: a given list as is; ``auto`` one CPU per physical core this process may run
+    on, less the first core, which is left to the thread that feeds the GPU (when there is more than one core).
+    """
+    if ct_cpus != "auto":
+        return tuple(ct_cpus)
+    allowed = sorted(allowed if allowed is not None else os.sched_getaffinity(0))
+    first_per_core: dict[tuple[str, str], int] = {}
+    for cpu in allowed:
+        topology = sys_cpu / f"cpu{cpu}" / "topology"
+        try:
+            core = ((topology / "physical_package_id").read_text().strip(), (topology / "core_id").read_text().strip())
+        except OSError:
+            core = ("cpu", str(cpu))  # no topology: count every CPU as a core
+        first_per_core.setdefault(core, cpu)
+    cores = sorted(first_per_core.values())
+    return tuple(cores[1:]) if len(cores) > 1 else tuple(cores)

@@ -1,0 +1,392 @@
+"""Fast mode's CPU tier put into a running offload: per MoE layer and decode step, the coldest missed experts are
+computed by a host worker from the host store (the single copy) while the GPU computes the hits and the other
+misses; the worker's fp32 partial is added to the layer's fp32 routed sum before it is rounded.
+
+Per layer, on the compute stream, with no host synchronisation (the engine's hooks call in: ``on_routing`` and
+``on_routed_sum``, installed by ``glm53.engine.exl3.patches.hook_offload``):
+
+1. after routing and the expert cache's step: ``ct_split_publish`` picks the experts for the CPU from the cost
+   table (``split``), publishes the job and zeroes those picks' router weights, which exllamav3's fused decode
+   kernels skip;
+2. exllamav3 computes the rest;
+3. on the fp32 routed sum: ``ct_collect`` waits up to ``GLM53_CT_DEADLINE_MS`` for the job and adds its partial, or
+   takes it back; then the GPU FALLBACK: ``ct_fallback_plan`` and exllamav3's fused expert kernel (the
+   ``fallbacks`` the engine hands over) compute, into the same fp32 sum, the experts of a job that was taken back
+   or refused (nothing, when it arrived). Every routed expert is in every step; the fallbacks are counted
+   (``/stats``: ``cpu_tier.device.fallback_jobs``).
+
+The GPU's wait for a job is a stop-loss: at most the time it would take to read the job's experts over the link
+itself (at least ``STOP_LOSS_FLOOR_S``, never over the deadline), so a late job costs about twice its experts' link
+time, not a deadline.
+
+The split follows the host's live rate: the cost table is rebuilt every ``REFRESH_STEPS`` steps from live timings
+(:meth:`after_step`): late jobs (more than ``LATE_SHARE`` of a window's: the CPU figures are doubled; they come
+down again slowly), the worker's busy time per expert (a slower host is seen within a refresh), jobs the worker
+never claimed (a starved host: its CPU figures rise until the table sends nothing), and the GPU's own time for its
+part of every layer of one step in ``SAMPLE_STEPS`` (two CUDA events a layer, read after the step's
+synchronisation). While the table sends the CPU nothing, one step in ``PROBE_STEPS`` publishes shadow jobs (the GPU
+computes those experts as well) whose busy time tells when the host has become fast enough again.
+
+Threads: the worker thread takes part in every job it runs, so it is pinned to the first of the tier's CPUs
+(``GLM53_CT_CPUS``) and the pool's threads to the others: one compute thread per CPU; and while the tier runs, the
+thread feeding the GPU keeps to the CPUs the tier leaves (:class:`FeedingThread`). A job waits for its slowest
+unit: a compute thread that shares its CPU with a busy thread loses whole scheduler slices. Between a token's
+layers (about a millisecond) the pool and the worker spin instead of sleeping; the engine wakes the worker at
+every step (:meth:`before_step`), and with no decode in flight for ``PARK_US`` it parks (an idle server costs no
+CPU).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
+
+import torch
+
+from . import kernel as ce
+from .device import OUTCOMES, CtKernels, DeviceProducer, pack_picks
+from .split import Costs, fit_gpu_line, measure_cpu, pinned_cpu_cost
+from .worker import ExpertTable, Ring, Worker, host_store_experts
+
+log = logging.getLogger("glm53.offload.fast")
+
+MAX_TOKENS = 8  # decode rows per step the CPU tier takes (exllamav3's fused decode tier, MAX_BSZN)
+RING_SLOTS = 4  # a layer's job is collected before the next layer publishes; spare slots cover late workers
+TIMING_EXPERTS = 32  # experts the CPU figure is timed on at start
+REFRESH_STEPS = 8  # steps between refreshes of the cost table from live timings (a busy host is seen this soon)
+SAMPLE_STEPS = 8  # one decode step in this many has its layers' GPU part timed
+GPU_SAMPLES = 768  # the latest timed layers the GPU's line is fitted to
+SPIN_US = 5000  # the tier's threads spin this long after a job before sleeping: longer than the gap between two steps
+PARK_US = 50_000  # the worker parks after this long without a decode step
+PROBE_STEPS = 8  # while the table sends the CPU nothing, one step in this many publishes shadow jobs
+PROBE_EXPERTS = 2  # experts of a shadow job
+STARVED_SHARE = 0.1  # a refresh window whose jobs went unclaimed past their deadline more often than this: starved
+LATE_SHARE = 0.05  # a refresh window with more late jobs (computed by the GPU after all) than this: the CPU is slower
+SLOWER = 2.0  # ... and its figures are multiplied by this (they come back down by at most 1.25x a clean window)
+STOP_LOSS_FLOOR_S = 300e-6  # the GPU waits at least this long for a job (its jitter), at most its experts' link time
+
+
+class FeedingThread:
+    """Keeps the thread that feeds the GPU (the one that starts the tier: the engine's) off the CPU tier's CPUs
+    while the tier runs: ``confine()`` moves it to the CPUs this process may use less ``tier``, and caps torch's
+    CPU threads at their count (torch starts its pool lazily, from this thread, inheriting its CPUs);
+    ``release()`` undoes both. Other threads, mostly idle, are left where they are. Nothing is moved when the tier
+    takes every CPU (a warning says so)."""
+
+    def __init__(self, tier: tuple[int, ...]):
+        self.allowed = set(os.sched_getaffinity(0))
+        self.rest = self.allowed - set(tier)
+        self._torch_threads: int | None = None
+
+    def confine(self) -> None:
+        if not self.rest:
+            log.warning("CPU tier: GLM53_CT_CPUS takes every CPU of this process; the thread feeding the GPU shares "
+                        "them and slows the tier's jobs (leave one CPU out)")
+            return
+        os.sched_setaffinity(0, self.rest)  # 0: the calling thread
+        self._torch_threads = torch.get_num_threads()
+        torch.set_num_threads(min(self._torch_threads, len(self.rest)))
+
+    def release(self) -> None:
+        if self._torch_threads is not None:
+            os.sched_setaffinity(0, self.allowed)
+            torch.set_num_threads(self._torch_threads)
+            self._torch_threads = None
+
+
+class FastTier:
+    def __init__(self, settings, store, cache, device: torch.device, kernels, fallbacks: Sequence[Callable], top_k: int,
+                 act_limit: float):
+        """
+        :param store: the loaded, pinned host store (``glm53.offload.host_store.HostStore``): the experts are read
+            where its arenas hold them, and its sign/scale vectors from the checkpoint it was scanned from.
+        :param cache: the expert cache (``glm53.offload.cache.ExpertCache``): its ``slot_of`` and ``freq`` device
+            tensors tell the split which experts are missed and which are cold.
+        :param kernels: the expert cache's kernels (``glm53.offload.ec_native.Kernels``): its library holds the
+            tier's device side too, and its read probe times the link at start.
+        :param fallbacks: per MoE layer (in store order), the GPU's fused expert kernel for the picks a job did not
+            deliver (``run(y, acc, count, token_sorted, weight_sorted)``, ``glm53.engine.exl3.patches.fused_experts``).
+        :param top_k: experts picked per token. :param act_limit: GLM's ``swiglu_limit`` (0: no clamp).
+        """
+        t0 = time.monotonic()
+        self.store, self.cache, self.device = store, cache, device
+        self.codebook = settings.ct_codebook
+        self.hidden = store.layout.shapes[0][0] * 16
+        self.top_k = top_k
+        self.fallbacks = list(fallbacks)  # per layer row, in store order
+        experts = host_store_experts(store, store.read_sign_scale(settings.model_dir))
+        self.table = ExpertTable(experts, store.num_layers, store.num_experts)
+        pool, worker_cpu = ce.Pool.for_caller(settings, spin_us=SPIN_US)  # the worker thread is the caller
+        self.feeding = FeedingThread(pool.cpus if worker_cpu is None else (worker_cpu, *pool.cpus))
+        self.feeding.confine()
+        self.pool = self.worker = self.producer = None
+        try:
+            self.pool = pool.start()
+            self.ring = Ring(RING_SLOTS, self.hidden, MAX_TOKENS, top_k)
+            self.worker = Worker(self.ring, self.table, act_limit=act_limit, pool=self.pool, cpu=worker_cpu, spin_us=SPIN_US,
+                                 park_us=PARK_US, codebook=self.codebook).start()
+            self.producer = DeviceProducer(self.ring, device, CtKernels(kernels.path))  # the library of the cache's kernels
+            self.max_experts = min(255, MAX_TOKENS * top_k)
+            self.costs = self._measure(settings, experts, act_limit, kernels)
+            self.cube = torch.from_numpy(self.costs.table(MAX_TOKENS, self.max_experts)).to(device)
+            self.cpu_off = not bool(self.cube.any())  # the table sends the CPU nothing: probe now and then
+        except BaseException:
+            self.close()  # what started stops, and the feeding thread gets its CPUs back
+            raise
+        self._steps, self._seen, self._seen_device = 0, self.worker.counters(), self.producer.stats()
+        self._probing = False  # this step publishes shadow jobs (cpu_off)
+        self._probe_link_s = self.costs.link_expert_s  # the start-up probe's figure, a live line's sanity range
+        self._sampling = False  # this step's layers are timed
+        self._open_sample: tuple[int, torch.cuda.Event, torch.Tensor] | None = None  # (layer row, start, split counts)
+        self._step_samples: list[tuple[torch.cuda.Event, torch.cuda.Event, torch.Tensor]] = []
+        self._gpu_samples: deque[tuple[int, float]] = deque(maxlen=GPU_SAMPLES)  # (GPU misses, seconds)
+        self.deadline_s = settings.ct_deadline_ms / 1000.0
+        self.sent = torch.zeros(4, dtype=torch.int64, device=device)  # hits, misses, experts, picks sent (decode steps)
+        self.skipped = 0  # routing calls the tier could not take (too many rows, other dtypes)
+        # the layer's job in flight: (layer row, job status, tokens, the split's record, the experts' input rows, its info)
+        self._pending: tuple[int, torch.Tensor, int, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self.enabled = True  # off: every expert on the GPU, exact mode's numerics (paired checks, bench/decode_kl.py)
+        self.setup_s = round(time.monotonic() - t0, 2)
+        log.info("CPU tier: %d threads (worker on CPU %s), %s codebook, costs per expert: CPU %s us (+ %s us a job), link %.0f us, VRAM "
+                 "%.1f us, handoff %.0f us (%s)", self.pool.threads + 1, worker_cpu, self.codebook,
+                 {t: round(v * 1e6) for t, v in self.costs.cpu_expert_s.items()},
+                 {t: round(v * 1e6) for t, v in self.costs.cpu_job_s.items()},
+                 self.costs.link_expert_s * 1e6, self.costs.vram_expert_s * 1e6, self.costs.handoff_s * 1e6, self.costs.sources)
+
+    # ---- start-up measurements (the cost model's constants, on this machine)
+
+    def _measure(self, settings, experts, act_limit: float, kernels) -> Costs:
+        sources = {}
+        if settings.ct_b is not None:
+            cpu, job, sources["cpu_expert_s"] = pinned_cpu_cost(settings.ct_b), {}, "GLM53_CT_B"
+        else:
+            keys = sorted(experts)[:TIMING_EXPERTS]
+            cpu, job = measure_cpu([experts[k] for k in keys], act_limit=act_limit, pool=self.pool, batch=min(8, len(keys)),
+                                   codebook=self.codebook)
+            sources["cpu_expert_s"] = f"timed on {len(keys)} experts at start, jobs of 1 and {min(8, len(keys))}"
+        block = self.store.layout.block_bytes
+        link_gbs = _link_read_gbs(self.store, kernels)
+        vram_gbs = _vram_read_gbs(self.device)
+        one = min(cpu)
+        handoff = max(0.0, self._round_trip_s() - cpu[one] - job.get(one, 0.0))
+        sources.update(link_expert_s=f"zero-copy read {link_gbs:.1f} GB/s", vram_expert_s=f"VRAM read {vram_gbs:.0f} GB/s",
+                       handoff_s="one-expert round trip less its CPU time")
+        return Costs(cpu, handoff_s=handoff, link_expert_s=block / (link_gbs * 1e9), vram_expert_s=block / (vram_gbs * 1e9),
+                     sources=sources, cpu_job_s=job, cpu_pinned=settings.ct_b is not None)
+
+    def use_costs(self, costs: Costs) -> None:
+        """Split by these costs from the next step on (the device's table is rewritten in place, on the stream)."""
+        self.costs = costs
+        table = costs.table(MAX_TOKENS, self.max_experts)
+        self.cpu_off = not table.any()
+        self.cube.copy_(torch.from_numpy(table))
+
+    def worthwhile(self) -> tuple[bool, str]:
+        """Whether the measured costs give the CPU any share of a decode step's misses, and why (for
+        ``GLM53_CT_ENABLE=auto``)."""
+        c = self.costs
+        one = c.cpu_seconds(1, 1)
+        why = (f"a one-expert CPU job costs {one * 1e6:.0f} us, reading the expert over the link {c.link_expert_s * 1e6:.0f} "
+               f"us (the GPU's fixed part of a layer {c.gpu_fixed_s * 1e6:.0f} us)")
+        return not self.cpu_off, why
+
+    def _round_trip_s(self, jobs: int = 20) -> float:
+        x = torch.zeros((1, self.hidden), dtype=torch.float16, device=self.device)
+        picks = pack_picks(torch.tensor([0]), torch.tensor([0]), torch.tensor([0.5])).to(self.device)
+        acc = torch.zeros((1, self.hidden), dtype=torch.float32, device=self.device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        self.producer.collect(self.producer.publish(0, x, picks), acc, 1.0)  # warm-up
+        start.record()
+        for _ in range(jobs):
+            self.producer.collect(self.producer.publish(0, x, picks), acc, 1.0)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1000.0 / jobs
+
+    # ---- per layer (the offload's hooks call these on the compute stream)
+
+    def on_routing(self, row: int, selected: torch.Tensor, weights: torch.Tensor, z: torch.Tensor) -> None:
+        """After the layer's routing and the cache's step, before its experts run. While the table sends the CPU
+        nothing (a busy or slow host) and this is no probe step, nothing is launched: the layer runs as in exact
+        mode, at its cost."""
+        if not self.enabled or (self.cpu_off and not self._probing):
+            return
+        T = selected.shape[0]
+        if T > MAX_TOKENS or weights.dtype != torch.float16 or z.dtype != torch.float16 or not (
+                selected.is_contiguous() and weights.is_contiguous() and z.is_contiguous()):
+            self.skipped += 1
+            return
+        y = z.view(T, self.hidden)  # the experts see the router's input (checked at start)
+        status, info, record = self.producer.split_publish(row, selected, weights, y, self.cache.slot_of[row],
+                                                           self.cache.freq[row], self.cube,
+                                                           PROBE_EXPERTS if self._probing else 0)
+        self.sent += info
+        if not self._probing:  # a shadow job is never collected
+            self._pending = (row, status, T, record, y, info)
+        if self._sampling:
+            start = self._event()
+            start.record()
+            self._open_sample = (row, start, info)
+
+    def on_routed_sum(self, row: int, final_hidden_states: torch.Tensor) -> torch.Tensor:
+        """The layer's fp32 routed sum: the CPU's partial is added in place."""
+        if self._pending is None or self._pending[0] != row:
+            return final_hidden_states
+        _, status, T, record, y, info = self._pending
+        self._pending = None
+        if self._open_sample is not None and self._open_sample[0] == row:
+            end = self._event()
+            end.record()  # before the wait for the CPU: the GPU's own part of the layer
+            self._step_samples.append((self._open_sample[1], end, self._open_sample[2]))
+            self._open_sample = None
+        acc = final_hidden_states.view(-1, final_hidden_states.shape[-1])
+        if acc.dtype != torch.float32 or not acc.is_contiguous() or acc.shape[-1] != self.hidden:
+            raise RuntimeError(f"layer {row}: the routed sum is {acc.dtype} {tuple(acc.shape)}; the CPU tier needs a "
+                               f"contiguous fp32 [tokens, {self.hidden}] (exllamav3's internals changed)")
+        # a stop-loss wait: no longer than the GPU would take to read the job's experts itself (never over the deadline)
+        outcome = self.producer.collect(status, acc[:T], self.deadline_s, info, self.costs.link_expert_s, STOP_LOSS_FLOOR_S)
+        count, token_sorted, weight_sorted = self.producer.fallback_plan(status, outcome, record, T, self.top_k,
+                                                                         self.store.num_experts)
+        self.fallbacks[row](y, acc[:T], count, token_sorted, weight_sorted)
+        return final_hidden_states
+
+    @contextmanager
+    def paused(self):
+        """Within: every expert is computed on the GPU (exact mode's numerics), on the same loaded model."""
+        before, self.enabled = self.enabled, False
+        try:
+            yield
+        finally:
+            self.enabled = before
+
+    # ---- per step and reporting
+
+    def before_step(self) -> None:
+        """Before the engine launches a step: the worker spins (it parks when no step comes for ``PARK_US``)."""
+        self.worker.wake()
+
+    def after_step(self) -> None:
+        """Once per engine step, after its synchronisation: reads the step's timed layers, arms the timing of the
+        next step every ``SAMPLE_STEPS`` and a probe every ``PROBE_STEPS`` while the CPU gets nothing, and refreshes
+        the costs every ``REFRESH_STEPS`` steps."""
+        self._steps += 1
+        self._read_samples()
+        self._sampling = self._steps % SAMPLE_STEPS == 0
+        if self._steps % REFRESH_STEPS == 0:
+            self._refresh()
+        self._probing = self.cpu_off and self._steps % PROBE_STEPS == 0
+
+    @staticmethod
+    def _event() -> torch.cuda.Event:
+        return torch.cuda.Event(enable_timing=True)
+
+    def _read_samples(self) -> None:
+        """The timed layers of the step just synchronised: (the misses the GPU computed, its seconds)."""
+        if self._step_samples:
+            counts = torch.stack([info for _, _, info in self._step_samples]).tolist()  # one transfer for the step
+            for (start, end, _), (_, misses, cpu_experts, _) in zip(self._step_samples, counts):
+                self._gpu_samples.append((misses - cpu_experts, start.elapsed_time(end) / 1000.0))
+        self._step_samples.clear()
+        self._open_sample = None
+
+    def _refresh(self) -> None:
+        """The costs from the window since the last refresh (reads the device's counters: after a step's sync)."""
+        now, device = self.worker.counters(), self.producer.stats()
+        jobs, experts = now["jobs"] - self._seen["jobs"], now["experts"] - self._seen["experts"]
+        busy, tokens = now["busy_s"] - self._seen["busy_s"], now["tokens"] - self._seen["tokens"]
+        seen = self._seen_device
+        unclaimed = device["taken_back_before_claim"] - seen["taken_back_before_claim"]
+        published = device["published"] - seen["published"]
+        late = device["fallback_jobs"] - seen["fallback_jobs"]
+        collected = late + device["done"] - seen["done"]
+        self._seen, self._seen_device = now, device
+        fresh = self.costs
+        if late > max(1, LATE_SHARE * collected):
+            # the worker's busy time does not see all of what makes a job late (its threads preempted, its wake-ups):
+            # the split sends fewer until the windows are clean again
+            fresh = fresh.slower(SLOWER)
+        elif jobs > 0:
+            fresh = fresh.refreshed(busy, experts, -(-tokens // jobs), jobs)
+        if unclaimed > max(1, STARVED_SHARE * published):
+            # the worker did not even get to many of its jobs by their deadline: the host is starved (one such job
+            # is a worker waking from a park; its experts were computed on the GPU anyway)
+            fresh = fresh.starved()
+        line = fit_gpu_line(self._gpu_samples, self._probe_link_s)
+        if line is not None:
+            fresh = fresh.with_gpu_line(*line)
+        if fresh is not self.costs:
+            self.use_costs(fresh)
+
+    def stats(self) -> dict:
+        hits, misses, experts, picks = self.sent.tolist()
+        return {
+            "setup_s": self.setup_s,
+            "threads": {"tier": self.pool.threads + 1, "feeding_thread_on_cpus": sorted(self.feeding.rest)},
+            "codebook": self.codebook,
+            "costs": {"cpu_expert_us": {t: round(v * 1e6, 1) for t, v in self.costs.cpu_expert_s.items()},
+                      "cpu_job_us": {t: round(v * 1e6, 1) for t, v in self.costs.cpu_job_s.items()},
+                      "link_expert_us": round(self.costs.link_expert_s * 1e6, 1), "gpu_fixed_us": round(self.costs.gpu_fixed_s * 1e6, 1),
+                      "vram_expert_us": round(self.costs.vram_expert_s * 1e6, 2),
+                      "handoff_us": round(self.costs.handoff_s * 1e6, 1), "sources": dict(self.costs.sources)},
+            "split": {"hits": hits, "misses": misses, "cpu_experts": experts, "cpu_picks": picks, "skipped_calls": self.skipped,
+                      "cpu_off": self.cpu_off},
+            "device": self.producer.stats(),
+            "worker": {**self.worker.counters(), "parked": self.worker.parked()},
+            "deadline_ms": self.deadline_s * 1000,
+            "outcomes": list(OUTCOMES),
+        }
+
+    def close(self) -> None:
+        """Stops what has started (also after a failed start)."""
+        for part, stop in ((self.producer, "close"), (self.worker, "stop"), (self.pool, "stop")):
+            if part is not None:
+                getattr(part, stop)()
+        self.feeding.release()
+
+
+def start(settings, store, cache, device: torch.device, kernels, fallbacks: Sequence[Callable], top_k: int,
+          act_limit: float) -> tuple[FastTier | None, str | None]:
+    """Fast mode's CPU tier started on a running offload (the arguments are :class:`FastTier`'s), or ``(None, why)``
+    when ``GLM53_CT_ENABLE=auto`` and the costs it measured at start give it no share of a decode step's misses
+    (then it is stopped again: no threads, no pinned CPUs)."""
+    tier = FastTier(settings, store, cache, device, kernels, fallbacks, top_k, act_limit)
+    worthwhile, why = tier.worthwhile()
+    if settings.ct_enable == "auto" and not worthwhile:
+        tier.close()
+        off = f"the measured costs give it no share of the misses: {why}"
+        log.info("CPU tier off (GLM53_CT_ENABLE=auto): %s; decode runs as in exact mode", off)
+        return None, off
+    log.info("CPU tier on (GLM53_CT_ENABLE=%s): %s", settings.ct_enable, why)
+    return tier, None
+
+
+def _link_read_gbs(store, kernels, max_bytes: int = 1 << 29) -> float:
+    """SM reads of mapped host memory (the zero-copy miss path), 16 blocks, over one layer's arena."""
+    src = store.cuda_arena(0)[: min(max_bytes, store.cuda_arena(0).numel()) // 16 * 16]
+    out = torch.zeros(1, dtype=torch.int32, device=src.device)
+    kernels.read_probe(src, out, 16)  # warm-up
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    kernels.read_probe(src, out, 16)
+    end.record()
+    end.synchronize()
+    return src.numel() / (start.elapsed_time(end) / 1000.0) / 1e9
+
+
+def _vram_read_gbs(device: torch.device, nbytes: int = 1 << 28) -> float:
+    """Device memory copy rate, counted as bytes read plus written (a resident expert is read once per use)."""
+    a = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    b.copy_(a)
+    end.record()
+    end.synchronize()
+    return 2 * nbytes / (start.elapsed_time(end) / 1000.0) / 1e9
+
+

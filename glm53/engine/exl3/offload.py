@@ -1,0 +1,93 @@
+"""The offload's start on an exllamav3 model, read top to bottom (``start_offload``); each step is one call into
+the module that owns it:
+
+1. scan      ``HostStore.scan``: where every routed expert's trellises are, from the safetensors headers alone;
+2. read      ``HostStore.load``: all of them into host memory, once (the single copy the GPU and the CPU tier use);
+3. pin       ``HostStore.pin_and_map``: page-locked and mapped, so the GPU reads an expert in place (zero-copy);
+4. attach    ``patches.load_offloaded``: the model loads with its experts answered from the host store, which
+             gives its MoE layers and their expert pointer tables; then exllamav3's warm-up;
+5. size      ``budget.cache_slots``: the cache slots the VRAM budget leaves after the model, its caches and the
+             warm-up;
+6. fill      ``ExpertCache``: the slots partitioned between the layers and filled by the routing profile
+             (``profile.warm_start``);
+7. staging   ``PrefillStager``: prefill's copies of the next layer's missing experts;
+8. CPU tier  ``cpu_tier.tier.start`` (fast mode): the tier, or the reason ``GLM53_CT_ENABLE=auto`` leaves it off;
+9. hooks     ``patches.hook_offload``: the running offload (``offload.runtime.Offload``) on every MoE layer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+
+from ...config import Settings
+from ...cpu_tier import tier as cpu_tier
+from ...offload import budget, profile
+from ...offload.cache import ExpertCache, Policy
+from ...offload.ec_native import Kernels
+from ...offload.host_store import HostStore, cuda_register
+from ...offload.runtime import STAGE_MIN_ROWS, Offload
+from ...offload.staging import PrefillStager
+from ...progress import Progress
+from . import patches
+
+log = logging.getLogger("glm53.offload")
+
+GB = 1000**3
+
+
+def start_offload(settings: Settings, model, load: Callable[[], None], warmup: Callable[[], None],
+                  progress: Progress | None = None, policy: Policy | None = None) -> Offload:
+    """Start the offload on ``model`` (made, not loaded), running its ``load`` and ``warmup`` where they belong.
+
+    :param progress: where the start reports its phases (reading shards, pinning, the model's load and warm-up,
+        building the cache).
+    :raise InternalsChanged: exllamav3 is not the version the patch points were written against, or they moved.
+    :raise ValueError, OSError: a checkpoint the host store cannot read. :raise RuntimeError: pinning failed, or the
+        model's MoE layers are not the checkpoint's.
+    """
+    progress = progress or Progress()
+    policy = policy or Policy()
+    device = torch.device("cuda", torch.cuda.current_device())
+    patches.check_version()  # before 125 GB are read for patch points that would not fit
+    t0 = time.monotonic()
+    store = HostStore.scan(settings.model_dir)                                                  # 1. scan
+    timings = {"store_read_s": round(store.load(progress=progress.steps("reading shards")), 2)}  # 2. read
+    t1 = time.monotonic()
+    store.pin_and_map(device, cuda_register, patches.pinned_cuda_view, progress=progress.steps("pinning"))  # 3. pin
+    timings.update(store_pin_s=round(time.monotonic() - t1, 2), store_total_s=round(time.monotonic() - t0, 2))
+    log.info("host store: %d layers x %d experts, %.2f GB pinned in %.1f s", store.num_layers, store.num_experts,
+             store.arena_bytes / GB, timings["store_total_s"])
+    layers = patches.load_offloaded(model, store, load)                                         # 4. attach
+    warmup()  # before the cache: its VRAM is what is left afterwards
+    progress.phase("building the cache")
+    kernels = Kernels()
+    total = store.num_layers * store.num_experts
+    slots, vram = budget.cache_slots(settings, store.layout.block_bytes, total, device)         # 5. size
+    warm, profile_source = profile.warm_start(settings.model_dir, settings.root, store.layer_keys)
+    cache = ExpertCache(kernels, store, layers.tables, slots, device, layers.top_k, policy, warm)  # 6. fill
+    stager = PrefillStager(store, cache, layers.tables, device, int(settings.ec_stage_gb * GB), STAGE_MIN_ROWS)  # 7. staging
+    fast, off_reason = _cpu_tier(settings, store, cache, layers, device, kernels)              # 8. CPU tier
+    offload = Offload(settings, store, cache, stager, device=device, policy=policy, vram=vram, profile_source=profile_source,
+                      timings=timings, fast=fast, cpu_tier_off_reason=off_reason)
+    offload.removers += patches.hook_offload(model, layers, offload)                           # 9. hooks
+    log.info("expert cache: %d of %d experts in VRAM (%.2f GB), profile: %s", cache.num_slots, total,
+             cache.num_slots * store.layout.block_bytes / GB, profile_source)
+    progress.finish()
+    return offload
+
+
+def _cpu_tier(settings: Settings, store, cache, layers: patches.MoeLayers, device, kernels):
+    """Fast mode's CPU tier on this model: ``(tier, None)``, or ``(None, why it is off)`` (None, None outside it)."""
+    if settings.mode != "fast":
+        return None, None
+    if not settings.ct_enable:
+        log.info("fast mode: the CPU tier is off (GLM53_CT_ENABLE=0): experts are served as in exact mode, with the "
+                 "one-pass prefill")
+        return None, None
+    patches.check_cpu_tier_fits(layers)
+    fallbacks = [patches.fused_experts(mlp) for mlp in layers.mlps]
+    return cpu_tier.start(settings, store, cache, device, kernels, fallbacks, layers.top_k, layers.act_limit)

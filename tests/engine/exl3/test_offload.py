@@ -1,0 +1,125 @@
+"""The offload's start (glm53.engine.exl3.offload.start_offload) with stand-ins for every step, on the CPU: the
+steps run in the order its docstring gives, each handed what the one before made, and the CPU tier only in fast
+mode. The real start runs on the GPU (tests/gpu/test_offload_exact.py, test_fast_tier.py)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from glm53 import config
+from glm53.engine.exl3 import offload as start
+from glm53.engine.exl3.patches import MoeLayers
+from glm53.offload.runtime import Offload
+from glm53.progress import Progress
+
+
+class Recorder(Progress):
+    def __init__(self, steps):
+        super().__init__()
+        self.steps_seen = steps
+
+    def phase(self, name, total=None, unit="B"):
+        self.steps_seen.append(f"phase {name}")
+        super().phase(name, total, unit)
+
+
+@pytest.fixture
+def steps(monkeypatch, tmp_path):
+    """Every step of the start replaced by a stand-in that appends its name to the list returned."""
+    seen = []
+
+    class Store:
+        num_layers, num_experts, arena_bytes, layer_keys = 2, 4, 1 << 20, ["a.mlp", "b.mlp"]
+        layout = types.SimpleNamespace(block_bytes=1000)
+
+        @classmethod
+        def scan(cls, model_dir):
+            seen.append(("scan", model_dir))
+            return cls()
+
+        def load(self, progress):
+            seen.append("read")
+            return 1.5
+
+        def pin_and_map(self, device, register, view, progress):
+            seen.append(("pin", register is start.cuda_register, view is start.patches.pinned_cuda_view))
+
+    layers = MoeLayers(mlps=["mlp a", "mlp b"], tables=["tables a", "tables b"], top_k=2, act_limit=7.0)
+
+    def load_offloaded(model, store, load):
+        seen.append(("attach", model))
+        load()
+        return layers
+
+    def cache_slots(settings, block_bytes, total, device):
+        seen.append(("size", block_bytes, total))
+        return 3, {"limit_bytes": 0, "reserve_bytes": 0}
+
+    class Cache:
+        num_slots = 3
+
+        def __init__(self, kernels, store, tables, slots, device, top_k, policy, profile):
+            seen.append(("fill", tables, slots, top_k, profile))
+
+    class Stager:
+        def __init__(self, store, cache, tables, device, buffer_bytes, min_rows):
+            seen.append(("staging", buffer_bytes, min_rows))
+
+    def tier_start(settings, store, cache, device, kernels, fallbacks, top_k, act_limit):
+        seen.append(("cpu tier", fallbacks, top_k, act_limit))
+        return "the tier", None
+
+    def hook_offload(model, layers_, offload):
+        seen.append(("hooks", layers_ is layers, offload.fast))
+        return ["remover"]
+
+    for obj, name, value in [
+        (start.torch.cuda, "current_device", lambda: 0),
+        (start, "HostStore", Store),
+        (start.patches, "check_version", lambda: seen.append("version")),
+        (start.patches, "load_offloaded", load_offloaded),
+        (start.patches, "check_cpu_tier_fits", lambda layers_: seen.append("fits")),
+        (start.patches, "fused_experts", lambda mlp: f"fused {mlp}"),
+        (start.patches, "hook_offload", hook_offload),
+        (start, "Kernels", lambda: "kernels"),
+        (start.budget, "cache_slots", cache_slots),
+        (start.profile, "warm_start", lambda model_dir, root, keys: (seen.append(("profile", keys)), (None, "none (cold start)"))[1]),
+        (start, "ExpertCache", Cache),
+        (start, "PrefillStager", Stager),
+        (start.cpu_tier, "start", tier_start),
+    ]:
+        monkeypatch.setattr(obj, name, value)
+    return seen, tmp_path
+
+
+def settings_for(tmp_path, mode, *extra):
+    return config.load(["--engine", "exl3", "--mode", mode, "-m", str(tmp_path), "--ec-stage-gb", "2", *extra], {})
+
+
+def test_the_start_runs_its_steps_in_order(steps):
+    seen, tmp_path = steps
+    progress = Recorder(seen)
+    offload = start.start_offload(settings_for(tmp_path, "fast", "--ct-enable", "1"), "the model", lambda: seen.append("load"),
+                                  lambda: seen.append("warmup"), progress)
+    assert seen == [
+        "version", ("scan", tmp_path), "read", ("pin", True, True),
+        ("attach", "the model"), "load", "warmup", "phase building the cache",
+        ("size", 1000, 8), ("profile", ["a.mlp", "b.mlp"]), ("fill", ["tables a", "tables b"], 3, 2, None),
+        ("staging", 2 * 1000**3, start.STAGE_MIN_ROWS),
+        "fits", ("cpu tier", ["fused mlp a", "fused mlp b"], 2, 7.0),
+        ("hooks", True, "the tier"),
+    ]
+    assert isinstance(offload, Offload) and offload.fast == "the tier" and offload.removers == ["remover"]
+    assert offload.timings["store_read_s"] == 1.5 and offload.profile_source == "none (cold start)"
+    assert offload.device == torch.device("cuda", 0)
+
+
+@pytest.mark.parametrize("mode, extra", [("exact", ()), ("fast", ("--ct-enable", "0"))])
+def test_no_cpu_tier_outside_fast_mode_or_when_it_is_off(steps, mode, extra):
+    seen, tmp_path = steps
+    offload = start.start_offload(settings_for(tmp_path, mode, *extra), "the model", lambda: None, lambda: None)
+    assert not [s for s in seen if s == "fits" or s[0] == "cpu tier"]
+    assert offload.fast is None and offload.cpu_tier_off_reason is None and seen[-1] == ("hooks", True, None)

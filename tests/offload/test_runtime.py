@@ -1,0 +1,104 @@
+"""The running offload's hooks (glm53.offload.runtime.Offload) with stand-ins for the cache, the stager and the CPU
+tier, on the CPU: decode steps go to the cache and then the tier, a large forward starts staging and borrows only
+what staging lacks, the next small forward gives everything back, and close takes the hooks off before it unpins."""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+from glm53 import config
+from glm53.offload import runtime
+from glm53.offload.cache import Policy
+from glm53.offload.runtime import STAGE_MIN_ROWS, Offload
+
+GB = 1000**3
+
+
+class Cache:
+    def __init__(self, log):
+        self.log, self.lent = log, False
+
+    def on_routing(self, row, selected):
+        self.log.append(("cache", row, selected.shape[0]))
+
+    def lend(self, nbytes):
+        self.log.append(("lend", nbytes))
+        self.lent = True
+
+    def restore(self):
+        self.log.append("restore")
+        self.lent = False
+
+    def learned_profile(self):
+        return torch.zeros(1)
+
+
+class Stager:
+    enabled, active = True, False
+
+    def __init__(self, log, want):
+        self.log, self.want = log, want
+
+    def wanted_bytes(self):
+        return self.want
+
+    def begin(self, headroom):
+        self.log.append(("stage", headroom))
+
+    def release(self):
+        self.log.append("release")
+
+
+def offload(tmp_path, log, headroom, want, fast=None):
+    settings = config.load(["-m", str(tmp_path), "--ec-elastic-gb", "1"], {})
+    store = types.SimpleNamespace(unpin=lambda unregister: log.append(("unpin", unregister is runtime.cuda_unregister)))
+    o = Offload(settings, store, Cache(log), Stager(log, want), device=torch.device("cpu"), policy=Policy(), vram={},
+                profile_source="none", timings={}, fast=fast)
+    o._vram_headroom = lambda: headroom[0]
+    return o
+
+
+def test_decode_steps_go_to_the_cache_then_the_cpu_tier_and_prefill_steps_to_neither(tmp_path):
+    log = []
+    tier = types.SimpleNamespace(on_routing=lambda row, sel, w, z: log.append(("tier", row, w, z)))
+    o = offload(tmp_path, log, [0], 0, fast=tier)
+    o.routed(1, torch.zeros((4, 8), dtype=torch.int64), "w", "z")
+    o.routed(0, torch.zeros((Policy().decode_rows + 1, 8), dtype=torch.int64), "w", "z")  # more rows than a decode step
+    assert log == [("cache", 1, 4), ("tier", 1, "w", "z")]
+    log.clear()
+    o.prefilling = True
+    o.routed(1, torch.zeros((1, 8), dtype=torch.int64))
+    assert log == []
+
+
+def test_a_large_forward_borrows_only_what_staging_lacks_and_the_next_small_one_gives_it_back(tmp_path):
+    log = []
+    headroom = [int(0.25 * GB)]
+    o = offload(tmp_path, log, headroom, want=int(0.5 * GB))
+
+    def lend(nbytes):
+        log.append(("lend", nbytes))
+        o.cache.lent = True
+        headroom[0] += nbytes
+
+    o.cache.lend = lend
+    o.forward_start(STAGE_MIN_ROWS)
+    assert log == [("lend", int(0.25 * GB)), ("stage", int(0.5 * GB))] and o.prefilling
+    o.forward_start(STAGE_MIN_ROWS)  # already lent: not again
+    assert log[-1] == ("stage", int(0.5 * GB)) and len(log) == 3
+    o.forward_start(1)
+    assert log[-2:] == ["release", "restore"] and not o.prefilling and not o.cache.lent
+    o.forward_start(1)  # nothing to give back
+    assert len(log) == 5
+
+
+def test_close_takes_the_hooks_off_last_first_then_stops_the_tier_and_unpins(tmp_path, monkeypatch):
+    log = []
+    monkeypatch.setattr(runtime.torch.cuda, "synchronize", lambda device: log.append("sync"))
+    o = offload(tmp_path, log, [0], 0, fast=types.SimpleNamespace(close=lambda: log.append("tier closed")))
+    o.removers += [lambda: log.append("hook 1"), lambda: log.append("hook 2")]
+    o.close()
+    assert log == ["hook 2", "hook 1", "tier closed", "release", "sync", ("unpin", True)]
+    assert o.fast is None and o.cache is None and o.removers == []
