@@ -1,13 +1,15 @@
 """Replacement policies of the GPU expert cache, replayed on a routing trace on the CPU, against the ideal.
 
-The device kernel (``native/ec/expert_cache.cu``, ``glm53/offload/cache.py``) uses a decayed pick frequency with
-admission past a hysteresis; this replays the same rules next to the obvious alternatives on the same trace, all
-with the same per-layer slot counts (the profile placement of ``cache.placement``):
+The device kernel (``native/ec/expert_cache.cu``) runs the policy that ``glm53/offload/cache_policy.py`` defines: a
+decayed pick frequency with admission past a hysteresis. This replays that definition next to the obvious
+alternatives on the same trace, all with the same per-layer slot counts (the profile placement of
+``cache_policy.placement``):
 
 - ``static``: the warm start alone, never changed (the best fixed placement if the profile is the truth);
 - ``lru`` and ``clock``: admit every miss, evict the least recently used / the CLOCK hand's pick;
-- ``decayed``: the kernel's policy (score ``f <- f * decay + picks``, admit a missed expert when its score beats
-  the weakest resident not picked in this step by ``hysteresis``, at most ``max_admit`` per layer and step);
+- ``decayed``: the kernel's policy, ``cache_policy.ReferenceCache`` (score ``f <- f * decay + picks``, admit a
+  missed expert when its score beats the weakest resident not picked in this step by ``hysteresis``, at most
+  ``max_admit`` per layer and step);
 - ``belady``: the offline optimum with bypass (on a miss, keep whichever of the missed expert and the residents is
   used again last out), the ceiling any online policy can reach.
 
@@ -32,7 +34,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from glm53.offload.cache import Policy, placement, shares
+from glm53.offload.cache import Policy
+from glm53.offload.cache_policy import C_HITS, ReferenceCache, placement, shares, warm_scores
 
 PROFILE = REPO / "reference" / "glm53-flash-routing-profile.json"
 
@@ -117,30 +120,13 @@ def run_clock(trace, start):
 
 
 def run_decayed(trace, start, profile: np.ndarray, policy: Policy):
-    """The kernel's rules, step by step (``ec_step_kernel``)."""
-    hits = 0
-    top_k = trace.shape[2]
-    warm = shares(profile) * top_k / max(1.0 - policy.decay, 1e-6)
-    for layer, resident in enumerate(start):
-        f = warm[layer].astype(np.float32).copy()
-        res = np.zeros(profile.shape[1], dtype=bool)
-        res[resident] = True
-        for t in range(trace.shape[0]):
-            picked = np.zeros_like(res)
-            picked[trace[t, layer]] = True
-            f *= np.float32(policy.decay)
-            f[picked] += 1.0
-            hits += int((picked & res).sum())
-            cand, vict = picked & ~res, ~picked & res
-            for _ in range(policy.max_admit):
-                if not cand.any() or not vict.any():
-                    break
-                c = int(np.flatnonzero(cand)[np.argmax(f[cand])])
-                v = int(np.flatnonzero(vict)[np.argmin(f[vict])])
-                if not f[c] > policy.hysteresis * f[v]:
-                    break
-                res[c], res[v], cand[c], vict[v] = True, False, False, False
-    return hits
+    """The kernel's policy, the reference of ``ec_step_kernel``, step by step from the warm scores of ``profile``."""
+    residents = [(layer, expert) for layer, experts in enumerate(start) for expert in experts]
+    cache = ReferenceCache(warm_scores(profile, trace.shape[2], policy.decay), residents)
+    for t in range(trace.shape[0]):
+        for layer in range(trace.shape[1]):
+            cache.step(layer, trace[t, layer], policy.decay, policy.hysteresis, policy.max_admit)
+    return int(cache.counters[:, C_HITS].sum())
 
 
 def run_belady(trace, start):

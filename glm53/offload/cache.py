@@ -5,13 +5,11 @@ slot has its table entries pointed at the slot; every other expert's entries poi
 store (a mapped, page-locked address), so the kernels read it over PCIe. Bytes never change, only where they
 are read from, so results are bit-identical whatever the cache holds.
 
-Policy (per layer, on the device, no host synchronisation): every expert has a decayed pick frequency
-``f <- f * decay + picks`` (frequency and recency in one score: recent picks weigh more). At a decode step an
-expert that was picked but missed is admitted when its score beats the weakest resident that was not picked
-in this step by ``hysteresis`` (so one-off picks do not churn the cache); at most ``max_admit`` per layer and
-step. Slots are partitioned between layers once, at start, by the routing profile: the S globally most-picked
-(layer, expert) pairs, so a layer with skewed routing (deep layers) gets more slots. The scores start from the
-same profile (the checkpoint's own, else one learned while serving, else none), so decode starts warm.
+The replacement policy (per layer, on the device, no host synchronisation) is defined in ``cache_policy``: a
+decayed pick count per expert as the score, admission of a missed expert past a hysteresis over the weakest
+resident not in use, at most ``max_admit`` per layer and step, slots partitioned between layers at start by the
+routing profile, scores starting from the same profile (the checkpoint's own, else one learned while serving,
+else none), so decode starts warm.
 
 Reported: hits and misses per layer, admissions, evictions, and the oracle hit rate: what the best fixed
 placement of the same number of slots would have hit on the decode picks actually seen.
@@ -24,15 +22,18 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .cache_policy import C_ADMITS, C_EVICTS, C_HITS, C_N, C_PICKS, C_STEPS, placement, warm_scores
 from .ec_native import MAX_ADMIT, MAX_EXPERTS, EcState, Kernels
 from .host_store import HostStore
 
 CHUNK_SLOTS = 32  # slots per VRAM allocation; the elastic loan frees and reallocates whole chunks
-C_PICKS, C_HITS, C_ADMITS, C_EVICTS, C_STEPS, C_N = 0, 1, 2, 3, 4, 8
 
 
 @dataclass(frozen=True)
 class Policy:
+    """The cache's settings. ``decay``, ``hysteresis`` and ``max_admit`` are the replacement policy's parameters,
+    defined by ``cache_policy.ReferenceCache.step`` (which ``ec_step_kernel`` runs on the device)."""
+
     decay: float = 0.995  # score half-life ~140 decode steps
     hysteresis: float = 1.25
     max_admit: int = 2  # per layer and decode step: each admission reads one expert block over PCIe
@@ -42,22 +43,6 @@ class Policy:
     def __post_init__(self):
         if not 0.0 < self.decay <= 1.0 or self.hysteresis < 1.0 or not 0 <= self.max_admit <= MAX_ADMIT:
             raise ValueError(f"bad cache policy {self}")
-
-
-def placement(profile: np.ndarray, slots: int) -> list[tuple[int, int]]:
-    """The (layer, expert) pairs the slots start with, most valuable first: the ``slots`` pairs with the largest
-    share of their layer's picks (every layer sees the same number of picks per token, so shares compare across
-    layers; a layer with skewed routing gets more slots). Ties go to the lower expert id, then the lower layer,
-    so without a profile the slots spread evenly over the layers."""
-    num_experts = profile.shape[1]
-    order = np.lexsort((np.arange(profile.size) // num_experts, np.arange(profile.size) % num_experts, -shares(profile).reshape(-1)))
-    return [(int(i) // num_experts, int(i) % num_experts) for i in order[: max(0, min(slots, profile.size))]]
-
-
-def shares(profile: np.ndarray) -> np.ndarray:
-    """Each expert's share of its layer's picks (uniform for a layer without picks)."""
-    totals = profile.sum(axis=1, keepdims=True)
-    return np.where(totals > 0, profile / np.maximum(totals, 1e-30), 1.0 / profile.shape[1])
 
 
 class ExpertCache:
@@ -142,9 +127,7 @@ class ExpertCache:
             self.quota[l] += 1
         self.assign(entries)
         self.copy_in([(l, e, slot) for l, e, slot in entries])
-        # scores at the steady state of the profile: f = share * picks per step / (1 - decay)
-        steady = shares(profile) * self.top_k / max(1.0 - self.policy.decay, 1e-6)
-        self.freq.copy_(torch.from_numpy(steady.astype(np.float32)))
+        self.freq.copy_(torch.from_numpy(warm_scores(profile, self.top_k, self.policy.decay)))
         torch.cuda.synchronize(self.device)
 
     def assign(self, entries: list[tuple[int, int, int]]) -> None:
@@ -163,7 +146,8 @@ class ExpertCache:
     # ---- the decode path
 
     def on_routing(self, layer: int, selected: torch.Tensor) -> None:
-        """After a layer's routing, before its experts run: count, decide, rewrite tables, copy admissions."""
+        """After a layer's routing, before its experts run: count, decide, rewrite tables, copy admissions (one
+        ``cache_policy.ReferenceCache.step``, on the device)."""
         admit = self.policy.max_admit if self.num_slots else 0
         self.kernels.step(self.state, layer, selected, self.policy.decay, self.policy.hysteresis, admit, self.block_bytes, self.policy.copy_blocks)
 

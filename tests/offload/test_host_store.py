@@ -1,4 +1,4 @@
-"""The host store's plan and loading, and the cache's partition of slots, on small hand-made checkpoints (CPU)."""
+"""The host store's plan and loading, and the learned routing profile, on small hand-made checkpoints (CPU)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from glm53.offload.cache import placement
 from glm53.offload.host_store import ALIGN, HostStore
 from glm53.offload.profile import merge_profile
 
@@ -100,26 +99,6 @@ def test_a_checkpoint_without_routed_experts_is_refused(tmp_path):
     _write_shard(tmp_path / "x.safetensors", {"model.embed_tokens.weight": np.zeros((4, 4), dtype=np.float16)})
     with pytest.raises(ValueError, match="no routed expert trellises"):
         HostStore.scan(tmp_path)
-
-
-def _per_layer(pairs, layers=2):
-    out = [[] for _ in range(layers)]
-    for l, e in pairs:
-        out[l].append(e)
-    return [sorted(x) for x in out]
-
-
-def test_the_placement_gives_slots_to_the_most_picked_experts_across_layers_hottest_first():
-    profile = np.array([
-        [10, 10, 10, 10],  # flat: every expert a quarter of the layer's picks
-        [70, 20, 5, 5],  # skewed
-    ], dtype=float)
-    assert placement(profile, 0) == []
-    assert placement(profile, 3) == [(1, 0), (0, 0), (0, 1)]  # 0.70, then the 0.25s by expert id
-    assert _per_layer(placement(profile, 6)) == [[0, 1, 2, 3], [0, 1]]  # the flat layer's 0.25s beat 0.20
-    assert _per_layer(placement(profile, 100)) == [[0, 1, 2, 3], [0, 1, 2, 3]]
-    # no profile: every expert counts the same; slots spread over the layers, lowest ids first
-    assert placement(np.zeros((2, 4)), 3) == [(0, 0), (1, 0), (0, 1)]
 
 
 def test_a_learned_profile_adds_this_runs_picks_to_what_earlier_runs_learned():
