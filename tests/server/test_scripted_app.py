@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 
+import jsonschema
 import pytest
 
 from . import apps
@@ -276,3 +277,75 @@ def test_api_key(caplog):
         info = client.get("/server_info", headers={"Authorization": "Bearer sk-test-123"}).get_json()
         assert info["settings"]["api_key"] == "<redacted>"
     assert caplog.records and "sk-test-123" not in caplog.text
+
+
+# ----- /v1/messages (the settings of test_anthropic.py's server)
+
+ANTHROPIC_KEY = "sk-test-anthropic"
+MODEL = "glm-5.3-flash"
+
+
+@pytest.fixture
+def anthropic_client():
+    with apps.scripted(["--max-batch-size", "4", "-cs", "4096"], {"GLM53_API_KEY": ANTHROPIC_KEY}) as app:
+        yield app.test_client()
+
+
+@pytest.mark.parametrize("body,field", [
+    ({"messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
+    ({"max_tokens": 10, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages.0"),
+    ({"max_tokens": 10, "messages": [{"role": "user", "content": "x"}], "temperature": 1.5}, "temperature"),
+    ({"max_tokens": 10, "messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "any"}}, "tool_choice"),
+    ({"max_tokens": 10, "messages": [{"role": "user", "content": "x"}], "tools": [{"name": "w", "type": "web_search_20250305"}]}, "tools.0"),
+    ({"max_tokens": 10, "messages": [{"role": "user", "content": "x"}],
+      "output_config": {"format": {"type": "json_schema", "schema": {"type": "nonsense"}}}}, "output_config.format.schema"),
+])
+def test_bad_input_gets_anthropics_400_naming_the_field(anthropic_client, body, field):
+    r = anthropic_client.post("/v1/messages", json={"model": MODEL, **body}, headers={"x-api-key": ANTHROPIC_KEY})
+    err = r.get_json()
+    assert r.status_code == 400 and err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
+    assert err["error"]["message"].startswith(field), err
+
+
+def test_output_config_format_is_held_to_its_schema_and_any_tool_choice_always_calls(anthropic_client):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}
+    r = anthropic_client.post("/v1/messages", json={"model": MODEL, "max_tokens": 64, "messages": user("[[script:plain]]"),
+                                                    "output_config": {"format": {"type": "json_schema", "schema": schema}}},
+                              headers={"x-api-key": ANTHROPIC_KEY})
+    msg = r.get_json()
+    assert r.status_code == 200, msg
+    jsonschema.validate(json.loads(msg["content"][0]["text"]), schema)
+    # the scripted model says "Hello world"; "any" holds it to a call anyway (an enum: the script's words cannot
+    # close an unbounded string)
+    pick = {"name": "pick", "input_schema": {"type": "object", "properties": {"c": {"enum": ["red", "blue"]}}, "required": ["c"]}}
+    r = anthropic_client.post("/v1/messages", json={"model": MODEL, "max_tokens": 200, "messages": user("[[script:plain]]"),
+                                                    "tools": [pick], "tool_choice": {"type": "any"}}, headers={"x-api-key": ANTHROPIC_KEY})
+    msg = r.get_json()
+    assert r.status_code == 200 and msg["stop_reason"] == "tool_use", msg
+    (call,) = [b for b in msg["content"] if b["type"] == "tool_use"]
+    assert call["name"] == "pick" and call["input"]["c"] in ("red", "blue")
+
+
+# ----- /v1/responses (the settings of test_responses_api.py's server)
+
+@pytest.fixture
+def responses_client():
+    with apps.scripted(["--max-batch-size", "4", "-cs", "4096", "--responses-store", "2"]) as app:
+        yield app.test_client()
+
+
+@pytest.mark.parametrize("body,param", [
+    ({}, "input"),
+    ({"input": [{"type": "item_reference", "id": "x"}]}, "input"),
+    ({"input": "x", "text": {"format": {"type": "json_schema", "name": "a", "schema": {"type": "nonsense"}}}}, "text.format"),
+    ({"input": "x", "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
+    ({"input": "x", "background": True}, "background"),
+    ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "[1]"}]}, "input.0.arguments"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input.0"),
+])
+def test_bad_input_gets_openais_400_naming_the_field(responses_client, body, param):
+    r = responses_client.post("/v1/responses", json={"model": MODEL, **body})
+    err = r.get_json()
+    assert r.status_code == 400 and err["error"]["type"] == "invalid_request_error"
+    assert err["error"]["param"].startswith(param), err
