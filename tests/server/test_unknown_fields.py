@@ -9,18 +9,16 @@ import re
 import pytest
 
 from glm53 import config
-from glm53.server import create_app, unknown_fields
+from glm53.server import unknown_fields
 from tests.fakes import ScriptedBackend
+
+from . import apps
 
 
 @pytest.fixture
 def client():
-    app = create_app(config.load([], {}), backend_factory=ScriptedBackend)
-    c = app.test_client()
-    while c.get("/health").status_code != 200:  # the scripted model loads at once, on the scheduler's thread
-        pass
-    yield c
-    app.extensions["glm53"].scheduler.stop()
+    with apps.running(config.load([], {}), ScriptedBackend) as app:
+        yield app.test_client()
 
 
 def ignored_lines(caplog) -> list[str]:
