@@ -13,6 +13,8 @@ import json
 import openai
 import pytest
 
+from tests import loadgen
+
 from .servers import Server
 
 WEATHER_TOOLS = [
@@ -227,10 +229,10 @@ def test_cached_prompt_tokens_reach_every_usage_block_and_the_counters(server, c
     after = server.get("/stats")[1]["scheduler"]
     assert after["prefix_cache_hits"] - before["prefix_cache_hits"] == 2 * 11
     assert after["prefix_cache_misses"] - before["prefix_cache_misses"] == 2 * (len(prompt) - 11)
-    text = server.get("/metrics")[1]
-    assert f"glm53_prefix_cache_hit_tokens_total {after['prefix_cache_hits']}" in text
-    assert f"glm53_prefix_cache_miss_tokens_total {after['prefix_cache_misses']}" in text
-    assert f"glm53_prefix_cache_hit_rate {after['prefix_cache_hit_rate']}" in text
+    metrics = loadgen.metrics(server.port)
+    assert metrics["glm53_prefix_cache_hit_tokens_total"] == after["prefix_cache_hits"]
+    assert metrics["glm53_prefix_cache_miss_tokens_total"] == after["prefix_cache_misses"]
+    assert metrics["glm53_prefix_cache_hit_rate"] == after["prefix_cache_hit_rate"]
 
 
 def test_chat_logprobs_one_entry_per_token_streamed_and_not(client):

@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import logging
-import re
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from glm53 import config
 from glm53.server import unknown_fields
@@ -25,9 +25,10 @@ def ignored_lines(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if "unknown request field" in r.getMessage()]
 
 
-def ignored_counts(client) -> dict[str, int]:
+def ignored_counts(client) -> dict[str, float]:
     text = client.get("/metrics").get_data(as_text=True)
-    return {m[0]: int(m[1]) for m in re.findall(r'^glm53_ignored_request_fields_total\{endpoint="([^"]+)"\} (\d+)$', text, re.M)}
+    return {s.labels["endpoint"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name == "glm53_ignored_request_fields_total"}
 
 
 def test_each_endpoint_and_field_is_logged_once_and_every_occurrence_counted(client, caplog):
