@@ -1,11 +1,12 @@
 import json
-import pytest
 import os
 import subprocess
-import sys
 from pathlib import Path
+from types import SimpleNamespace
 
-from glm53 import config, preflight
+import pytest
+
+from glm53 import cli, config, preflight
 
 
 def model_dir(tmp_path: Path, arch="Glm5NextForConditionalGeneration", shards=("a.safetensors",), write=("a.safetensors",), truncate=False) -> Path:
@@ -64,14 +65,26 @@ def test_auto_falls_back_to_the_demo_model_and_says_why(tmp_path, monkeypatch):
     assert checks[0].message.startswith("tiny: no CUDA GPU") and not preflight.failures(checks)
 
 
-def test_download_with_the_hub_unreachable_stops_with_the_fetch_command(tmp_path):
-    env = dict(os.environ, HF_ENDPOINT="http://127.0.0.1:9", HF_HUB_ETAG_TIMEOUT="2", HF_HUB_DOWNLOAD_TIMEOUT="2",
-               HF_HOME=str(tmp_path / "hf"), CUDA_VISIBLE_DEVICES="")
-    env = {k: v for k, v in env.items() if not k.startswith("GLM53_")}
-    env.update(GLM53_MODEL_DOWNLOAD="1", GLM53_MODEL_DIR=str(tmp_path / "model"), GLM53_ENGINE="exl3")
-    out = subprocess.run([sys.executable, "-m", "glm53", "serve"], env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 1
-    assert f"into {tmp_path / 'model'}" in out.stderr and "huggingface-cli download turboderp/GLM-5.3-Flash-exl3 --revision" in out.stderr
+def test_download_with_the_hub_unreachable_stops_with_the_fetch_command(tmp_path, monkeypatch, capsys):
+    """``glm53 serve`` in this process, its real hub client pointed at a closed port: the client's backoff between
+    retries (1 + 2 + 4 + 8 + 8 s) is recorded instead of slept; the rest runs as it does for a user."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import _http
+
+    sleeps: list[float] = []
+    monkeypatch.setattr(_http, "time", SimpleNamespace(sleep=sleeps.append))  # the one use of time in that module
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hf" / "hub"))
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "hf" / "token"))
+    for name in [k for k in os.environ if k.startswith("GLM53_")] + ["HF_TOKEN"]:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    for name, value in {"GLM53_MODEL_DOWNLOAD": "1", "GLM53_MODEL_DIR": str(tmp_path / "model"), "GLM53_ENGINE": "exl3"}.items():
+        monkeypatch.setenv(name, value)
+    assert cli.main(["serve"]) == 1
+    err = capsys.readouterr().err
+    assert f"into {tmp_path / 'model'}" in err and "huggingface-cli download turboderp/GLM-5.3-Flash-exl3 --revision" in err
+    assert "ConnectError" in err and sleeps, "the hub client did not try the closed port"
 
 
 # ----- host figures and the checks built on them, from synthetic /proc and /sys files

@@ -40,7 +40,7 @@ def create_app(
     app.json.ensure_ascii = False
     progress = progress or LoggedProgress(logging.getLogger("glm53.load"))
     scheduler = Scheduler(backend_factory or partial(create_backend, settings, progress), settings.max_queue)
-    rt = Runtime(settings, scheduler, Metrics(), progress=progress)
+    rt = Runtime(settings, scheduler, Metrics(scheduler), progress=progress)
     app.extensions["glm53"] = rt
 
     errors.init_app(app)

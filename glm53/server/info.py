@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flask import Blueprint, Response
+from flask import Blueprint, Response, request
 
 from .. import __version__
 from .errors import APIError, json_error
@@ -94,8 +94,8 @@ def server_info():
 
 @bp.get("/metrics")
 def metrics():
-    rt = runtime()
-    sched = rt.scheduler
-    engine = sched.backend.stats() if sched.state == "ready" else {}
-    text = rt.metrics.render(sched.snapshot(), engine)
-    return Response(text, mimetype="text/plain; version=0.0.4")
+    """Prometheus metrics, in the exposition format the ``Accept`` header prefers: OpenMetrics 1.0
+    (``application/openmetrics-text``), the text format 1.0 (``text/plain; version=1.0.0``), else the text format
+    0.0.4."""
+    body, content_type = runtime().metrics.exposition(request.headers.get("Accept"))
+    return Response(body, content_type=content_type)

@@ -1,117 +1,148 @@
-"""Request metrics and their Prometheus text rendering (no client library: the format is four line types).
+"""Request metrics and ``/metrics``, through ``prometheus_client``: one registry per app (two apps in one process,
+as in tests, never share a series), the process and Python figures the library collects, and the exposition
+format the scraper asks for in ``Accept`` (OpenMetrics 1.0 or the Prometheus text format; text 0.0.4 when it asks
+for neither).
 
-Counters are updated by request greenlets; the scheduler's and the backend's own figures are read at scrape
-time, so /metrics and /stats always agree with the engine.
+Request counters and histograms are updated by request greenlets; the scheduler's and the backend's own figures are
+read at scrape time (:class:`_EngineFigures`), so /metrics and /stats always agree with the engine. The series
+names and labels are those of the hand-written text renderer this module replaced, so dashboards and alerts keep
+working (``tests/server/metrics_0.0.4.prom`` pins them).
 """
 
 from __future__ import annotations
 
-import threading
-from collections import defaultdict
+from collections.abc import Iterator
 
+from prometheus_client import CollectorRegistry, Counter, GCCollector, Histogram, PlatformCollector, ProcessCollector
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from ..engine.scheduler import Scheduler
 from .unknown_fields import UnknownFields
 
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 LATENCY_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
-
-
-class Histogram:
-    def __init__(self, buckets: tuple[float, ...]):
-        self.buckets = buckets
-        self.counts = [0] * len(buckets)
-        self.total = 0
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.total += 1
-        self.sum += value
-        for i, bound in enumerate(self.buckets):
-            if value <= bound:
-                self.counts[i] += 1
+FINISH_REASONS = ("stop", "length", "cancelled", "error")
+OPENMETRICS = "application/openmetrics-text"
 
 
 class Metrics:
-    def __init__(self):
-        self._lock = threading.Lock()  # a greenlet lock under gevent; a real one under a threaded server
-        self.requests: dict[tuple[str, int], int] = defaultdict(int)  # (endpoint, status) -> count
-        self.ttft = Histogram(TTFT_BUCKETS)
-        self.latency = Histogram(LATENCY_BUCKETS)
-        self.unknown_fields = UnknownFields()
+    def __init__(self, scheduler: Scheduler):
+        self.registry = CollectorRegistry()
+        self.requests = Counter("glm53_requests", "HTTP requests by endpoint and status.", ["endpoint", "status"],
+                                registry=self.registry)
+        self.ttft = Histogram("glm53_time_to_first_token_seconds", "Time from request to first generated token.",
+                              buckets=TTFT_BUCKETS, registry=self.registry)
+        self.latency = Histogram("glm53_request_seconds", "Time from request to the end of its completion.",
+                                 buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.unknown_fields = UnknownFields(self.registry)
+        self.registry.register(_EngineFigures(scheduler))
+        ProcessCollector(registry=self.registry)  # process_*: CPU seconds, resident memory, open files, start time
+        PlatformCollector(registry=self.registry)  # python_info
+        GCCollector(registry=self.registry)  # python_gc_*
 
     def request_done(self, endpoint: str, status: int) -> None:
-        with self._lock:
-            self.requests[(endpoint, status)] += 1
+        self.requests.labels(endpoint, str(status)).inc()
 
     def first_token(self, seconds: float) -> None:
-        with self._lock:
-            self.ttft.observe(seconds)
+        self.ttft.observe(seconds)
 
     def completed(self, seconds: float) -> None:
-        with self._lock:
-            self.latency.observe(seconds)
+        self.latency.observe(seconds)
 
     def snapshot(self) -> dict:
-        with self._lock:
-            return {
-                "requests": {f"{e} {s}": n for (e, s), n in sorted(self.requests.items())},
-                "requests_total": sum(self.requests.values()),
-                "ttft_seconds_mean": self.ttft.sum / self.ttft.total if self.ttft.total else None,
-                "request_seconds_mean": self.latency.sum / self.latency.total if self.latency.total else None,
-            }
+        """The request figures of ``/stats``."""
+        counts = {(s.labels["endpoint"], int(s.labels["status"])): int(s.value)
+                  for s in _samples(self.requests) if s.name.endswith("_total")}
+        return {
+            "requests": {f"{e} {s}": n for (e, s), n in sorted(counts.items())},
+            "requests_total": sum(counts.values()),
+            "ttft_seconds_mean": _mean(self.ttft),
+            "request_seconds_mean": _mean(self.latency),
+        }
 
-    def render(self, scheduler: dict, engine: dict) -> str:
-        """Prometheus text exposition format 0.0.4."""
-        out: list[str] = []
-        with self._lock:
-            out.append("# HELP glm53_requests_total HTTP requests by endpoint and status.")
-            out.append("# TYPE glm53_requests_total counter")
-            for (endpoint, status), n in sorted(self.requests.items()):
-                out.append(f'glm53_requests_total{{endpoint="{endpoint}",status="{status}"}} {n}')
-            _histogram(out, "glm53_time_to_first_token_seconds", "Time from request to first generated token.", self.ttft)
-            _histogram(out, "glm53_request_seconds", "Time from request to the end of its completion.", self.latency)
-        out += self.unknown_fields.render()
-        _gauge(out, "glm53_queue_depth", "Jobs waiting for a batch slot.", scheduler["waiting"])
-        _gauge(out, "glm53_running_jobs", "Jobs being generated.", scheduler["active"])
-        _gauge(out, "glm53_model_ready", "1 when the model is loaded.", int(scheduler["state"] == "ready"))
-        _gauge(out, "glm53_decode_tokens_per_second", "Tokens per second over the recent engine steps (all jobs).", scheduler["decode_tokens_per_second"] or 0.0)
-        _counter(out, "glm53_prompt_tokens_total", "Prompt tokens admitted.", scheduler["prompt_tokens"])
-        _counter(out, "glm53_completion_tokens_total", "Tokens generated.", scheduler["completion_tokens"])
-        _counter(out, "glm53_prefix_cache_hit_tokens_total", "Prompt tokens served from the prefix cache (counted when a prefill completes).",
-                 scheduler["prefix_cache_hits"])
-        _counter(out, "glm53_prefix_cache_miss_tokens_total", "Prompt tokens prefilled (counted when a prefill completes).",
-                 scheduler["prefix_cache_misses"])
-        _gauge(out, "glm53_prefix_cache_hit_rate", "Share of prefix-cache hit tokens among all prompt tokens counted so far (0 before any).",
-               scheduler["prefix_cache_hit_rate"] or 0.0)
-        _counter(out, "glm53_engine_steps_total", "Engine forward steps.", scheduler["steps"])
-        _counter(out, "glm53_engine_errors_total", "Engine steps that failed (every active job ended with an error).", scheduler["engine_errors"])
-        _counter(out, "glm53_sequence_errors_total", "Jobs the engine failed alone (the rest of their batch went on).", scheduler["sequence_errors"])
-        out.append("# HELP glm53_jobs_finished_total Jobs by how they ended.")
-        out.append("# TYPE glm53_jobs_finished_total counter")
-        for reason in ("stop", "length", "cancelled", "error"):
-            out.append(f'glm53_jobs_finished_total{{reason="{reason}"}} {scheduler["jobs_" + reason]}')
-        _counter(out, "glm53_jobs_rejected_total", "Requests refused with 429 (queue full).", scheduler["jobs_rejected"])
+    def exposition(self, accept: str | None) -> tuple[bytes, str]:
+        """Every series, in the format that ``accept`` (a request's Accept header) prefers, and its content type."""
+        encode, content_type = choose_encoder(accept or "")
+        if content_type.startswith(OPENMETRICS):
+            return encode(_OneFamilyPerName(self.registry)), content_type
+        return encode(self.registry), content_type
+
+
+class _EngineFigures:
+    """The scheduler's counters and gauges and the backend's figures, read when the registry is collected."""
+
+    def __init__(self, scheduler: Scheduler):
+        self._scheduler = scheduler
+
+    def collect(self) -> Iterator[Metric]:
+        sched = self._scheduler
+        s = sched.snapshot()
+        yield GaugeMetricFamily("glm53_queue_depth", "Jobs waiting for a batch slot.", s["waiting"])
+        yield GaugeMetricFamily("glm53_running_jobs", "Jobs being generated.", s["active"])
+        yield GaugeMetricFamily("glm53_model_ready", "1 when the model is loaded.", int(s["state"] == "ready"))
+        yield GaugeMetricFamily("glm53_decode_tokens_per_second", "Tokens per second over the recent engine steps (all jobs).",
+                                s["decode_tokens_per_second"] or 0.0)
+        yield CounterMetricFamily("glm53_prompt_tokens_total", "Prompt tokens admitted.", s["prompt_tokens"])
+        yield CounterMetricFamily("glm53_completion_tokens_total", "Tokens generated.", s["completion_tokens"])
+        yield CounterMetricFamily("glm53_prefix_cache_hit_tokens_total",
+                                  "Prompt tokens served from the prefix cache (counted when a prefill completes).", s["prefix_cache_hits"])
+        yield CounterMetricFamily("glm53_prefix_cache_miss_tokens_total", "Prompt tokens prefilled (counted when a prefill completes).",
+                                  s["prefix_cache_misses"])
+        yield GaugeMetricFamily("glm53_prefix_cache_hit_rate",
+                                "Share of prefix-cache hit tokens among all prompt tokens counted so far (0 before any).",
+                                s["prefix_cache_hit_rate"] or 0.0)
+        yield CounterMetricFamily("glm53_engine_steps_total", "Engine forward steps.", s["steps"])
+        yield CounterMetricFamily("glm53_engine_errors_total", "Engine steps that failed (every active job ended with an error).",
+                                  s["engine_errors"])
+        yield CounterMetricFamily("glm53_sequence_errors_total", "Jobs the engine failed alone (the rest of their batch went on).",
+                                  s["sequence_errors"])
+        finished = CounterMetricFamily("glm53_jobs_finished_total", "Jobs by how they ended.", labels=["reason"])
+        for reason in FINISH_REASONS:
+            finished.add_metric([reason], s["jobs_" + reason])
+        yield finished
+        yield CounterMetricFamily("glm53_jobs_rejected_total", "Requests refused with 429 (queue full).", s["jobs_rejected"])
+        engine = sched.backend.stats() if s["state"] == "ready" else {}
         for name, value in _flatten(engine):
-            _gauge(out, f"glm53_engine_{name}", "Backend figure (see /stats).", value)
+            yield GaugeMetricFamily(f"glm53_engine_{name}", "Backend figure (see /stats).", value)
         for name, series in _per_layer(engine):
-            metric = f"glm53_engine_{name}"
-            out += [f"# HELP {metric} Backend figure per MoE layer (see /stats).", f"# TYPE {metric} gauge"]
-            out += [f'{metric}{{layer="{layer}"}} {value}' for layer, value in series]
-        return "\n".join(out) + "\n"
+            per_layer = GaugeMetricFamily(f"glm53_engine_{name}", "Backend figure per MoE layer (see /stats).", labels=["layer"])
+            for layer, value in series:
+                per_layer.add_metric([layer], value)
+            yield per_layer
 
 
-def _gauge(out: list[str], name: str, help_: str, value: float) -> None:
-    out += [f"# HELP {name} {help_}", f"# TYPE {name} gauge", f"{name} {value}"]
+# the names a family takes beside its own, as CollectorRegistry counts them when it refuses duplicates
+_SUFFIXES = {"counter": ("_total", "_created"), "summary": ("_sum", "_count", "_created"),
+             "histogram": ("_bucket", "_sum", "_count", "_created"), "gaugehistogram": ("_bucket", "_gsum", "_gcount"),
+             "info": ("_info",)}
 
 
-def _counter(out: list[str], name: str, help_: str, value: float) -> None:
-    out += [f"# HELP {name} {help_}", f"# TYPE {name} counter", f"{name} {value}"]
+class _OneFamilyPerName:
+    """A registry's families less any that takes a name an earlier one took. OpenMetrics names a counter's family
+    without its ``_total``, so the backend's ``steps`` figure (the gauge ``glm53_engine_steps``) would clash with the
+    scheduler's counter ``glm53_engine_steps_total``, which the Prometheus text format tells apart; the gauge is left
+    out there (``/stats`` has it)."""
+
+    def __init__(self, registry: CollectorRegistry):
+        self._registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        taken: set[str] = set()
+        for family in self._registry.collect():
+            names = {family.name, *(family.name + suffix for suffix in _SUFFIXES.get(family.type, ()))}
+            if names.isdisjoint(taken):
+                taken |= names
+                yield family
 
 
-def _histogram(out: list[str], name: str, help_: str, h: Histogram) -> None:
-    out += [f"# HELP {name} {help_}", f"# TYPE {name} histogram"]
-    for bound, count in zip(h.buckets, h.counts):
-        out.append(f'{name}_bucket{{le="{bound}"}} {count}')
-    out += [f'{name}_bucket{{le="+Inf"}} {h.total}', f"{name}_sum {h.sum}", f"{name}_count {h.total}"]
+def _samples(metric) -> list:
+    return [sample for family in metric.collect() for sample in family.samples]
+
+
+def _mean(histogram: Histogram) -> float | None:
+    values = {s.name.rsplit("_", 1)[1]: s.value for s in _samples(histogram) if s.name.endswith(("_sum", "_count"))}
+    return values["sum"] / values["count"] if values["count"] else None
 
 
 def _flatten(stats: dict, prefix: str = ""):

@@ -85,7 +85,7 @@ def describe(app: Flask) -> dict:
 def _operation(app: Flask, rule, method: str) -> dict:
     doc = (app.view_functions[rule.endpoint].__doc__ or "").strip()
     if rule.rule in TEXT_RESPONSES:
-        ok = {"text/plain": {"schema": {"type": "string"}}}
+        ok = {"text/plain": {"schema": {"type": "string"}}, "application/openmetrics-text": {"schema": {"type": "string"}}}
     else:
         ok = {"application/json": {"schema": {}}}
         if rule.rule in STREAMING:

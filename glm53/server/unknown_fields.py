@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import defaultdict
 from collections.abc import Iterable
+
+from prometheus_client import CollectorRegistry, Counter
 
 log = logging.getLogger("glm53.server")
 
@@ -20,18 +21,20 @@ METRIC = "glm53_ignored_request_fields_total"
 
 
 class UnknownFields:
-    def __init__(self):
+    def __init__(self, registry: CollectorRegistry):
         self._lock = threading.Lock()  # a greenlet lock under gevent; a real one under a threaded server
         self._logged: set[tuple[str, str]] = set()
         self._full = False
-        self.counts: dict[str, int] = defaultdict(int)  # endpoint -> unknown fields seen in its bodies
+        self._count = Counter(METRIC, "Unknown top-level request fields that were ignored, by endpoint.", ["endpoint"],
+                              registry=registry)
 
     def note(self, endpoint: str, names: Iterable[str]) -> None:
         """Count the unknown fields of one request body; log the (endpoint, field) pairs not seen before."""
         lines = []
+        seen = 0
         with self._lock:
             for name in names:
-                self.counts[endpoint] += 1
+                seen += 1
                 if (endpoint, name) in self._logged or self._full:
                     continue
                 if len(self._logged) >= MAX_LOGGED:
@@ -40,12 +43,7 @@ class UnknownFields:
                     continue
                 self._logged.add((endpoint, name))
                 lines.append(f"ignoring unknown request field {name!r} on {endpoint} (logged once; counted in {METRIC})")
+        if seen:
+            self._count.labels(endpoint).inc(seen)
         for line in lines:
             log.info("%s", line)
-
-    def render(self) -> list[str]:
-        """The counter in Prometheus text format."""
-        with self._lock:
-            counts = sorted(self.counts.items())
-        out = [f"# HELP {METRIC} Unknown top-level request fields that were ignored, by endpoint.", f"# TYPE {METRIC} counter"]
-        return out + [f'{METRIC}{{endpoint="{endpoint}"}} {n}' for endpoint, n in counts]

@@ -1,4 +1,5 @@
-"""A real gunicorn + gevent server whose model is scripted, so tests know exactly what it will say.
+"""A real gunicorn + gevent server whose model is scripted, so tests know exactly what it will say (the same model
+serves the in-process apps of ``tests.server.apps``).
 
 The last ``[[script:NAME]]`` marker in the prompt picks the output from SCRIPTS (default: a plain answer);
 ``[[script:fail]]`` makes the backend's step raise while that sequence is active (the whole batch fails);
@@ -98,13 +99,19 @@ def cached(prompt_ids: list[int]) -> int:
 SCORE_LIMIT = 64  # tokens one scoring forward takes (the GPU engine's is its prefill chunk)
 
 
+def backend_factory(settings: config.Settings, step_s: float = 0.0):
+    """What makes the scripted model for these settings: the one this server runs, and ``tests.server.apps``'
+    in-process apps."""
+    return lambda: FailingBackend(
+        script=script, max_batch_size=settings.max_batch_size, context_length=settings.cache_size, step_seconds=step_s,
+        refuse_leading_zero=False, cached=cached, max_score_tokens=SCORE_LIMIT)
+
+
 def main() -> None:
     settings = config.load(sys.argv[1:])
     step_s = float(os.environ.get("SCRIPTED_STEP_S", "0"))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    serve(settings, backend_factory=lambda: FailingBackend(
-        script=script, max_batch_size=settings.max_batch_size, context_length=settings.cache_size, step_seconds=step_s,
-        refuse_leading_zero=False, cached=cached, max_score_tokens=SCORE_LIMIT))
+    serve(settings, backend_factory=backend_factory(settings, step_s))
 
 
 if __name__ == "__main__":

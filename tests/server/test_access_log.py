@@ -1,48 +1,43 @@
-"""One access-log line per request, over real gunicorn + gevent with the scripted model: counts and timings,
-no prompt or completion text unless GLM53_LOG_PROMPTS asks for it, never the API key."""
+"""One access-log line per request (in-process, ``apps.py``: the log records of a fresh app over the scripted model):
+counts and timings, no prompt or completion text unless GLM53_LOG_PROMPTS asks for it, never the API key. That a
+client which hangs up is logged as 499 needs a real server: ``test_faults.py``."""
 
 from __future__ import annotations
 
+import logging
 import re
-import time
 
 import pytest
 
-from tests import loadgen
-
-from .servers import Server
+from . import apps
 
 SECRET_PROMPT = "[[script:plain]] my card number is 4111-1111"
 ANSWER = "Hello there, friend."
 KEY = "sk-access-log-test"
 
 
-def access_lines(server: Server, path: str) -> list[str]:
-    deadline = time.monotonic() + 5  # a stream is logged once its response is closed
-    while True:
-        lines = [line for line in server.log().splitlines() if "glm53.access:" in line and f" {path} " in line]
-        if lines or time.monotonic() > deadline:
-            return lines
-        time.sleep(0.05)
+def access_lines(caplog, path: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "glm53.access" and f" {path} " in r.getMessage()]
 
 
 @pytest.mark.parametrize("log_prompts", [False, True])
-def test_access_log_line_per_request_with_text_only_when_asked(log_prompts):
+def test_access_log_line_per_request_with_text_only_when_asked(log_prompts, caplog):
+    caplog.set_level(logging.INFO)  # what the server's log would hold
     env = {"GLM53_API_KEY": KEY, **({"GLM53_LOG_PROMPTS": "1"} if log_prompts else {})}
-    s = Server(["-cs", "4096"], env=env, module="tests.server.scripted_server").wait_ready()
-    try:
+    with apps.scripted(["-cs", "4096"], env) as app:
+        client = app.test_client()
         auth = {"Authorization": f"Bearer {KEY}"}
         body = {"messages": [{"role": "user", "content": SECRET_PROMPT}], "chat_template_kwargs": {"enable_thinking": False}}
-        code, resp = s.post("/v1/chat/completions", body, auth)
-        assert code == 200 and resp["choices"][0]["message"]["content"] == ANSWER
-        code, _ = s.post("/v1/completions", {"prompt": SECRET_PROMPT, "stream": True}, auth)
-        assert code == 200
-        assert loadgen.request(s.port, "POST", "/tokenize", {"text": SECRET_PROMPT}).status == 401  # no key
-        chat = access_lines(s, "/v1/chat/completions")
-        streamed = access_lines(s, "/v1/completions")
-        refused = access_lines(s, "/tokenize")
-    finally:
-        log = s.stop()
+        r = client.post("/v1/chat/completions", json=body, headers=auth)
+        resp = r.get_json()
+        assert r.status_code == 200 and resp["choices"][0]["message"]["content"] == ANSWER
+        assert client.post("/v1/completions", json={"prompt": SECRET_PROMPT, "stream": True}, headers=auth).status_code == 200
+        assert client.post("/tokenize", json={"text": SECRET_PROMPT}).status_code == 401  # no key
+    # each answer was read to its end and closed before the client returned: its line is written
+    chat = access_lines(caplog, "/v1/chat/completions")
+    streamed = access_lines(caplog, "/v1/completions")
+    refused = access_lines(caplog, "/tokenize")
+    log = caplog.text
     assert len(chat) == 1 and len(streamed) == 1 and len(refused) == 1
     prompt_tokens = resp["usage"]["prompt_tokens"]
     assert re.search(rf"POST /v1/chat/completions 200 prompt_tokens={prompt_tokens} completion_tokens=21 ttft_ms=[\d.]+ total_ms=[\d.]+ finish=stop", chat[0])

@@ -1,5 +1,6 @@
 """``/v1/messages`` end to end over real gunicorn + gevent with a scripted model, the official ``anthropic`` SDK as
-the arbiter of the wire format (an event out of order or a malformed block fails its stream accumulator)."""
+the arbiter of the wire format (an event out of order or a malformed block fails its stream accumulator). Its
+refusals and output formats without an SDK run in-process: ``test_scripted_app.py``."""
 
 from __future__ import annotations
 
@@ -138,21 +139,6 @@ def test_stop_sequence_and_max_tokens_stop_reasons(client):
     assert (cut.content[0].text, cut.stop_reason, cut.usage.output_tokens) == ("Hello", "max_tokens", 5)
 
 
-@pytest.mark.parametrize("body,field", [
-    ({"messages": [{"role": "user", "content": "x"}]}, "max_tokens"),
-    ({"max_tokens": 10, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "messages.0"),
-    ({"max_tokens": 10, "messages": [{"role": "user", "content": "x"}], "temperature": 1.5}, "temperature"),
-    ({"max_tokens": 10, "messages": [{"role": "user", "content": "x"}], "tool_choice": {"type": "any"}}, "tool_choice"),
-    ({"max_tokens": 10, "messages": [{"role": "user", "content": "x"}], "tools": [{"name": "w", "type": "web_search_20250305"}]}, "tools.0"),
-    ({"max_tokens": 10, "messages": [{"role": "user", "content": "x"}],
-      "output_config": {"format": {"type": "json_schema", "schema": {"type": "nonsense"}}}}, "output_config.format.schema"),
-])
-def test_bad_input_gets_anthropics_400_naming_the_field(server, body, field):
-    code, err = server.post("/v1/messages", {"model": MODEL, **body}, headers={"x-api-key": KEY})
-    assert code == 400 and err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
-    assert err["error"]["message"].startswith(field), err
-
-
 def test_errors_the_sdk_raises_by_type(server, client):
     with pytest.raises(anthropic.NotFoundError) as missing:
         client.messages.create(model="not-this-model", max_tokens=10, messages=ask("x"))
@@ -164,24 +150,3 @@ def test_errors_the_sdk_raises_by_type(server, client):
     code, body = server.post("/v1/messages", {"model": MODEL, "max_tokens": 5, "messages": ask("[[script:plain]]")},
                              headers={"Authorization": "Bearer " + KEY, "anthropic-version": "2023-06-01"})
     assert code == 200 and body["content"][0]["text"] == "Hello"
-
-
-def test_output_config_format_is_held_to_its_schema_and_any_tool_choice_always_calls(server):
-    import json
-
-    import jsonschema
-
-    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}
-    code, msg = server.post("/v1/messages", {"model": MODEL, "max_tokens": 64, "messages": ask("[[script:plain]]"),
-                                             "output_config": {"format": {"type": "json_schema", "schema": schema}}},
-                            headers={"x-api-key": KEY})
-    assert code == 200, msg
-    jsonschema.validate(json.loads(msg["content"][0]["text"]), schema)
-    # the scripted model says "Hello world"; "any" holds it to a call anyway (an enum: the script's words cannot
-    # close an unbounded string)
-    pick = {"name": "pick", "input_schema": {"type": "object", "properties": {"c": {"enum": ["red", "blue"]}}, "required": ["c"]}}
-    code, msg = server.post("/v1/messages", {"model": MODEL, "max_tokens": 200, "messages": ask("[[script:plain]]"),
-                                             "tools": [pick], "tool_choice": {"type": "any"}}, headers={"x-api-key": KEY})
-    assert code == 200 and msg["stop_reason"] == "tool_use", msg
-    (call,) = [b for b in msg["content"] if b["type"] == "tool_use"]
-    assert call["name"] == "pick" and call["input"]["c"] in ("red", "blue")

@@ -1,6 +1,8 @@
 """End to end over real gunicorn + gevent with a scripted model: the OpenAI wire format, tools, reasoning, errors.
 
-The official ``openai`` client is the arbiter of the wire format: a malformed chunk fails its parsing.
+The official ``openai`` client is the arbiter of the wire format: a malformed chunk fails its parsing. What needs
+no listener (refusals, body limits, the SGLang endpoints, observability, the API key) runs in-process, on a fresh
+app per test: ``test_scripted_app.py``.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ import json
 import openai
 import pytest
 
-from .scripted_server import SCORE_LIMIT
+from tests import loadgen
+
 from .servers import Server
 
 WEATHER_TOOLS = [
@@ -226,10 +229,10 @@ def test_cached_prompt_tokens_reach_every_usage_block_and_the_counters(server, c
     after = server.get("/stats")[1]["scheduler"]
     assert after["prefix_cache_hits"] - before["prefix_cache_hits"] == 2 * 11
     assert after["prefix_cache_misses"] - before["prefix_cache_misses"] == 2 * (len(prompt) - 11)
-    text = server.get("/metrics")[1]
-    assert f"glm53_prefix_cache_hit_tokens_total {after['prefix_cache_hits']}" in text
-    assert f"glm53_prefix_cache_miss_tokens_total {after['prefix_cache_misses']}" in text
-    assert f"glm53_prefix_cache_hit_rate {after['prefix_cache_hit_rate']}" in text
+    metrics = loadgen.metrics(server.port)
+    assert metrics["glm53_prefix_cache_hit_tokens_total"] == after["prefix_cache_hits"]
+    assert metrics["glm53_prefix_cache_miss_tokens_total"] == after["prefix_cache_misses"]
+    assert metrics["glm53_prefix_cache_hit_rate"] == after["prefix_cache_hit_rate"]
 
 
 def test_chat_logprobs_one_entry_per_token_streamed_and_not(client):
@@ -285,97 +288,6 @@ def test_models_endpoint(client):
     assert client.models.retrieve("glm-5.3-flash").id == "glm-5.3-flash"
 
 
-@pytest.mark.parametrize(
-    "body,status,param",
-    [
-        ({"model": "gpt-4", "messages": [{"role": "user", "content": "x"}]}, 404, "model"),
-        ({"messages": []}, 400, "messages"),
-        ({"messages": [{"role": "robot", "content": "x"}]}, 400, "messages.0.role"),
-        ({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, 400, "temperature"),
-        ({"messages": [{"role": "user", "content": "x"}], "temperature": -1}, 400, "temperature"),
-        ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400, "max_tokens"),
-        ({"messages": [{"role": "user", "content": "x"}], "n": 1000}, 400, "n"),
-        ({"messages": [{"role": "user", "content": "x"}], "stop": ["a"] * 1000}, 400, "stop"),
-        ({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
-        ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, 400, "top_logprobs"),
-        ({"messages": [{"role": "user", "content": "x"}], "logprobs": 1}, 400, "logprobs"),
-        ({"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": True}}, 400, "stream_options"),
-        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]}, 400, "tools.0.function.parameters"),
-        ({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}, 400, "tool_choice"),
-        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, 400, "messages.0.content.0.type"),
-        ({"messages": [{"role": "user", "content": "x" * 5000}]}, 400, "messages"),
-        ({"messages": [{"role": "user", "content": "x"}], "logit_bias": {"999999": 5}}, 400, "logit_bias"),
-        ({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"enable_thinking": "no"}}, 400, "chat_template_kwargs.enable_thinking"),
-        ({"messages": [{"role": "user", "content": "x"}], "top_p": 0}, 400, "top_p"),
-        ({"messages": [{"role": "user", "content": "x"}], "top_k": -2}, 400, "top_k"),
-        ({"messages": [{"role": "user", "content": "x"}], "min_p": 1.5}, 400, "min_p"),
-        ({"messages": [{"role": "user", "content": "x"}], "presence_penalty": -2.5}, 400, "presence_penalty"),
-        ({"messages": [{"role": "user", "content": "x"}], "frequency_penalty": 3}, 400, "frequency_penalty"),
-        ({"messages": [{"role": "user", "content": "x"}], "seed": 2**64}, 400, "seed"),
-        ({"messages": [{"role": "user", "content": "\ud800"}]}, 400, "messages.0.content"),
-        ({"messages": [{"role": "user", "content": "x"}], "stop": ["ok", "\udfff"]}, 400, "stop.1"),
-        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": []}}]}, 400, "tools.0.function.parameters"),
-        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": "object"}}]}, 400, "tools.0.function.parameters"),
-        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": ["object", "null"]}}}]}, 400, "tools.0.function.parameters"),
-        ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": []}}}]}, 400, "tools.0.function.parameters"),
-        ({"messages": [{"role": "user", "content": "x"}], "tools": {"type": "function"}}, 400, "tools"),
-    ],
-)
-def test_bad_chat_requests_get_clear_4xx(server, body, status, param):
-    code, resp = server.post("/v1/chat/completions", body)
-    assert code == status, resp
-    err = resp["error"]
-    assert set(err) == {"message", "type", "param", "code"} and err["message"]
-    assert err["param"] == param
-
-
-def test_context_length_error_quotes_the_numbers(server):
-    code, resp = server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 5000}]})
-    assert code == 400 and resp["error"]["code"] == "context_length_exceeded"
-    assert "4096" in resp["error"]["message"]
-
-
-@pytest.mark.parametrize(
-    "raw,fragment",
-    [
-        (b"{not json", "not valid JSON"),
-        (b"[1, 2]", "must be a JSON object"),
-        (b'{"messages": [{"role": "user", "content": "\xff\xfe"}]}', "not valid UTF-8"),
-        (b'{"messages": [{"role": "user", "content": "x"}], "temperature": NaN}', "not valid JSON"),
-        (b"[" * 100000 + b"]" * 100000, "nests too deeply"),
-        (b'{"messages": [{"role": "user", "content": "x"}], "top_p": 1e400}', "top_p: Input should be a finite number"),
-        (b'{"messages": [{"role": "user", "content": "x"}], "top_k": -Infinity}', "not valid JSON"),
-    ],
-)
-def test_malformed_bodies(server, raw, fragment):
-    code, resp = server.post("/v1/chat/completions", raw)
-    assert code == 400 and fragment in resp["error"]["message"]
-
-
-def test_oversize_body_is_413(server):
-    code, resp = server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 2_000_000}]})
-    assert code == 413 and resp["error"]["type"] == "invalid_request_error"
-    assert "at most 1000000 bytes are accepted (GLM53_MAX_REQUEST_MB)" in resp["error"]["message"]
-
-
-POST_PATHS = ["/v1/chat/completions", "/v1/completions", "/generate", "/tokenize", "/detokenize"]
-
-
-@pytest.mark.parametrize("path", POST_PATHS)
-def test_every_post_endpoint_refuses_broken_bodies_with_a_400_or_413(server, path):
-    cases = [
-        (b'{"text": "\xff"}', 400, "not valid UTF-8"),
-        (b"[" * 5000 + b"]" * 5000, 400, "nests too deeply"),
-        (b'{"x": ' * 200 + b"1" + b"}" * 200, 400, "nests more than 128 levels"),
-        (b'{"x": NaN}', 400, "not valid JSON"),
-        (b'{"text": "a\\ud800b"}', 400, "unpaired UTF-16 surrogate"),
-        (b'{"x": "' + b"y" * 1_100_000 + b'"}', 413, "too large"),
-    ]
-    for raw, status, fragment in cases:
-        code, resp = server.post(path, raw)
-        assert (code, fragment in resp["error"]["message"]) == (status, True), (raw[:40], resp)
-
-
 def test_oversize_chunked_body_without_a_length_is_413(server):
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
     try:
@@ -387,143 +299,9 @@ def test_oversize_chunked_body_without_a_length_is_413(server):
         conn.close()
 
 
-@pytest.mark.parametrize("field", ["chat_template_kwargs", "tool_arguments", "content_part", "tool_schema"])
-def test_nesting_just_under_the_limit_is_served_or_refused_but_never_a_500(server, field):
-    deep: object = "leaf"
-    for _ in range(120):
-        deep = {"a": deep}
-    body = {"messages": user("[[script:plain]]"), "max_tokens": 3}
-    if field == "chat_template_kwargs":
-        body["chat_template_kwargs"] = {"x": deep}
-    elif field == "tool_arguments":
-        body["messages"] = body["messages"] + [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": deep}}]}]
-    elif field == "content_part":
-        body["messages"] = [{"role": "user", "content": [{"type": "text", "text": "x", "extra": deep}]}]
-    else:
-        body["tools"] = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"p": deep}}}}]
-    code, resp = server.post("/v1/chat/completions", body)
-    assert code in (200, 400), resp
-
-
-def test_huge_max_tokens_is_capped_to_the_context(server):
-    body = {"messages": user("[[script:plain]]"), "max_tokens": 10**30, "ignore_eos": True, "chat_template_kwargs": {"enable_thinking": False}}
-    code, resp = server.post("/v1/chat/completions", body)
-    assert code == 200 and resp["choices"][0]["finish_reason"] == "length"
-    assert resp["usage"]["total_tokens"] == 4096  # the context of this server
-    code, resp = server.post("/generate", {"text": "[[script:plain]]", "sampling_params": {"max_new_tokens": 10**30, "top_k": 10**30}})
-    assert code == 200 and resp["text"] == "Hello there, friend."
-
-
-@pytest.mark.parametrize("path,body,param", [
-    ("/v1/completions", {"prompt": "x", "stop": ["s"] * 5000}, "stop"),
-    ("/generate", {"text": "x", "sampling_params": {"stop": ["s"] * 5000}}, "sampling_params.stop"),
-    ("/generate", {"text": "x", "sampling_params": {"stop_token_ids": list(range(5000))}}, "sampling_params.stop_token_ids"),
-])
-def test_thousands_of_stop_strings_are_refused_with_the_limit(server, path, body, param):
-    code, resp = server.post(path, body)
-    assert code == 400 and resp["error"]["param"] == param and ("64" in resp["error"]["message"] or "1024" in resp["error"]["message"])
-
-
-def test_the_most_stop_strings_allowed_are_served(server):
-    code, resp = server.post("/v1/chat/completions", {"messages": user("[[script:stop_demo]]"), "stop": ["q" * 1024] * 63 + ["STOP"],
-                                                      "chat_template_kwargs": {"enable_thinking": False}})
-    assert code == 200 and resp["choices"][0]["message"]["content"] == "alpha beta "
-
-
-def test_tool_schemas_with_odd_property_shapes_still_parse_calls(server):
-    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
-        "type": "object", "properties": {"city": {"type": {"not": "a type name"}}, "days": 5}}}}]
-    code, resp = server.post("/v1/chat/completions", {"messages": user("[[script:weather]]"), "tools": tools})
-    assert code == 200, resp
-    (call,) = resp["choices"][0]["message"]["tool_calls"]
-    assert call["function"]["name"] == "get_weather" and json.loads(call["function"]["arguments"])["city"] == " New York\n"
-
-
-def test_unknown_endpoint_and_wrong_method_are_json(server):
-    code, resp = server.get("/v1/nothing")
-    assert code == 404 and resp["error"]["message"] == "no such endpoint"
-    code, resp = server.get("/v1/chat/completions")
-    assert code == 405 and "error" in resp
-
-
 def test_engine_failure_mid_stream_ends_that_stream_and_the_server_keeps_serving(client):
     with pytest.raises(openai.APIError):
         stream_chunks(client, messages=user("[[script:fail]]"), extra_body=NO_THINK)
     r = client.chat.completions.create(model="glm-5.3-flash", messages=user("[[script:plain]]"), extra_body=NO_THINK)
     assert r.choices[0].message.content == "Hello there, friend."
 
-
-def test_engine_failure_non_streamed_is_a_500_with_a_reason(server):
-    code, resp = server.post("/v1/chat/completions", {"messages": user("[[script:fail]]")})
-    assert code == 500 and "injected engine failure" in resp["error"]["message"]
-
-
-def test_generate_text_ids_and_stream(server):
-    code, r = server.post("/generate", {"text": "[[script:plain]]", "sampling_params": {"max_new_tokens": 5, "temperature": 0}})
-    assert code == 200 and r["text"] == "Hello" and r["output_ids"] == list(b"Hello")
-    assert r["meta_info"]["finish_reason"] == {"type": "length", "length": 5}
-    ids = list(b"[[script:plain]]")
-    code, r = server.post("/generate", {"input_ids": ids, "sampling_params": {"stop": "there"}})
-    assert r["text"] == "Hello " and r["meta_info"]["finish_reason"] == {"type": "stop", "matched": "there"}
-    code, bad = server.post("/generate", {"text": "x", "sampling_params": {"max_tokens": 5}})
-    assert code == 400 and bad["error"]["param"] == "sampling_params.max_tokens" and "unknown field" in bad["error"]["message"]
-
-
-def test_generate_teacher_forced_logprobs(server):
-    ids = list(b"[[script:plain]]")
-    body = {"input_ids": ids, "return_logprob": True, "logprob_start_len": 0, "top_logprobs_num": 1,
-            "token_ids_logprob": [72], "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
-    code, r = server.post("/generate", body)
-    meta = r["meta_info"]
-    assert code == 200 and r["output_ids"] == [ord("H")]
-    assert meta["input_token_logprobs"][0] == [None, ids[0], None]
-    assert [e[0] for e in meta["input_token_logprobs"][1:4]] == [-1.0, -2.0, -3.0]
-    assert meta["output_token_logprobs"] == [[-0.5, 72, None]]
-    assert meta["output_top_logprobs"] == [[[-0.5, 72, None]]]
-    assert len(meta["input_top_logprobs"]) == len(ids)
-
-
-def test_scoring_more_tokens_than_one_forward_takes_is_a_400_naming_the_limit(server):
-    body = {"input_ids": [65] * (SCORE_LIMIT + 1), "return_logprob": True, "logprob_start_len": 0,
-            "sampling_params": {"max_new_tokens": 0}}
-    code, r = server.post("/generate", body)
-    assert code == 400 and r["error"]["param"] == "input_ids"
-    assert f"at most {SCORE_LIMIT} tokens" in r["error"]["message"] and f"has {SCORE_LIMIT + 1}" in r["error"]["message"]
-    body["input_ids"] = [65] * SCORE_LIMIT
-    code, r = server.post("/generate", body)
-    assert code == 200 and len(r["meta_info"]["input_token_logprobs"]) == SCORE_LIMIT
-
-
-def test_tokenize_and_detokenize(server):
-    code, r = server.post("/tokenize", {"text": "héllo"})
-    assert code == 200 and r["tokens"] == list("héllo".encode()) and r["count"] == 6
-    code, r = server.post("/detokenize", {"tokens": list("héllo".encode())})
-    assert r == {"text": "héllo"}
-
-
-def test_observability_endpoints(server):
-    code, info = server.get("/server_info")
-    assert code == 200 and info["settings"]["max_batch_size"] == 4 and info["setting_sources"]["max_batch_size"] == "flag"
-    assert info["context_length"] == 4096 and info["settings"]["api_key"] is None
-    code, stats = server.get("/stats")
-    assert stats["scheduler"]["state"] == "ready" and stats["scheduler"]["completion_tokens"] > 0
-    code, text = server.get("/metrics")
-    assert code == 200 and 'glm53_requests_total{endpoint="/v1/chat/completions",status="200"}' in text
-    assert "glm53_time_to_first_token_seconds_bucket" in text and "glm53_engine_steps" in text
-
-
-def test_api_key():
-    s = Server(["-cs", "4096"], env={"GLM53_API_KEY": "sk-test-123"}, module="tests.server.scripted_server").wait_ready()
-    try:
-        code, resp = s.post("/v1/chat/completions", {"messages": user("x")})
-        assert code == 401 and resp["error"]["code"] == "invalid_api_key"
-        code, _ = s.post("/v1/chat/completions", {"messages": user("x")}, {"Authorization": "Bearer wrong"})
-        assert code == 401
-        code, _ = s.post("/v1/chat/completions", {"messages": user("x")}, {"Authorization": "Bearer sk-test-123"})
-        assert code == 200
-        assert s.get("/health")[0] == 200
-        code, info = s.get("/server_info", {"Authorization": "Bearer sk-test-123"})
-        assert info["settings"]["api_key"] == "<redacted>"
-    finally:
-        log = s.stop()
-    assert "sk-test-123" not in log

@@ -4,32 +4,31 @@
 from __future__ import annotations
 
 import logging
-import re
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from glm53 import config
-from glm53.server import create_app, unknown_fields
+from glm53.server import unknown_fields
 from tests.fakes import ScriptedBackend
+
+from . import apps
 
 
 @pytest.fixture
 def client():
-    app = create_app(config.load([], {}), backend_factory=ScriptedBackend)
-    c = app.test_client()
-    while c.get("/health").status_code != 200:  # the scripted model loads at once, on the scheduler's thread
-        pass
-    yield c
-    app.extensions["glm53"].scheduler.stop()
+    with apps.running(config.load([], {}), ScriptedBackend) as app:
+        yield app.test_client()
 
 
 def ignored_lines(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if "unknown request field" in r.getMessage()]
 
 
-def ignored_counts(client) -> dict[str, int]:
+def ignored_counts(client) -> dict[str, float]:
     text = client.get("/metrics").get_data(as_text=True)
-    return {m[0]: int(m[1]) for m in re.findall(r'^glm53_ignored_request_fields_total\{endpoint="([^"]+)"\} (\d+)$', text, re.M)}
+    return {s.labels["endpoint"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name == "glm53_ignored_request_fields_total"}
 
 
 def test_each_endpoint_and_field_is_logged_once_and_every_occurrence_counted(client, caplog):

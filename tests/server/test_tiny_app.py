@@ -1,0 +1,49 @@
+"""The CPU demo model's app in this process (``apps.py``: a fresh ``create_app`` per test, Flask's test client): the
+real sampler at the edges of what the API accepts, and the figures of a model without a prefix cache or a GPU.
+The shared end-to-end suite on this model is ``test_e2e_tiny.py``."""
+
+from __future__ import annotations
+
+import pytest
+
+from . import apps
+
+
+@pytest.fixture
+def client():
+    # the settings of test_e2e_tiny.py's server
+    with apps.tiny(["--max-batch-size", "16", "-cs", "8192", "--sse-keepalive-s", "0.2"]) as app:
+        yield app.test_client()
+
+
+@pytest.mark.parametrize("extra", [
+    {"temperature": 1e-300}, {"temperature": 100.0, "top_p": 5e-324}, {"top_k": 10**30}, {"min_p": 1.0},
+    {"presence_penalty": -2.0, "frequency_penalty": 2.0}, {"logit_bias": {"0": 100, "1": -100}},
+    {"seed": -(2**63)}, {"seed": 2**64 - 1, "n": 16},
+])
+def test_extreme_valid_sampling_values_are_served(client, extra):
+    """The real sampler at the edges of what the API accepts: served, never an engine error."""
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "edge"}], "max_tokens": 4, **extra})
+    assert r.status_code == 200, r.get_data(as_text=True)
+    assert all(c["finish_reason"] in ("stop", "length") for c in r.get_json()["choices"])
+    r = client.post("/generate", json={"text": "edge", "sampling_params": {"max_new_tokens": 4, "top_k": 10**30, "sampling_seed": -1,
+                                                                          "temperature": 1e-300}})
+    assert r.status_code == 200 and len(r.get_json()["output_ids"]) <= 4
+
+
+def test_the_demo_model_has_no_prefix_cache_and_no_gpu(client):
+    """A repeated prompt is prefilled again in full (the demo model keeps no prefix cache), and says so."""
+    before = client.get("/stats").get_json()["scheduler"]
+    body = {"prompt": "the same prompt, twice " * 20, "max_tokens": 2, "temperature": 0}
+    for _ in range(2):
+        r = client.post("/v1/completions", json=body)
+        usage = r.get_json()["usage"]
+        assert r.status_code == 200 and usage["prompt_tokens_details"] == {"cached_tokens": 0}
+    prompt_tokens = usage["prompt_tokens"]
+    after = client.get("/stats").get_json()["scheduler"]
+    assert after["prefix_cache_hits"] == before["prefix_cache_hits"] == 0
+    assert after["prefix_cache_misses"] - before["prefix_cache_misses"] == 2 * prompt_tokens
+    assert after["prefix_cache_hit_rate"] == 0.0
+    r = client.get("/server_info")
+    info = r.get_json()
+    assert r.status_code == 200 and "gpu" in info and info["gpu"] is None
