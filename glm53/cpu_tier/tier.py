@@ -31,9 +31,9 @@ Threads: the worker thread takes part in every job it runs, so it is pinned to t
 (``GLM53_CT_CPUS``) and the pool's threads to the others: one compute thread per CPU; and while the tier runs, the
 thread feeding the GPU keeps to the CPUs the tier leaves (:class:`FeedingThread`). A job waits for its slowest
 unit: a compute thread that shares its CPU with a busy thread loses whole scheduler slices. Between a token's
-layers (about a millisecond) the pool and the worker spin instead of sleeping; the engine wakes the worker at
-every step (:meth:`before_step`), and with no decode in flight for ``PARK_US`` it parks (an idle server costs no
-CPU).
+layers (about a millisecond) the pool and the worker spin instead of sleeping: the engine wakes the worker before
+every step that may publish jobs (:meth:`before_step`), it spins until the step is over (:meth:`after_step`) and
+``SPIN_US`` after, and with no decode in flight for ``PARK_US`` it parks (an idle server costs no CPU).
 """
 
 from __future__ import annotations
@@ -266,13 +266,16 @@ class FastTier:
     # ---- per step and reporting
 
     def before_step(self) -> None:
-        """Before the engine launches a step: the worker spins (it parks when no step comes for ``PARK_US``)."""
-        self.worker.wake()
+        """Before the engine launches a step that may publish jobs: the worker spins through it. While the table
+        sends the CPU nothing and this is no probe step, it is left to nap and park (the tier costs no CPU)."""
+        if not self.cpu_off or self._probing:
+            self.worker.wake()
 
     def after_step(self) -> None:
         """Once per engine step, after its synchronisation: reads the step's timed layers, arms the timing of the
         next step every ``SAMPLE_STEPS`` and a probe every ``PROBE_STEPS`` while the CPU gets nothing, and refreshes
         the costs every ``REFRESH_STEPS`` steps."""
+        self.worker.rest()
         self._steps += 1
         self._read_samples()
         self._sampling = self._steps % SAMPLE_STEPS == 0

@@ -32,7 +32,7 @@ STATES = ("empty", "published", "claimed", "done", "failed", "taken_back", "skip
 EBUSY, ESTATE = -5, -6
 PROJECTIONS = ("gate", "up", "down")
 COUNTERS = ("jobs", "done", "failed", "experts", "picks", "tokens", "busy_ns", "taken_back_before_claim",
-            "taken_back_after_claim", "max_queue_depth")
+            "taken_back_after_claim", "max_queue_depth", "naps")
 
 
 class _CLayout(ctypes.Structure):
@@ -64,6 +64,7 @@ def library() -> ctypes.CDLL:
         "glm53_ct_worker_start": (ptr, [ptr, ptr, i32, i32, ctypes.c_float, ptr, i32, i32, i32, i32, i32, i32]),
         "glm53_ct_worker_stop": (None, [ptr]),
         "glm53_ct_worker_wake": (None, [ptr]),
+        "glm53_ct_worker_rest": (None, [ptr]),
         "glm53_ct_worker_parked": (i32, [ptr]),
         "glm53_ct_worker_counters": (None, [ptr, ptr]),
     }
@@ -175,9 +176,11 @@ def host_store_experts(store, sign_scale: Mapping[str, tuple[np.ndarray, np.ndar
 class Worker:
     """The host thread that serves a ring. ``pool``: a started ``kernel.Pool`` (None: this thread alone).
     ``cpu``: pin the worker thread (None: not pinned); it should have a core of its own, since it takes part in
-    the pool's work. Idle, it spins ``spin_us`` after its last job (or :meth:`wake`), then naps, 50 us doubling up
-    to ``nap_us``; idle for ``park_us`` (0: never) it parks, asleep until :meth:`wake` (and a look at the ring every
-    100 ms). ``codebook``: ``kernel.CODEBOOKS``."""
+    the pool's work. Between :meth:`wake` (a decode step starts) and :meth:`rest` (it is over) it never naps: the
+    GPU publishes a layer's job with no notice, and one that found it napping would wait out the nap. Otherwise,
+    idle, it spins ``spin_us`` after its last job (or wake or rest), then naps, 50 us doubling up to ``nap_us``;
+    idle for ``park_us`` (0: never) it parks, asleep until :meth:`wake` (and a look at the ring every 100 ms).
+    ``codebook``: ``kernel.CODEBOOKS``."""
 
     def __init__(self, ring: Ring, table: ExpertTable, *, act_limit: float, pool: ce.Pool | None = None,
                  isa: str | None = None, cpu: int | None = None, spin_us: int = 2000, nap_us: int = 1000,
@@ -207,9 +210,15 @@ class Worker:
             self.handle = None
 
     def wake(self) -> None:
-        """A decode step is about to start: a napping or parked worker spins again."""
+        """A decode step is about to start: a napping or parked worker spins again, and naps no more until
+        :meth:`rest` (or a second after the wake-up, should rest never come)."""
         if self.handle is not None:
             library().glm53_ct_worker_wake(self.handle)
+
+    def rest(self) -> None:
+        """The decode step is over: the worker spins ``spin_us`` more, then naps and parks as when idle."""
+        if self.handle is not None:
+            library().glm53_ct_worker_rest(self.handle)
 
     def parked(self) -> bool:
         return self.handle is not None and bool(library().glm53_ct_worker_parked(self.handle))

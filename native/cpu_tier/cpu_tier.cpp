@@ -40,6 +40,9 @@ constexpr uint64_t seq_of(uint64_t word) { return word >> 8; }
 constexpr uint32_t state_of(uint64_t word) { return static_cast<uint32_t>(word & 0xff); }
 constexpr uint64_t WORKER_NEXT = 128;  // byte offset of worker_next in the ring
 constexpr int FIRST_NAP_US = 50;
+// A step that has not ended (glm53_ct_worker_rest) this long after its wake-up is taken as over: a host that
+// never says so (a failed step) must not keep the worker spinning
+constexpr int MAX_STEP_MS = 1000;
 constexpr int PARK_CHECK_MS = 100;  // a parked worker looks at the ring this often even unwoken
 
 using clock_type = std::chrono::steady_clock;
@@ -135,6 +138,7 @@ struct glm53_ct_worker {
     // parked) there makes sure a parking worker either sees the bump or gets the wake-up.
     std::atomic<uint32_t> wake_gen{0};
     std::atomic<int> parked{0};
+    std::atomic<int> in_step{0};  // between glm53_ct_worker_wake and glm53_ct_worker_rest: no naps
     std::atomic<int> hold{0};
     std::thread thread;
     // indexed like the fields of glm53_ct_counters
@@ -255,8 +259,9 @@ void glm53_ct_worker::run()
 {
     uint64_t* next = reinterpret_cast<uint64_t*>(static_cast<uint8_t*>(ring) + WORKER_NEXT);
     uint64_t seq = load(next);
-    auto idle_since = clock_type::now();
+    auto idle_since = clock_type::now(), woken = idle_since;
     const auto spin = std::chrono::microseconds(spin_us), park_after = std::chrono::microseconds(park_us);
+    const auto max_step = std::chrono::milliseconds(MAX_STEP_MS);
     int polls = 0;
     int nap_now = FIRST_NAP_US < nap_us ? FIRST_NAP_US : nap_us;
     uint32_t gen = wake_gen.load(std::memory_order_acquire);
@@ -267,16 +272,20 @@ void glm53_ct_worker::run()
         const uint32_t st = state_of(v);
         if (q < seq) {  // not published yet
             const uint32_t g = wake_gen.load(std::memory_order_acquire);
-            if (g != gen) {  // a decode step starts: spin again
+            if (g != gen) {  // a decode step starts (or ends): spin again
                 gen = g;
-                idle_since = clock_type::now();
+                idle_since = woken = clock_type::now();
                 nap_now = FIRST_NAP_US < nap_us ? FIRST_NAP_US : nap_us;
             }
             if (++polls % 64 == 0) {
-                const auto idle = clock_type::now() - idle_since;
+                const auto now = clock_type::now();
+                if (in_step.load(std::memory_order_relaxed) && now - woken < max_step)
+                    idle_since = now;  // a step in flight: spin (its jobs come with no notice)
+                const auto idle = now - idle_since;
                 if (park_us > 0 && idle >= park_after)
                     park(gen);  // no decode in flight: no wake-ups at all until the next one
                 else if (idle >= spin) {
+                    COUNT(naps, 1);
                     nap(nap_now);  // naps double up to nap_us: a long idle costs few wake-ups
                     nap_now = nap_now * 2 < nap_us ? nap_now * 2 : nap_us;
                 }
@@ -335,6 +344,7 @@ int32_t glm53_ct_abi(const char* name, int64_t* value)
         GLM53_ABI_FIELD(glm53_ct_counters, taken_back_before_claim),
         GLM53_ABI_FIELD(glm53_ct_counters, taken_back_after_claim),
         GLM53_ABI_FIELD(glm53_ct_counters, max_queue_depth),
+        GLM53_ABI_FIELD(glm53_ct_counters, naps),
         GLM53_ABI_VALUE("state.empty", GLM53_CT_EMPTY),
         GLM53_ABI_VALUE("state.published", GLM53_CT_PUBLISHED),
         GLM53_ABI_VALUE("state.claimed", GLM53_CT_CLAIMED),
@@ -482,9 +492,16 @@ void glm53_ct_worker_counters(const glm53_ct_worker* worker, glm53_ct_counters* 
 
 void glm53_ct_worker_wake(glm53_ct_worker* worker)
 {
+    worker->in_step.store(1, std::memory_order_relaxed);
     worker->wake_gen.fetch_add(1, std::memory_order_seq_cst);
     if (worker->parked.load(std::memory_order_seq_cst))
         futex_wake_all(worker->wake_gen);
+}
+
+void glm53_ct_worker_rest(glm53_ct_worker* worker)
+{
+    worker->in_step.store(0, std::memory_order_relaxed);
+    worker->wake_gen.fetch_add(1, std::memory_order_seq_cst);  // the spin_us tail counts from here
 }
 
 int32_t glm53_ct_worker_parked(const glm53_ct_worker* worker) { return worker->parked.load(std::memory_order_acquire); }

@@ -99,6 +99,7 @@ typedef struct glm53_ct_counters {
     uint64_t taken_back_before_claim;  /* counted when the worker reaches the job's number */
     uint64_t taken_back_after_claim;   /* late: the result was discarded */
     uint64_t max_queue_depth;   /* PUBLISHED slots seen at a claim, the claimed one included */
+    uint64_t naps;              /* idle naps taken: none while a decode step is in flight (wake .. rest) */
 } glm53_ct_counters;
 
 typedef struct glm53_ct_worker glm53_ct_worker;
@@ -122,7 +123,7 @@ GLM53_CT_API uint64_t glm53_ct_slot_word(const void* ring, int32_t slot, int32_t
 /* The worker: one thread (pinned to cpu unless cpu < 0) serving the ring with the expert kernel on pool (NULL:
  * the worker thread alone), ISA isa and codebook (GLM53_CE_CODEBOOK_*). table: [n_layers * n_experts] experts, copied; an entry with a NULL gate
  * trellis is not registered. All registered experts have the same dims (hidden = the ring's). act_limit: GLM's
- * swiglu_limit (0: no clamp). Idle, it spins spin_us after its last job (or its last wake-up), then naps: 50 us,
+ * swiglu_limit (0: no clamp). Idle, it spins spin_us after its last job (or its last wake-up or rest), then naps: 50 us,
  * doubling up to nap_us (a GPU producer cannot wake a futex); idle for park_us (0: never), it parks: asleep until
  * glm53_ct_worker_wake, looking at the ring every 100 ms even unwoken, so that an idle server costs no CPU. NULL on
  * failure (glm53_ct_error says why). */
@@ -130,8 +131,12 @@ GLM53_CT_API glm53_ct_worker* glm53_ct_worker_start(void* ring, const glm53_ce_e
                                                     int32_t n_experts, float act_limit, glm53_ce_pool* pool,
                                                     int32_t isa, int32_t codebook, int32_t cpu, int32_t spin_us,
                                                     int32_t nap_us, int32_t park_us);
-/* A decode step is about to start (the host that launches it calls this): a napping or parked worker spins again. */
+/* A decode step is about to start (the host that launches it calls this): a napping or parked worker spins again,
+ * and it takes no nap until glm53_ct_worker_rest: the GPU publishes a layer's job with no notice, and a job that
+ * finds the worker napping waits for the nap's end (up to nap_us), past the GPU's wait for it. */
 GLM53_CT_API void glm53_ct_worker_wake(glm53_ct_worker* worker);
+/* The decode step is over (its host synchronised): the worker spins spin_us more, then naps and parks as above. */
+GLM53_CT_API void glm53_ct_worker_rest(glm53_ct_worker* worker);
 /* Whether the worker is parked now (for tests and /stats). */
 GLM53_CT_API int32_t glm53_ct_worker_parked(const glm53_ct_worker* worker);
 /* Returns once the worker has exited: it finishes (publishes) a job it has claimed and claims no more. */

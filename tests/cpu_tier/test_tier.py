@@ -99,13 +99,16 @@ class FakeEvent:
 class FakeWorker:
     def __init__(self):
         self.live = {"jobs": 0, "experts": 0, "tokens": 0, "busy_s": 0.0}
-        self.woken = 0
+        self.woken = self.rested = 0
 
     def counters(self):
         return dict(self.live)
 
     def wake(self):
         self.woken += 1
+
+    def rest(self):
+        self.rested += 1
 
     def parked(self):
         return True
@@ -161,6 +164,25 @@ def test_while_the_table_sends_the_cpu_nothing_one_step_in_probe_steps_publishes
     for _ in range(PROBE_STEPS):
         t.after_step()
         assert not t._probing
+
+
+def test_the_worker_spins_through_steps_that_may_publish_jobs_and_rests_after_every_step():
+    """A worker that naps misses a job published in its nap (the GPU's wait is shorter than a nap): it is woken
+    before every step the table may send it jobs in, probe steps too, and told after each that the step is over.
+    While the table sends the CPU nothing, it is left asleep."""
+    t = tier()
+    t.before_step()
+    t.after_step()
+    assert (t.worker.woken, t.worker.rested) == (1, 1)
+    t.cpu_off = True
+    woken = []
+    for _ in range(2 * PROBE_STEPS):
+        probing, before = t._probing, t.worker.woken
+        t.before_step()
+        woken.append(t.worker.woken - before)
+        assert woken[-1] == int(probing)
+        t.after_step()
+    assert sum(woken) == 2 and t.worker.rested == 1 + 2 * PROBE_STEPS  # woken for the two probe steps alone
 
 
 def test_the_tier_stays_out_of_steps_it_cannot_take_and_while_paused():

@@ -350,6 +350,25 @@ def test_a_table_with_wrong_dims_is_refused(tier):
         ct.Worker(ring, table, act_limit=LIMIT).start()
 
 
+def test_a_worker_woken_for_a_step_takes_no_nap_until_the_step_rests(tier):
+    """Between wake() and rest() (a decode step in flight) the worker spins however long it waits: a job the GPU
+    publishes then must not wait out a nap. After rest() it naps again once spin_us has passed; a step that never
+    rests is taken as over a second after its wake-up."""
+    _, table, _ = tier
+    ring = ct.Ring(slots=2, hidden=HIDDEN)
+    with ct.Worker(ring, table, act_limit=LIMIT, spin_us=100, nap_us=1000) as worker:
+        wait_for(lambda: worker.counters()["naps"] > 0)  # idle: it naps
+        for rests in (True, False):
+            worker.wake()
+            time.sleep(0.05)  # a nap under way at the wake-up ends (1 ms at most)
+            naps = worker.counters()["naps"]
+            time.sleep(0.2)  # 2,000 times spin_us
+            assert worker.counters()["naps"] == naps
+            if rests:
+                worker.rest()
+            wait_for(lambda: worker.counters()["naps"] > naps, timeout=3.0)
+
+
 def test_an_idle_worker_parks_costs_no_cpu_and_a_wake_or_a_late_look_serves_the_next_job(tier):
     """Idle for park_us the worker parks (asleep on a futex); wake() (the engine calls it before every step) brings
     it back at once, and a job published without a wake is still served by its look at the ring every 100 ms."""

@@ -2,7 +2,7 @@
 + gevent) on the tiny synthetic checkpoint, the same checks as the CPU tests of ``tests/server``:
 
 - bad input: the stored schema-fuzz corpus (``tests/gpu/fuzz_corpus.json``, 150 cases over every endpoint, drawn
-  from the strategies of ``tests/server/schema_fuzz.py``), token budgets capped at FUZZ_BUDGET so that every case
+  from the strategies of ``tests/server/schema_fuzz.py``), token budgets capped at ``schema_fuzz.FUZZ_BUDGET`` so that every case
   is bounded; zero 5xx, no error event in a stream, and a normal request is served afterwards;
 - load: 64 streaming clients on 8 batch slots, all complete, first come first served;
 - a soak (SOAK_SECONDS, 60 by default; ``tests/server/soak.py``): no failure, every request and job accounted for
@@ -33,7 +33,7 @@ import pytest
 
 from tests import loadgen
 from tests.server import soak
-from tests.server.schema_fuzz import GPU_CORPUS, send
+from tests.server.schema_fuzz import FUZZ_BUDGET, GPU_CORPUS, bounded, send
 from tests.server.servers import Server
 
 SLOTS = 8
@@ -44,7 +44,6 @@ SOAK_S = float(os.environ.get("SOAK_SECONDS", "60"))
 SOAK_CLIENTS = 12
 # Above the CPU soak's 32 MiB: the CUDA runtime, Triton and exllamav3 keep host-side pools of their own
 RSS_GROWTH_BOUND = 64 * 2**20
-FUZZ_BUDGET = 32  # most tokens a fuzz case may generate per choice here (the CPU fuzz covers uncapped budgets)
 FUZZ_TIMEOUT_S = 60
 PREFILL_TOKENS = 30000  # 15 chunks of 2,048: long enough to hang up while it runs
 LONG = {"messages": [{"role": "user", "content": "long"}], "max_tokens": 100000, "ignore_eos": True, "stream": True}
@@ -94,31 +93,6 @@ def wait_for(predicate, timeout: float, interval: float = 0.02) -> float:
 
 
 # ----- bad input
-
-
-def bounded(path: str, body: str | None) -> bytes | None:
-    """A fuzz body with its token budget capped at FUZZ_BUDGET (and set where it is absent, since an absent budget
-    is the rest of the context); anything that is not a JSON object is sent as it is."""
-    if body is None:
-        return None
-    value = json.loads(body)
-    if isinstance(value, dict):
-        if path in ("/v1/chat/completions", "/v1/completions"):
-            for key in [k for k in ("max_tokens", "max_completion_tokens") if k in value] or ["max_tokens"]:
-                value[key] = _cap(value.get(key))
-        elif path == "/generate":
-            params = value.setdefault("sampling_params", {})
-            if isinstance(params, dict):
-                params["max_new_tokens"] = _cap(params.get("max_new_tokens"))
-    return json.dumps(value).encode()
-
-
-def _cap(budget):
-    if budget is None:
-        return FUZZ_BUDGET
-    if isinstance(budget, (int, float)) and not isinstance(budget, bool):
-        return min(budget, FUZZ_BUDGET)  # a float like 1e20 would pass as an integer
-    return budget  # not a number: the server refuses it
 
 
 def test_schema_fuzz_of_every_endpoint(server, figures):

@@ -191,6 +191,41 @@ GPU_CORPUS_CASES = {"POST": 24, "GET": 4, "GET /v1/models/{model_id}": 6}  # 150
 GPU_CORPUS_SPREAD = 8
 
 
+# Most tokens a case of the GPU corpus may generate per choice when it is replayed (bounded): the GPU engine serves
+# a long context, and an absent budget is the rest of it (the CPU fuzz covers uncapped budgets, on a short context)
+FUZZ_BUDGET = 32
+
+
+def bounded(path: str, body: str | None) -> bytes | None:
+    """A corpus body with its token budget capped at FUZZ_BUDGET, and set where an absent one means the rest of the
+    context; anything that is not a JSON object is sent as it is. ``/v1/messages`` needs its budget: left out, the
+    answer is a 400, so it stays out."""
+    if body is None:
+        return None
+    value = json.loads(body)
+    if isinstance(value, dict):
+        if path in ("/v1/chat/completions", "/v1/completions"):
+            for key in [k for k in ("max_tokens", "max_completion_tokens") if k in value] or ["max_tokens"]:
+                value[key] = _cap(value.get(key))
+        elif path == "/v1/responses":
+            value["max_output_tokens"] = _cap(value.get("max_output_tokens"))
+        elif path == "/v1/messages" and "max_tokens" in value:
+            value["max_tokens"] = _cap(value["max_tokens"])
+        elif path == "/generate":
+            params = value.setdefault("sampling_params", {})
+            if isinstance(params, dict):
+                params["max_new_tokens"] = _cap(params.get("max_new_tokens"))
+    return json.dumps(value).encode()
+
+
+def _cap(budget):
+    if budget is None:
+        return FUZZ_BUDGET
+    if isinstance(budget, (int, float)) and not isinstance(budget, bool):
+        return min(budget, FUZZ_BUDGET)  # a float like 1e20 would pass as an integer
+    return budget  # not a number: the server refuses it
+
+
 def operation_cases(doc: dict, method: str, path: str):
     """A strategy of (request target, body) for one operation of the OpenAPI document ``doc``."""
     op = doc["paths"][path][method.lower()]

@@ -14,10 +14,13 @@ from collections import Counter
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
-from .schema_fuzz import ENDPOINTS, GPU_CORPUS, GPU_CORPUS_CASES, operation_cases, send
+from . import apps
+from .schema_fuzz import ENDPOINTS, FUZZ_BUDGET, GPU_CORPUS, GPU_CORPUS_CASES, bounded, operation_cases, send
 from .servers import Server
 
 CASES = {"POST": 300, "GET": 25}
+# the endpoints that generate tokens
+GENERATING = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/generate")
 REQUEST_TIMEOUT_S = 20
 statuses: dict[str, Counter] = {}
 
@@ -91,3 +94,35 @@ def test_server_still_serves_and_holds_nothing_after_the_fuzz(server):
     print(f"\nfuzzed {total} requests over {len(statuses)} endpoints:")
     for endpoint, counter in sorted(statuses.items()):
         print(f"  {endpoint}: {dict(sorted(counter.items()))}")
+
+
+def _completion_tokens(client) -> float:
+    text = client.get("/metrics").get_data(as_text=True)
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("glm53_completion_tokens_total"))
+
+
+def _choices(body: bytes | None) -> int:
+    value = json.loads(body) if body else None
+    if not isinstance(value, dict):
+        return 1
+    counts = [value.get(k) for k in ("n", "best_of")]
+    return max([1] + [c for c in counts if isinstance(c, int) and not isinstance(c, bool)])
+
+
+def test_the_gpu_replay_bounds_every_case_of_its_corpus():
+    """tests/gpu replays its corpus on a long context, where a case without a budget generates to the context's end
+    (a POST /v1/responses without max_output_tokens once ran past the replay's 60 s timeout there). Replayed here as
+    bounded() sends it, on the demo model with the GPU run's context, no case generates more than FUZZ_BUDGET tokens
+    a choice."""
+    cases = json.loads(GPU_CORPUS.read_text())["cases"]
+    generating = [c for c in cases if c["operation"] in {f"POST {p}" for p in GENERATING}]
+    assert {c["operation"] for c in generating} == {f"POST {p}" for p in GENERATING}
+    with apps.tiny(["-cs", "32768", "--max-batch-size", "8"]) as app:
+        client = app.test_client()
+        for case in generating:
+            path = case["operation"].split(" ", 1)[1]
+            body = bounded(path, case["body"])
+            before = _completion_tokens(client)
+            client.post(case["target"], data=body, content_type="application/json")
+            made = _completion_tokens(client) - before
+            assert made <= FUZZ_BUDGET * _choices(body), (case["target"], made, body[:300])
