@@ -101,6 +101,18 @@ class Costs:
             out[tokens] = np.where(possible & (cost(best) < none), best, 0).astype(np.uint8)
         return out
 
+    def savings(self, tokens: np.ndarray, hits: np.ndarray, misses: np.ndarray, k: np.ndarray) -> np.ndarray:
+        """Seconds the split saves each layer (arrays alike) by sending ``k`` of its ``misses`` to the CPU: the GPU's
+        time for all of them less the slower of the two paths (0 where ``k`` is 0)."""
+        tokens, hits, misses, k = (np.asarray(a, dtype=np.int64) for a in (tokens, hits, misses, k))
+        per_expert = np.array([0.0] + [self.cpu_per_expert(t) for t in range(1, int(tokens.max(initial=1)) + 1)])
+        per_job = np.array([0.0] + [self.cpu_per_job(t) for t in range(1, int(tokens.max(initial=1)) + 1)])
+        gpu0 = self.gpu_fixed_s + hits * self.vram_expert_s
+        none = gpu0 + misses * self.link_expert_s
+        split = np.maximum(gpu0 + (misses - k) * self.link_expert_s,
+                           self.handoff_s + per_job[tokens] + k * per_expert[tokens])
+        return np.where(k > 0, none - split, 0.0)
+
     JUMP = 1.5  # a live CPU figure this much higher than the model replaces it instead of being averaged in
     EASE = 1.25  # a lower live figure lowers the model by at most this factor a refresh (slow to trust a free host)
 

@@ -45,6 +45,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 
+import numpy as np
 import torch
 
 from . import kernel as ce
@@ -68,6 +69,51 @@ STARVED_SHARE = 0.1  # a refresh window whose jobs went unclaimed past their dea
 LATE_SHARE = 0.05  # a refresh window with more late jobs (computed by the GPU after all) than this: the CPU is slower
 SLOWER = 2.0  # ... and its figures are multiplied by this (they come back down by at most 1.25x a clean window)
 STOP_LOSS_FLOOR_S = 300e-6  # the GPU waits at least this long for a job (its jitter), at most its experts' link time
+LAYER_SAMPLES = 768  # the latest sampled layers' (tokens, hits, misses) the split's saving is predicted over
+HOOK_MARGIN = 1.25  # resting for its hooks' cost, the tier comes back once its predicted saving is this much higher
+
+
+class Worth:
+    """Whether taking part in decode pays for the tier's hooks. On every layer it takes part in, the thread feeding
+    the GPU spends host time launching the split, the collect and the GPU fallback (a decode step of a small batch
+    is bound by that thread's launches: on the H200 host, a tier that took under 1 % of the misses made the step
+    6 % slower than exact mode's, about 90 us a layer), a cost the split's table does not see. So the table's
+    predicted saving of a layer, averaged over sampled layers (their tokens, hits and misses, the table's ``k``),
+    is set against the hooks' measured host time per layer: below it the tier RESTS (no launches, as in exact
+    mode, but for probe steps); it comes back once the saving is ``HOOK_MARGIN`` times the hooks' cost."""
+
+    def __init__(self):
+        self.samples: deque[tuple[int, int, int]] = deque(maxlen=LAYER_SAMPLES)  # (tokens, hits, misses)
+        self.hook_s: float | None = None  # the hooks' host seconds per layer, over the latest window that had any
+        self.saving_s: float | None = None  # the split's predicted saving per layer
+        self.resting = False
+        self._sum, self._layers = 0.0, 0
+
+    def hooked(self, seconds: float) -> None:
+        """A layer's hooks took this much host time."""
+        self._sum += seconds
+        self._layers += 1
+
+    def sampled(self, tokens: int, hits: int, misses: int) -> None:
+        self.samples.append((tokens, hits, misses))
+
+    def decide(self, costs: Costs, table) -> bool:
+        """Rests or comes back by this window's figures (``table``: ``costs``' split table, host side); True when
+        that changed."""
+        if self._layers:
+            self.hook_s, self._sum, self._layers = self._sum / self._layers, 0.0, 0
+        if self.hook_s is None or not self.samples:
+            return False
+        t, h, m = (np.array(v) for v in zip(*self.samples))
+        self.saving_s = float(costs.savings(t, h, m, table[t, h, m]).mean())
+        before = self.resting
+        self.resting = self.saving_s < self.hook_s * (HOOK_MARGIN if self.resting else 1.0)
+        return self.resting != before
+
+    def stats(self) -> dict:
+        us = {k: None if v is None else round(v * 1e6, 1) for k, v in (("hooks_us_per_layer", self.hook_s),
+                                                                       ("saving_us_per_layer", self.saving_s))}
+        return {**us, "resting": self.resting, "layers_sampled": len(self.samples)}
 
 
 class FeedingThread:
@@ -90,6 +136,10 @@ class FeedingThread:
         os.sched_setaffinity(0, self.rest)  # 0: the calling thread
         self._torch_threads = torch.get_num_threads()
         torch.set_num_threads(min(self._torch_threads, len(self.rest)))
+
+    @property
+    def confined(self) -> bool:
+        return self._torch_threads is not None
 
     def release(self) -> None:
         if self._torch_threads is not None:
@@ -132,17 +182,21 @@ class FastTier:
             self.producer = DeviceProducer(self.ring, device, CtKernels(kernels.path))  # the library of the cache's kernels
             self.max_experts = min(255, MAX_TOKENS * top_k)
             self.costs = self._measure(settings, experts, act_limit, kernels)
-            self.cube = torch.from_numpy(self.costs.table(MAX_TOKENS, self.max_experts)).to(device)
-            self.cpu_off = not bool(self.cube.any())  # the table sends the CPU nothing: probe now and then
+            self._table = self.costs.table(MAX_TOKENS, self.max_experts)  # host side (the worth's predictions)
+            self.cube = torch.from_numpy(self._table).to(device)
+            self.cpu_off = not bool(self._table.any())  # the table sends the CPU nothing: probe now and then
         except BaseException:
             self.close()  # what started stops, and the feeding thread gets its CPUs back
             raise
         self._steps, self._seen, self._seen_device = 0, self.worker.counters(), self.producer.stats()
-        self._probing = False  # this step publishes shadow jobs (cpu_off)
+        self._probing = False  # this step publishes shadow jobs (resting)
+        self.worth = Worth()
+        self._hook_s = 0.0  # host time of the current layer's routing hook
         self._probe_link_s = self.costs.link_expert_s  # the start-up probe's figure, a live line's sanity range
         self._sampling = False  # this step's layers are timed
-        self._open_sample: tuple[int, torch.cuda.Event, torch.Tensor] | None = None  # (layer row, start, split counts)
-        self._step_samples: list[tuple[torch.cuda.Event, torch.cuda.Event, torch.Tensor]] = []
+        # (layer row, start, split counts, tokens)
+        self._open_sample: tuple[int, torch.cuda.Event, torch.Tensor, int] | None = None
+        self._step_samples: list[tuple[torch.cuda.Event, torch.cuda.Event, torch.Tensor, int]] = []
         self._gpu_samples: deque[tuple[int, float]] = deque(maxlen=GPU_SAMPLES)  # (GPU misses, seconds)
         self.deadline_s = settings.ct_deadline_ms / 1000.0
         self.sent = torch.zeros(4, dtype=torch.int64, device=device)  # hits, misses, experts, picks sent (decode steps)
@@ -181,9 +235,15 @@ class FastTier:
     def use_costs(self, costs: Costs) -> None:
         """Split by these costs from the next step on (the device's table is rewritten in place, on the stream)."""
         self.costs = costs
-        table = costs.table(MAX_TOKENS, self.max_experts)
-        self.cpu_off = not table.any()
-        self.cube.copy_(torch.from_numpy(table))
+        self._table = costs.table(MAX_TOKENS, self.max_experts)
+        self.cpu_off = not self._table.any()
+        self.cube.copy_(torch.from_numpy(self._table))
+
+    @property
+    def resting(self) -> bool:
+        """The tier launches nothing but probes: its table sends the CPU nothing, or its saving is below its hooks'
+        cost (:class:`Worth`)."""
+        return self.cpu_off or self.worth.resting
 
     def worthwhile(self) -> tuple[bool, str]:
         """Whether the measured costs give the CPU any share of a decode step's misses, and why (for
@@ -213,8 +273,9 @@ class FastTier:
         """After the layer's routing and the cache's step, before its experts run. While the table sends the CPU
         nothing (a busy or slow host) and this is no probe step, nothing is launched: the layer runs as in exact
         mode, at its cost."""
-        if not self.enabled or (self.cpu_off and not self._probing):
+        if not self.enabled or (self.resting and not self._probing):
             return
+        t0 = time.perf_counter()
         T = selected.shape[0]
         if T > MAX_TOKENS or weights.dtype != torch.float16 or z.dtype != torch.float16 or not (
                 selected.is_contiguous() and weights.is_contiguous() and z.is_contiguous()):
@@ -230,19 +291,21 @@ class FastTier:
         if self._sampling:
             start = self._event()
             start.record()
-            self._open_sample = (row, start, info)
+            self._open_sample = (row, start, info, T)
+        self._hook_s = time.perf_counter() - t0
 
     def on_routed_sum(self, row: int, final_hidden_states: torch.Tensor) -> torch.Tensor:
         """The layer's fp32 routed sum: the CPU's partial is added in place."""
-        if self._pending is None or self._pending[0] != row:
-            return final_hidden_states
-        _, status, T, record, y, info = self._pending
-        self._pending = None
         if self._open_sample is not None and self._open_sample[0] == row:
             end = self._event()
-            end.record()  # before the wait for the CPU: the GPU's own part of the layer
-            self._step_samples.append((self._open_sample[1], end, self._open_sample[2]))
+            end.record()  # before the wait for the CPU: the GPU's own part of the layer (a probe step's too)
+            self._step_samples.append((self._open_sample[1], end, self._open_sample[2], self._open_sample[3]))
             self._open_sample = None
+        if self._pending is None or self._pending[0] != row:
+            return final_hidden_states
+        t0 = time.perf_counter()
+        _, status, T, record, y, info = self._pending
+        self._pending = None
         acc = final_hidden_states.view(-1, final_hidden_states.shape[-1])
         if acc.dtype != torch.float32 or not acc.is_contiguous() or acc.shape[-1] != self.hidden:
             raise RuntimeError(f"layer {row}: the routed sum is {acc.dtype} {tuple(acc.shape)}; the CPU tier needs a "
@@ -252,6 +315,7 @@ class FastTier:
         count, token_sorted, weight_sorted = self.producer.fallback_plan(status, outcome, record, T, self.top_k,
                                                                          self.store.num_experts)
         self.fallbacks[row](y, acc[:T], count, token_sorted, weight_sorted)
+        self.worth.hooked(self._hook_s + time.perf_counter() - t0)
         return final_hidden_states
 
     @contextmanager
@@ -268,7 +332,7 @@ class FastTier:
     def before_step(self) -> None:
         """Before the engine launches a step that may publish jobs: the worker spins through it. While the table
         sends the CPU nothing and this is no probe step, it is left to nap and park (the tier costs no CPU)."""
-        if not self.cpu_off or self._probing:
+        if not self.resting or self._probing:
             self.worker.wake()
 
     def after_step(self) -> None:
@@ -281,7 +345,12 @@ class FastTier:
         self._sampling = self._steps % SAMPLE_STEPS == 0
         if self._steps % REFRESH_STEPS == 0:
             self._refresh()
-        self._probing = self.cpu_off and self._steps % PROBE_STEPS == 0
+        self._probing = self.resting and self._steps % PROBE_STEPS == 0
+        # resting, the thread feeding the GPU may use every CPU again, as in exact mode
+        if self.resting and self.feeding.confined:
+            self.feeding.release()
+        elif not self.resting and not self.feeding.confined:
+            self.feeding.confine()
 
     @staticmethod
     def _event() -> torch.cuda.Event:
@@ -290,9 +359,10 @@ class FastTier:
     def _read_samples(self) -> None:
         """The timed layers of the step just synchronised: (the misses the GPU computed, its seconds)."""
         if self._step_samples:
-            counts = torch.stack([info for _, _, info in self._step_samples]).tolist()  # one transfer for the step
-            for (start, end, _), (_, misses, cpu_experts, _) in zip(self._step_samples, counts):
+            counts = torch.stack([info for _, _, info, _ in self._step_samples]).tolist()  # one transfer for the step
+            for (start, end, _, tokens), (hits, misses, cpu_experts, _) in zip(self._step_samples, counts):
                 self._gpu_samples.append((misses - cpu_experts, start.elapsed_time(end) / 1000.0))
+                self.worth.sampled(tokens, hits, misses)
         self._step_samples.clear()
         self._open_sample = None
 
@@ -323,6 +393,9 @@ class FastTier:
             fresh = fresh.with_gpu_line(*line)
         if fresh is not self.costs:
             self.use_costs(fresh)
+        if self.worth.decide(self.costs, self._table):
+            log.info("CPU tier %s: its split saves %.0f us a layer, its hooks cost %.0f us of host time a layer",
+                     "resting" if self.worth.resting else "back", self.worth.saving_s * 1e6, self.worth.hook_s * 1e6)
 
     def stats(self) -> dict:
         hits, misses, experts, picks = self.sent.tolist()
@@ -337,6 +410,7 @@ class FastTier:
                       "handoff_us": round(self.costs.handoff_s * 1e6, 1), "sources": dict(self.costs.sources)},
             "split": {"hits": hits, "misses": misses, "cpu_experts": experts, "cpu_picks": picks, "skipped_calls": self.skipped,
                       "cpu_off": self.cpu_off},
+            "worth": self.worth.stats(),
             "device": self.producer.stats(),
             "worker": {**self.worker.counters(), "parked": self.worker.parked()},
             "deadline_ms": self.deadline_s * 1000,

@@ -80,8 +80,20 @@ def tier():
     t._gpu_samples = collections.deque(maxlen=ft.GPU_SAMPLES)
     t._event = FakeEvent
     t.pool = type("Pool", (), {"threads": 3})()
-    t.feeding = type("Feeding", (), {"rest": {0}})()
+    t.feeding = FakeFeeding()
+    t.worth, t._hook_s, t._table = ft.Worth(), 0.0, t.cube.numpy()
     return t
+
+
+class FakeFeeding:
+    rest = {0}
+    confined = True
+
+    def confine(self):
+        self.confined = True
+
+    def release(self):
+        self.confined = False
 
 
 class FakeEvent:
@@ -408,3 +420,46 @@ def test_start_leaves_the_tier_off_only_under_auto_when_the_costs_give_it_nothin
     else:
         assert tier is None and len(closed) == 1
         assert off == "the measured costs give it no share of the misses: a one-expert CPU job costs more"
+
+
+def test_the_tier_rests_while_its_split_saves_less_than_its_hooks_cost_and_comes_back_when_it_saves_more():
+    costs = Costs({1: 1e-4}, 1e-5, 2e-4, 1e-6, sources={"cpu_expert_s": "test"})
+    table = costs.table(8, 64)
+    w = ft.Worth()
+    assert not w.decide(costs, table) and not w.resting  # nothing measured yet
+    for _ in range(10):
+        w.sampled(1, 0, 1)  # one miss a layer: the split saves 90 us (200 us on the link against 110 on the CPU)
+        w.hooked(100e-6)
+    assert w.decide(costs, table) and w.resting
+    assert w.saving_s == pytest.approx(90e-6) and w.hook_s == pytest.approx(100e-6)
+    w.hooked(80e-6)  # cheaper hooks: 90 > 80, but not HOOK_MARGIN (1.25) x 80
+    assert not w.decide(costs, table) and w.resting
+    w.samples.extend([(1, 0, 10)] * 10)  # ten misses a layer: 1,290 us saved (7 on the CPU)
+    assert w.decide(costs, table) and not w.resting and w.saving_s == pytest.approx((90e-6 + 1290e-6) / 2)
+    assert w.stats() == {"hooks_us_per_layer": 80.0, "saving_us_per_layer": 690.0, "resting": False, "layers_sampled": 20}
+
+
+def test_a_resting_tier_launches_nothing_but_probes_and_gives_the_feeding_thread_its_cpus_back():
+    t = tier()
+    t.cube[1, 0, 1] = 1  # the table would send the CPU a miss
+    t.on_routing(0, *routing(T=1))
+    t.on_routed_sum(0, torch.zeros((1, 1, H), dtype=torch.float32))
+    assert len(t.producer.published) == 1 and t.worth._layers == 1 and t.worth._sum > 0  # the hooks' host time
+    t.worth.resting = True
+    t.on_routing(0, *routing(T=1))
+    assert len(t.producer.published) == 1 and t._pending is None
+    t.before_step()
+    assert t.worker.woken == 0
+    t.after_step()
+    assert not t.feeding.confined and not t._probing
+    for _ in range(PROBE_STEPS - 1):
+        t.after_step()
+    assert t._probing
+    t.before_step()
+    assert t.worker.woken == 1
+    FakeEvent.clock[:] = [1.0, 1.001]
+    t.on_routing(0, *routing(T=1))
+    assert t.producer.published[-1][-1] == PROBE_EXPERTS
+    t.worth.resting = False
+    t.after_step()
+    assert t.feeding.confined and not t._probing
