@@ -174,6 +174,16 @@ def summarise(records: list[PromptRecord]) -> dict:
 
 # ---- paths over a loaded exllamav3 model ----
 
+def pages_for(tokens: int) -> int:
+    """A cache of whole pages holding ``tokens``."""
+    return -(-tokens // PAGE) * PAGE
+
+
+def synthetic_prompt(vocab_size: int, n: int) -> list[int]:
+    """``n`` fixed ordinary token ids (the profiling tools' prompt: the same in every run)."""
+    return [(17 * i + 3) % min(vocab_size, 1000) + 10 for i in range(n)]
+
+
 class ModelPath:
     """exllamav3 forwards of one sequence in its own cache (exllamav3's rectangular-batch mode: ``batch_shape``
     and ``past_len``, as its ``Model.warmup`` drives the model), one token per step after the prompt: the decode
@@ -371,7 +381,7 @@ def run(args: argparse.Namespace) -> dict:
     hf = Tokenizer.from_file(str(args.model / "tokenizer.json"))
     tok = HFTokenizer(hf, hf.get_vocab_size(with_added_tokens=True))
     prompts = [prompt_ids(template, tok.encode, t) for t in texts]
-    cache_tokens = -(-(max(map(len, prompts)) + args.tokens) // PAGE) * PAGE
+    cache_tokens = pages_for(max(map(len, prompts)) + args.tokens)
     if args.a.partition(":")[0] in ENGINE_PATHS:
         from glm53 import config
         from glm53.engine.exl3.backend import Exl3Backend

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.decode_kl import PAGE, ModelPath, engine_argv
+from bench.decode_kl import ModelPath, engine_argv, pages_for, synthetic_prompt
 from bench.output import emit_json
 
 POINTS = ("routed", "split", "summed", "combined")
@@ -180,13 +180,13 @@ def run(args: argparse.Namespace) -> dict:
     from glm53.engine.exl3.backend import Exl3Backend
 
     started = time.monotonic()
-    cache_tokens = -(-(args.prompt_tokens + args.tokens + 1) // PAGE) * PAGE
+    cache_tokens = pages_for(args.prompt_tokens + args.tokens + 1)
     engine = Exl3Backend(config.load(engine_argv(args.model, cache_tokens, args.engine_args), {}), extra_caches=1)
     try:
         offload, fast = engine.offload, engine.offload.fast
         layers = offload.store.num_layers
         vocab = engine.info.vocab_size
-        prompt = [(17 * i + 3) % min(vocab, 1000) + 10 for i in range(args.prompt_tokens)]
+        prompt = synthetic_prompt(vocab, args.prompt_tokens)
         out = {"checkpoint": str(args.model), "tokens": args.tokens, "engine_args": args.engine_args, "modes": {}}
         for mode in args.modes:
             if fast is None:

@@ -242,6 +242,11 @@ class Settings:
     ec_cache_experts: Any = setting(EXPERT_COUNT, "auto", "most routed experts the VRAM cache holds; auto: as many as fit in the VRAM budget")
     ec_elastic_gb: float = setting(_number(float, 0, None, " GB"), 10.0, "expert-cache VRAM lent to activations and staging during a long prefill")
     ec_stage_gb: float = setting(_number(float, 0, None, " GB"), 2.6, "size of each of the two prefill staging buffers")
+    prefetch: bool = setting(BOOL, False, "exact mode's decode: after each MoE layer, predict the next layer's picks (its router on this layer's input) and copy "
+                             "the predicted non-resident experts into a pool of VRAM slots while the next layer's attention runs; bit-identical output. "
+                             "Off by default until it has run on a GPU")
+    prefetch_slots: int = setting(_number(int, 1, 16), 2, "VRAM slots of the prefetch pool (taken from the expert cache's), the most experts copied ahead per layer")
+    prefetch_extra: int = setting(_number(int, 0, 56), 0, "experts predicted per token beyond the router's top-k (candidates when the top-k are resident)")
     # --- offload: CPU tier (fast mode)
     ct_cpus: Any = setting(CPUS, "auto", "CPUs of the CPU tier; auto: one per physical core, leaving cores for the GPU-feeding thread")
     ct_threads: int = setting(_number(int, 0, 4096), 0, "CPU-tier threads; 0: one per CPU of GLM53_CT_CPUS")

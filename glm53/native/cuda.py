@@ -18,7 +18,7 @@ from . import libraries
 from .libraries import NativeBuildError
 
 SOURCE = libraries.SOURCE / "ec" / "expert_cache.cu"
-INCLUDED = ("cpu_tier_device.cuh", "link_load.cuh", "../abi.h")  # by SOURCE: a library older than any of them is stale
+INCLUDED = ("cpu_tier_device.cuh", "link_load.cuh", "prefetch.cuh", "../abi.h")  # by SOURCE: a library older than any of them is stale
 
 
 def sources() -> list[Path]:

@@ -37,6 +37,23 @@ class EcState(ctypes.Structure):
     ]
 
 
+class EcPool(ctypes.Structure):
+    """Mirror of ``struct EcPool`` (``native/ec/prefetch.cuh``): the prefetch pool's VRAM slots and bookkeeping."""
+
+    _fields_ = [
+        ("slots", ctypes.c_int),
+        ("slot_addr", ctypes.c_void_p),
+        ("owner", ctypes.c_void_p),
+        ("num", ctypes.c_void_p),
+        ("counters", ctypes.c_void_p),
+    ]
+
+
+PF_MAX_SLOTS = 16  # prefetch pool slots the kernels take
+PF_MAX_PREDICTED = 64  # predicted experts per row
+PF_COUNTERS = ("copied", "used", "wasted", "plans")  # per layer, in the kernels' order
+
+
 class Kernels:
     """The loaded library."""
 
@@ -45,11 +62,16 @@ class Kernels:
         the library's ``EcState`` or limits are not this module's (a stale build)."""
         lib, self.path = cuda.library(path)
         abi.check(lib.ec_abi, self.path, {"EcState": EcState}, {"limit.max_admit": MAX_ADMIT, "limit.max_experts": MAX_EXPERTS})
+        abi.check(lib.ec_prefetch_abi, self.path, {"EcPool": EcPool},
+                  {"limit.max_slots": PF_MAX_SLOTS, "limit.max_predicted": PF_MAX_PREDICTED, "counter.count": len(PF_COUNTERS),
+                   **{f"counter.{name}": i for i, name in enumerate(PF_COUNTERS)}})
         p, i, i64, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
         lib.ec_step.argtypes = [ctypes.POINTER(EcState), i, p, i, f, f, i, i64, i, p]
         lib.ec_assign.argtypes = [ctypes.POINTER(EcState), p, i, p]
         lib.ec_read_probe.argtypes = [p, i64, p, i, p]
-        for fn in (lib.ec_step, lib.ec_assign, lib.ec_read_probe):
+        lib.ec_prefetch.argtypes = [ctypes.POINTER(EcState), ctypes.POINTER(EcPool), i, p, i, i, i, i64, i, p]
+        lib.ec_prefetch_release.argtypes = [ctypes.POINTER(EcState), ctypes.POINTER(EcPool), i, p, i, p]
+        for fn in (lib.ec_step, lib.ec_assign, lib.ec_read_probe, lib.ec_prefetch, lib.ec_prefetch_release):
             fn.restype = ctypes.c_int
         self._lib = lib
 
@@ -70,3 +92,17 @@ class Kernels:
     def read_probe(self, src: torch.Tensor, out: torch.Tensor, blocks: int) -> None:
         stream = torch.cuda.current_stream().cuda_stream
         self._check(self._lib.ec_read_probe(src.data_ptr(), src.numel() * src.element_size(), out.data_ptr(), blocks, stream), "ec_read_probe")
+
+    def prefetch(self, state: EcState, pool: EcPool, layer: int, predicted: torch.Tensor, max_copies: int, block_bytes: int,
+                 copy_blocks: int) -> None:
+        """Plan and copy layer ``layer``'s prefetch from ``predicted`` (int64 [rows, n]) on the current stream."""
+        stream = torch.cuda.current_stream().cuda_stream
+        rows, n = predicted.shape
+        self._check(self._lib.ec_prefetch(ctypes.byref(state), ctypes.byref(pool), layer, predicted.data_ptr(), rows, n, max_copies,
+                                          block_bytes, copy_blocks, stream), "ec_prefetch")
+
+    def prefetch_release(self, state: EcState, pool: EcPool, layer: int, sel: torch.Tensor) -> None:
+        """After layer ``layer``'s experts (its picks ``sel``), on the current stream: count, point home, free the pool."""
+        stream = torch.cuda.current_stream().cuda_stream
+        self._check(self._lib.ec_prefetch_release(ctypes.byref(state), ctypes.byref(pool), layer, sel.data_ptr(), sel.numel(), stream),
+                    "ec_prefetch_release")

@@ -32,6 +32,7 @@ class Offload:
     """The offload of one loaded model.
 
     :param fast: fast mode's CPU tier (``glm53.cpu_tier.tier.FastTier``), or None.
+    :param prefetch: the decode's predictive prefetch (``glm53.offload.prefetch.Prefetcher``), or None.
     :param cpu_tier_off_reason: why ``GLM53_CT_ENABLE=auto`` left the CPU tier off, for ``/stats``.
     :param vram: the VRAM budget's figures (``budget.cache_slots``).
     :param timings: seconds of the start's steps, for ``/stats``.
@@ -39,10 +40,10 @@ class Offload:
 
     def __init__(self, settings: Settings, store: HostStore, cache: ExpertCache, stager: PrefillStager, *, device: torch.device,
                  policy: Policy, vram: dict, profile_source: str, timings: dict[str, float], fast=None,
-                 cpu_tier_off_reason: str | None = None):
+                 cpu_tier_off_reason: str | None = None, prefetch=None):
         self.settings = settings
         self.model_dir = Path(settings.model_dir)
-        self.store, self.cache, self.stager, self.fast = store, cache, stager, fast
+        self.store, self.cache, self.stager, self.fast, self.prefetch = store, cache, stager, fast, prefetch
         self.device, self.policy, self.budget = device, policy, vram
         self.profile_source, self.timings = profile_source, timings
         self.cpu_tier_off_reason = cpu_tier_off_reason
@@ -70,8 +71,10 @@ class Offload:
 
     def routed(self, row: int, selected: torch.Tensor, weights: torch.Tensor | None = None, z: torch.Tensor | None = None) -> None:
         """After MoE layer ``row``'s router picked ``selected`` (int64 [rows, top_k]); with the CPU tier, the router
-        weights (which it may change in place) and the router's input."""
+        weights (which it may change in place) and the router's input (with the CPU tier or prefetch)."""
         if selected.shape[0] <= self.policy.decode_rows and not self.prefilling:
+            if self.prefetch is not None:
+                self.prefetch.routed(row, selected, z)  # first: the cache's step waits for the layer's prefetch
             self.cache.on_routing(row, selected)
             if self.fast is not None:
                 self.fast.on_routing(row, selected, weights, z)
@@ -83,6 +86,8 @@ class Offload:
     def after_layer(self, row: int) -> None:
         if self.stager.active:
             self.stager.after_layer(row)
+        if self.prefetch is not None:
+            self.prefetch.after_layer(row)
 
     def _vram_headroom(self) -> int:
         return budget.headroom(self.device, self.budget)
@@ -96,6 +101,8 @@ class Offload:
             out["cache"]["profile"] = self.profile_source
             out["vram_budget"] = self.budget
             out["staging"] = self.stager.stats()
+        if self.prefetch is not None:
+            out["prefetch"] = self.prefetch.stats()
         if self.fast is not None:
             out["cpu_tier"] = self.fast.stats()
         elif self.cpu_tier_off_reason is not None:

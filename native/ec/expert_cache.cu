@@ -255,6 +255,9 @@ int ec_abi(const char* name, int64_t* value)
 
 }
 
+// Predictive prefetch into a pool of VRAM slots (same library: it rewrites the same tables)
+#include "prefetch.cuh"
+
 // The CPU tier's handoff, device side (same library)
 #include "cpu_tier_device.cuh"
 

@@ -114,3 +114,18 @@ def test_the_link_limiter_leaves_about_its_target_and_takes_under_half_a_core():
         indent=1) + "\n")
     assert 0.6 * 25 < limited < 1.4 * 25 and limited < 0.8 * free
     assert idle_cpu < 50 and info["read_gbs"] > 2
+
+
+def test_prefetch_decode_gives_the_same_tokens_and_the_oracle_serves_every_miss(tiny_checkpoint, tmp_path):
+    """bench/prefetch_decode.py on the tiny checkpoint with no cache and a pool wider than a token's picks: the three
+    runs decode the same tokens, and the oracle serves every missed pick of every layer but the first (nothing comes
+    before the first MoE layer of a step to predict it from)."""
+    out = tmp_path / "prefetch.json"
+    subprocess.run([sys.executable, "-m", "bench.prefetch_decode", "-m", str(tiny_checkpoint), "--tokens", "12",
+                    "--prompt-tokens", "16", "--engine-args", "--ec-cache-experts 0 --prefetch-slots 16", "--out", str(out)],
+                   cwd=REPO, check=True, timeout=600)
+    result = json.loads(out.read_text())
+    assert result["same_tokens"]
+    oracle = result["runs"]["oracle"]["layers"]
+    assert all(layer["recall"] == 1.0 and layer["prefetch_wasted"] == 0 for layer in oracle[1:]), oracle
+    assert oracle[0]["prefetch_copied"] == 0 and result["runs"]["off"]["prefetch_copied"] == 0

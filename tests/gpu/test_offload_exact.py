@@ -37,6 +37,9 @@ CASES = {
     "cache-11pct-no-staging": ["--ec-cache-experts", "11%", "--ec-stage-gb", "0"],
     "cache-50pct-elastic": ["--ec-cache-experts", "50%", "--ec-elastic-gb", "0.05"],
     "cache-11pct-single-pass": ["--ec-cache-experts", "11%", "--prefill-last-page-split", "0"],
+    # decode reads some misses from the prefetch pool instead (issue 20): the same bytes
+    "cache-11pct-prefetch": ["--ec-cache-experts", "11%", "--prefetch", "1"],
+    "cache-0-prefetch-wide": ["--ec-cache-experts", "0", "--prefetch", "1", "--prefetch-slots", "6", "--prefetch-extra", "2"],
 }
 
 
@@ -165,10 +168,14 @@ def test_exact_mode_is_bit_identical_to_stock(checkpoint, stock, case):
             assert stats["staging"]["forwards"] == 0
         elif cache["slots"] < total:
             assert stats["staging"]["forwards"] > 0 and stats["staging"]["staged_experts"] > 0
+        if "prefetch" in case:
+            pf = stats["prefetch"]
+            assert pf["plans"] > 0 and pf["copied"] > 0 and pf["used"] + pf["wasted"] == pf["copied"], pf
         if "elastic" in case:
             el = cache["elastic"]
             assert el["enter"] > 0 and el["exit"] == el["enter"] and el["restored_experts"] > 0 and el["realloc_failures"] == 0
-        print(f"{case}: hit rate {cache['hit_rate']} oracle {cache['oracle_hit_rate']} admissions {cache['admissions']} staging {stats['staging']}")
+        print(f"{case}: hit rate {cache['hit_rate']} oracle {cache['oracle_hit_rate']} admissions {cache['admissions']} staging {stats['staging']}"
+              f"{' prefetch ' + str({k: v for k, v in stats['prefetch'].items() if k != 'per_layer'}) if 'prefetch' in stats else ''}")
     finally:
         backend.close()
         torch.cuda.empty_cache()

@@ -38,3 +38,26 @@ def test_a_mirror_that_differs_is_refused_naming_each_difference():
         abi.check(lib.glm53_ct_abi, "libX.so", {"glm53_ct_pick": Extra})
     assert "libX.so does not match this glm53 (rebuild it" in str(err.value)
     assert "glm53_ct_pick: 12 there, 16 here" in str(err.value) and "glm53_ct_pick.spare: unknown to the library" in str(err.value)
+
+
+def test_the_cuda_librarys_mirrors_are_its_own_layout_where_nvcc_is(tmp_path):
+    """Built here with nvcc (no GPU needed to load it, only the CUDA runtime beside nvcc): the expert cache's and the
+    prefetch pool's structs and numbers are ``ec_native``'s mirrors."""
+    from pathlib import Path
+
+    from glm53.native import cuda, libraries
+    from glm53.offload import ec_native
+
+    nvcc = libraries.find_nvcc()
+    homes = [Path(nvcc).resolve().parent.parent, *sorted(Path("/usr/local").glob("cuda*"))] if nvcc else []
+    runtime = [so for home in homes for so in sorted(home.glob("lib*/libcudart.so*"))]
+    if not runtime:
+        pytest.skip("no nvcc, or no CUDA runtime beside it")
+    ctypes.CDLL(str(runtime[0]), mode=ctypes.RTLD_GLOBAL)  # the library links it by soname
+    lib = ctypes.CDLL(str(libraries.build_ec(nvcc, cuda.SOURCE, tmp_path, ["sm_90"])))
+    abi.check(lib.ec_abi, "ec", {"EcState": ec_native.EcState},
+              {"limit.max_admit": ec_native.MAX_ADMIT, "limit.max_experts": ec_native.MAX_EXPERTS})
+    value = abi.check(lib.ec_prefetch_abi, "ec", {"EcPool": ec_native.EcPool},
+                      {"limit.max_slots": ec_native.PF_MAX_SLOTS, "limit.max_predicted": ec_native.PF_MAX_PREDICTED})
+    assert [value(f"counter.{n}") for n in ec_native.PF_COUNTERS] == list(range(len(ec_native.PF_COUNTERS)))
+    assert value("counter.count") == len(ec_native.PF_COUNTERS)

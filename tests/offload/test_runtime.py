@@ -51,11 +51,11 @@ class Stager:
         self.log.append("release")
 
 
-def offload(tmp_path, log, headroom, want, fast=None):
+def offload(tmp_path, log, headroom, want, fast=None, prefetch=None):
     settings = config.load(["-m", str(tmp_path), "--ec-elastic-gb", "1"], {})
     store = types.SimpleNamespace(unpin=lambda unregister: log.append(("unpin", unregister is runtime.cuda_unregister)))
     o = Offload(settings, store, Cache(log), Stager(log, want), device=torch.device("cpu"), policy=Policy(), vram={},
-                profile_source="none", timings={}, fast=fast)
+                profile_source="none", timings={}, fast=fast, prefetch=prefetch)
     o._vram_headroom = lambda: headroom[0]
     return o
 
@@ -71,6 +71,21 @@ def test_decode_steps_go_to_the_cache_then_the_cpu_tier_and_prefill_steps_to_nei
     o.prefilling = True
     o.routed(1, torch.zeros((1, 8), dtype=torch.int64))
     assert log == []
+
+
+def test_a_decode_step_waits_for_its_prefetch_before_the_cache_and_every_layer_ends_with_the_prefetchs_turn(tmp_path):
+    log = []
+    prefetch = types.SimpleNamespace(routed=lambda row, sel, z: log.append(("prefetch", row, z)),
+                                     after_layer=lambda row: log.append(("next", row)))
+    o = offload(tmp_path, log, [0], 0, prefetch=prefetch)
+    o.routed(1, torch.zeros((4, 8), dtype=torch.int64), "w", "z")
+    o.after_layer(1)
+    assert log == [("prefetch", 1, "z"), ("cache", 1, 4), ("next", 1)]
+    log.clear()
+    o.prefilling = True
+    o.routed(1, torch.zeros((1, 8), dtype=torch.int64), "w", "z")
+    o.after_layer(1)  # a prefill's layers end too: the prefetcher ignores layers whose routing it did not see
+    assert log == [("next", 1)]
 
 
 def test_a_large_forward_borrows_only_what_staging_lacks_and_the_next_small_one_gives_it_back(tmp_path):

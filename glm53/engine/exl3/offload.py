@@ -12,7 +12,9 @@ the module that owns it:
              (``profile.warm_start``);
 7. staging   ``PrefillStager``: prefill's copies of the next layer's missing experts;
 8. CPU tier  ``cpu_tier.tier.start`` (fast mode): the tier, or the reason ``GLM53_CT_ENABLE=auto`` leaves it off;
-9. hooks     ``patches.hook_offload``: the running offload (``offload.runtime.Offload``) on every MoE layer.
+9. prefetch  ``offload.prefetch.Prefetcher`` (``GLM53_PREFETCH``, without the CPU tier): its pool's slots were
+             taken from the cache's at step 5;
+10. hooks    ``patches.hook_offload``: the running offload (``offload.runtime.Offload``) on every MoE layer.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ...offload import budget, profile
 from ...offload.cache import ExpertCache, Policy
 from ...offload.ec_native import Kernels
 from ...offload.host_store import HostStore, cuda_register
+from ...offload.prefetch import Prefetcher
 from ...offload.runtime import STAGE_MIN_ROWS, Offload
 from ...offload.staging import PrefillStager
 from ...progress import Progress
@@ -67,17 +70,35 @@ def start_offload(settings: Settings, model, load: Callable[[], None], warmup: C
     kernels = Kernels()
     total = store.num_layers * store.num_experts
     slots, vram = budget.cache_slots(settings, store.layout.block_bytes, total, device)         # 5. size
+    pool = settings.prefetch_slots if settings.prefetch else 0
+    slots = max(0, slots - pool)  # the prefetch pool's slots come out of the cache's
     warm, profile_source = profile.warm_start(settings.model_dir, settings.root, store.layer_keys)
     cache = ExpertCache(kernels, store, layers.tables, slots, device, layers.top_k, policy, warm)  # 6. fill
     stager = PrefillStager(store, cache, layers.tables, device, int(settings.ec_stage_gb * GB), STAGE_MIN_ROWS)  # 7. staging
     fast, off_reason = _cpu_tier(settings, store, cache, layers, device, kernels)              # 8. CPU tier
+    prefetch = _prefetch(settings, kernels, cache, layers, device, policy, fast)                # 9. prefetch
     offload = Offload(settings, store, cache, stager, device=device, policy=policy, vram=vram, profile_source=profile_source,
-                      timings=timings, fast=fast, cpu_tier_off_reason=off_reason)
-    offload.removers += patches.hook_offload(model, layers, offload)                           # 9. hooks
+                      timings=timings, fast=fast, cpu_tier_off_reason=off_reason, prefetch=prefetch)
+    offload.removers += patches.hook_offload(model, layers, offload)                           # 10. hooks
     log.info("expert cache: %d of %d experts in VRAM (%.2f GB), profile: %s", cache.num_slots, total,
              cache.num_slots * store.layout.block_bytes / GB, profile_source)
     progress.finish()
     return offload
+
+
+def _prefetch(settings: Settings, kernels, cache, layers: patches.MoeLayers, device, policy, fast) -> Prefetcher | None:
+    """The decode's predictive prefetch when ``GLM53_PREFETCH`` asks for it and the CPU tier does not run (its split
+    would count a prefetched expert as a miss)."""
+    if not settings.prefetch:
+        return None
+    if fast is not None:
+        log.info("prefetch is off while the CPU tier runs (GLM53_CT_ENABLE=0 turns the tier off); its %d slots stay unused",
+                 settings.prefetch_slots)
+        return None
+    log.info("prefetch: %d VRAM slots, the router's top %d + %d predicted per token", settings.prefetch_slots,
+             layers.top_k, settings.prefetch_extra)
+    return Prefetcher(kernels, cache, patches.routers(layers), settings.prefetch_slots, settings.prefetch_extra,
+                      layers.top_k, device, policy)
 
 
 def _cpu_tier(settings: Settings, store, cache, layers: patches.MoeLayers, device, kernels):

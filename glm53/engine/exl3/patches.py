@@ -27,6 +27,8 @@ Patch points:
   before its cast, where exllamav3 adds its own CPU split's partial; fast mode adds the CPU tier's there. The
   fused decode kernels skip a pick whose router weight is 0 (``exl3_moe_coop_kernel.cuh``: ``slot_info``), which
   is how the CPU tier's picks are kept from the GPU.
+- ``BlockSparseMLP.routing_cfg.gate_tensor`` (hidden x experts) and ``e_score_correction_bias``: prefetch's
+  predictor scores the next layer's router on this layer's router input (``routers``).
 - ``exllamav3_ext.exl3_moe`` with a layer's ``multi_gate / multi_up / multi_down`` tables, ``fused_mode_buffers``,
   ``activation_fn_idx`` and ``act_limit``, called as ``BlockSparseMLP.forward``'s fused tier calls it (no output
   scratch: contributions are added atomically into the fp32 output): fast mode's GPU fallback computes the
@@ -418,6 +420,20 @@ def check_cpu_tier_fits(layers: MoeLayers) -> None:
                                "the CPU tier does not support this model")
 
 
+def routers(layers: MoeLayers) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """Per MoE layer its router as prefetch's predictor scores it: ``routing_cfg.gate_tensor`` (hidden x experts,
+    what exllamav3's routing functions multiply the router input by) and ``routing_cfg.e_score_correction_bias``.
+    :raise InternalsChanged: a layer without them."""
+    out = []
+    for mlp in layers.mlps:
+        gate = getattr(mlp.routing_cfg, "gate_tensor", None)
+        if not isinstance(gate, torch.Tensor) or gate.dim() != 2 or gate.shape[1] != mlp.num_experts:
+            raise InternalsChanged(f"exllamav3 BlockSparseMLP {mlp.key!r}: routing_cfg.gate_tensor is not a hidden x "
+                                   f"{mlp.num_experts} tensor; the patch points moved")
+        out.append((gate, mlp.routing_cfg.e_score_correction_bias))
+    return out
+
+
 def hook_offload(model, layers: MoeLayers, offload) -> list[Callable[[], None]]:
     """Install the running offload (``glm53.offload.runtime.Offload``) on the model: after each layer's routing
     (``offload.routed``), around each MoE layer (``before_layer``/``after_layer``), on its fp32 routed sum when the
@@ -425,11 +441,12 @@ def hook_offload(model, layers: MoeLayers, offload) -> list[Callable[[], None]]:
     hooks look the offload's methods up at each call. Returns the removers, last installed last."""
     removers = []
     for row, mlp in enumerate(layers.mlps):
-        if offload.fast is not None:
+        if offload.fast is not None or offload.prefetch is not None:
             removers.append(add_routing_hook(
                 mlp, lambda sel, w, z, params, _row=row: offload.routed(_row, sel, w, z), with_inputs=True))
+        if offload.fast is not None:
             removers.append(wrap_routed_sum(mlp, lambda fhs, _row=row: offload.fast.on_routed_sum(_row, fhs)))
-        else:
+        if offload.fast is None and offload.prefetch is None:
             removers.append(add_routing_hook(mlp, lambda sel, params, _row=row: offload.routed(_row, sel)))
         removers.append(wrap_forward(mlp, before=lambda x, p, _row=row: offload.before_layer(_row),
                                      after=lambda x, p, _row=row: offload.after_layer(_row)))

@@ -123,3 +123,21 @@ def test_no_cpu_tier_outside_fast_mode_or_when_it_is_off(steps, mode, extra):
     offload = start.start_offload(settings_for(tmp_path, mode, *extra), "the model", lambda: None, lambda: None)
     assert not [s for s in seen if s == "fits" or s[0] == "cpu tier"]
     assert offload.fast is None and offload.cpu_tier_off_reason is None and seen[-1] == ("hooks", True, None)
+
+
+@pytest.mark.parametrize("mode, extra, made", [("exact", (), True), ("fast", ("--ct-enable", "0"), True),
+                                               ("fast", ("--ct-enable", "1"), False)])
+def test_prefetch_takes_its_slots_from_the_cache_and_runs_without_the_cpu_tier(steps, monkeypatch, mode, extra, made):
+    seen, tmp_path = steps
+    monkeypatch.setattr(start.patches, "routers", lambda layers_: [("gate a", None), ("gate b", None)])
+
+    def prefetcher(kernels, cache, routers, slots, extra_, top_k, device, policy):
+        seen.append(("prefetch", routers, slots, extra_, top_k))
+        return "the prefetcher"
+
+    monkeypatch.setattr(start, "Prefetcher", prefetcher)
+    settings = settings_for(tmp_path, mode, "--prefetch", "1", "--prefetch-slots", "2", "--prefetch-extra", "1", *extra)
+    offload = start.start_offload(settings, "the model", lambda: None, lambda: None)
+    assert [s for s in seen if s[0] == "fill"][0][2] == 3 - 2  # the budget's 3 slots less the pool's 2
+    assert ([s for s in seen if s[0] == "prefetch"] == [("prefetch", [("gate a", None), ("gate b", None)], 2, 1, 2)]) == made
+    assert offload.prefetch == ("the prefetcher" if made else None)

@@ -1,0 +1,133 @@
+"""Predictive prefetch in exact mode's decode (``GLM53_PREFETCH``): the link is idle while a layer's attention runs,
+so the experts the next MoE layer will probably pick are copied then, into a small pool of VRAM slots, and read
+from there like hits. The policy (prediction, which experts fill the pool, what counts) is written out in
+``prefetch_policy``; the device runs it (``native/ec/prefetch.cuh``).
+
+Per decode forward, on the compute stream C and a side stream P, for MoE layer ``l`` (in store order):
+
+1. ``routed(l)``, after layer ``l``'s routing, before the cache's step: C waits for layer ``l``'s prefetch (if one
+   was made); layer ``l``'s picks and router input are kept.
+2. ``after_layer(l)``, once layer ``l``'s experts are launched: on C the pool is released (its experts pointed
+   home again, what was used counted); then P waits for C, predicts layer ``l + 1``'s picks from layer ``l``'s router
+   input with layer ``l + 1``'s router (sigmoid + correction bias, top ``top_k + extra``), plans and copies, and
+   records the event that step 1 of layer ``l + 1`` waits for. So the copies overlap layer ``l + 1``'s attention,
+   and one pool serves every layer in turn.
+
+Only where bytes are read from changes: the output is bit-identical (``tests/gpu/test_offload_exact.py``). A wrong
+prediction costs link time that was idle. Not in prefill (staging reads every expert there) and not with the CPU
+tier, whose split would count a prefetched expert as a miss. For measurements, :meth:`Prefetcher.record` keeps the
+true picks of a run and :meth:`Prefetcher.replay` prefetches exactly them in a second run of the same tokens (the
+oracle: what the machinery gives with a perfect predictor).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .cache import ExpertCache, Policy
+from .ec_native import PF_COUNTERS, EcPool, Kernels
+
+
+class Prefetcher:
+    """
+    :param routers: per MoE layer (in store order) its router: (gate [hidden, experts] as exllamav3 holds it, the
+        selection-only correction bias [experts] or None).
+    :param slots: VRAM slots of the pool (the most experts copied ahead of a layer).
+    :param extra: experts predicted per token beyond ``top_k``.
+    """
+
+    def __init__(self, kernels: Kernels, cache: ExpertCache, routers: Sequence[tuple[torch.Tensor, torch.Tensor | None]],
+                 slots: int, extra: int, top_k: int, device: torch.device, policy: Policy | None = None):
+        L = cache.store.num_layers
+        if len(routers) != L:
+            raise ValueError(f"{len(routers)} routers for {L} MoE layers")
+        self.kernels, self.cache, self.device = kernels, cache, device
+        self.policy = policy or Policy()
+        self.block_bytes = cache.block_bytes
+        self.top_k, self.extra, self.slots = top_k, extra, slots
+        self.routers = [(gate, None if bias is None else bias.float().to(device)) for gate, bias in routers]
+        self.buffer = torch.empty((slots, self.block_bytes), dtype=torch.uint8, device=device)
+        i64 = {"dtype": torch.int64, "device": device}
+        self.slot_addr = torch.tensor([self.buffer.data_ptr() + i * self.block_bytes for i in range(slots)], **i64)
+        self.owner = torch.full((slots,), -1, dtype=torch.int32, device=device)
+        self.num = torch.zeros((1,), dtype=torch.int32, device=device)
+        self.counters = torch.zeros((L, len(PF_COUNTERS)), **i64)
+        self.state = EcPool(slots=slots, slot_addr=self.slot_addr.data_ptr(), owner=self.owner.data_ptr(),
+                            num=self.num.data_ptr(), counters=self.counters.data_ptr())
+        self.stream = torch.cuda.Stream(device)
+        self.ready = [torch.cuda.Event() for _ in range(L)]  # layer l's prefetch is in its slots
+        self.planned = [False] * L
+        self._picks: list[torch.Tensor | None] = [None] * L  # this forward's, per layer
+        self._inputs: list[torch.Tensor | None] = [None] * L
+        self._calls = 0  # routing calls seen (the position in a recorded run)
+        self._recording: list[torch.Tensor] | None = None
+        self._oracle: list[torch.Tensor] | None = None
+
+    # ---- hooks (the offload's, on the compute stream, decode forwards only for routed)
+
+    def routed(self, row: int, selected: torch.Tensor, z: torch.Tensor) -> None:
+        """After layer ``row``'s routing, before the cache's step."""
+        if self.planned[row]:
+            torch.cuda.current_stream().wait_event(self.ready[row])
+        self._picks[row], self._inputs[row] = selected, z
+        if self._recording is not None:
+            self._recording.append(selected.clone())
+        self._calls += 1
+
+    def after_layer(self, row: int) -> None:
+        """Once layer ``row``'s experts are launched (any forward: nothing happens where ``routed`` was not called)."""
+        picks, z = self._picks[row], self._inputs[row]
+        self._picks[row] = self._inputs[row] = None
+        if self.planned[row]:
+            self.kernels.prefetch_release(self.cache.state, self.state, row, picks)
+            self.planned[row] = False
+        nxt = row + 1
+        if z is None or nxt >= len(self.routers):
+            return
+        main = torch.cuda.current_stream()
+        z = z.clone()  # exllamav3 may reuse the router input's buffer in the next layer, while P still reads it
+        self.stream.wait_stream(main)  # after the release above, and after z was made
+        with torch.cuda.stream(self.stream):
+            predicted = self._predicted(nxt, z)
+            if predicted is None:
+                return
+            self.kernels.prefetch(self.cache.state, self.state, nxt, predicted, self.slots, self.block_bytes,
+                                  self.policy.copy_blocks)
+            self.ready[nxt].record(self.stream)
+        z.record_stream(self.stream)  # the compute stream may reuse z's memory only once P has read it
+        self.planned[nxt] = True
+
+    def _predicted(self, row: int, z: torch.Tensor) -> torch.Tensor | None:
+        """int64 [rows, top_k + extra]: layer ``row``'s likeliest picks, best first (the oracle's true picks)."""
+        if self._oracle is not None:
+            return self._oracle[self._calls] if self._calls < len(self._oracle) else None
+        gate, bias = self.routers[row]
+        scores = torch.matmul(z.view(-1, gate.shape[0]).to(gate.dtype), gate).float().sigmoid()
+        if bias is not None:
+            scores = scores + bias
+        return torch.topk(scores, min(self.top_k + self.extra, scores.shape[-1]), dim=-1, sorted=True).indices
+
+    # ---- measurements
+
+    def record(self) -> None:
+        """Keep every decode routing call's true picks from now on (the oracle's first pass)."""
+        self._recording, self._oracle, self._calls = [], None, 0
+
+    def replay(self, picks: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """Prefetch exactly ``picks`` (a recorded run's, :meth:`recorded`) from now on, in routing-call order; None
+        goes back to the predictor. Returns the picks it replays."""
+        self._oracle = None if picks is None else list(picks)
+        self._recording, self._calls = None, 0
+        return self._oracle or []
+
+    def recorded(self) -> list[torch.Tensor]:
+        return list(self._recording or [])
+
+    def stats(self) -> dict:
+        totals = self.counters.sum(dim=0).tolist()
+        per_layer = self.counters.tolist()
+        return {"slots": self.slots, "extra": self.extra, "predictor": "oracle" if self._oracle is not None else "router",
+                **dict(zip(PF_COUNTERS, totals)),
+                "per_layer": [dict(zip(PF_COUNTERS, row)) for row in per_layer]}

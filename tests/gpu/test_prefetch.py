@@ -1,0 +1,103 @@
+"""Predictive prefetch's device side (``native/ec/prefetch.cuh`` through ``glm53.offload.prefetch``) against its
+policy (``glm53.offload.prefetch_policy``), on the expert cache over a stand-in store (``test_cache_policy_kernel``'s:
+random bytes, no model):
+
+- a plan copies exactly ``fill_pool``'s experts, in its order, points their table entries at the pool's slots and
+  brings their bytes there; the release points them home again (the tables then verify) and counts what the
+  layer's picks used;
+- the prefetcher's hooks, driven as the offload drives them (routing, the cache's step, the layer's end) with the
+  oracle (the true picks), copy and use every non-resident pick the pool holds, and leave the cache's decisions as
+  without prefetch.
+
+Exactness on a model (tiny and scaled checkpoints, prefetch on) is in ``test_offload_exact.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from glm53.offload.cache import ExpertCache, Policy
+from glm53.offload.prefetch_policy import fill_pool
+from tests.gpu.test_cache_policy_kernel import DeviceStore, device, kernels  # noqa: F401 (device, kernels: fixtures)
+from tests.offload.test_cache_policy import picks_profile, popularity, routing_trace
+
+LAYERS, EXPERTS, TOP_K, HIDDEN = 3, 64, 4, 16
+
+
+def _cache(kernels, device, seed, slots):
+    store = DeviceStore(LAYERS, EXPERTS, device, seed)
+    i64 = {"dtype": torch.int64, "device": device}
+    tables = [(torch.zeros(EXPERTS, **i64), torch.zeros(EXPERTS, **i64), torch.zeros(EXPERTS, **i64), torch.zeros((EXPERTS, 2), **i64))
+              for _ in range(LAYERS)]
+    profile = picks_profile(routing_trace(popularity(seed, "zipf", LAYERS, EXPERTS), TOP_K, 50, 2, seed), EXPERTS)
+    return store, tables, ExpertCache(kernels, store, tables, slots, device, TOP_K, Policy(), profile)
+
+
+def _prefetcher(kernels, cache, device, slots, extra=0):
+    from glm53.offload.prefetch import Prefetcher
+
+    gen = torch.Generator().manual_seed(3)
+    routers = [(torch.randn(HIDDEN, EXPERTS, generator=gen).half().to(device), torch.zeros(EXPERTS)) for _ in range(LAYERS)]
+    return Prefetcher(kernels, cache, routers, slots, extra, TOP_K, device)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("slots", [1, 2, 6])
+def test_a_plan_copies_fill_pools_experts_and_the_release_points_them_home(kernels, device, seed, slots):
+    store, tables, cache = _cache(kernels, device, seed, slots=24)
+    pf = _prefetcher(kernels, cache, device, slots)
+    rng = np.random.default_rng(seed)
+    for trial in range(20):
+        layer = int(rng.integers(LAYERS))
+        rows, n_pred = int(rng.integers(1, 5)), int(rng.integers(1, 9))
+        predicted = rng.integers(-1, EXPERTS, size=(rows, n_pred))  # -1: out of range, ignored
+        resident = cache.resident()[layer] >= 0
+        want = fill_pool(predicted, resident, slots)
+        kernels.prefetch(cache.state, pf.state, layer, torch.from_numpy(predicted).to(device), slots, cache.block_bytes, 4)
+        torch.cuda.synchronize(device)
+        n = int(pf.num.item())
+        assert [o - layer * EXPERTS for o in pf.owner[:n].tolist()] == want, f"trial {trial}: plan"
+        gate = tables[layer][0].cpu()
+        for j, e in enumerate(want):
+            assert int(gate[e]) == int(pf.slot_addr[j]), f"trial {trial}: expert {e} not pointed at pool slot {j}"
+            assert torch.equal(pf.buffer[j].cpu(), store.blocks[layer, e]), f"trial {trial}: expert {e}'s bytes"
+        picks = rng.integers(0, EXPERTS, size=(2, TOP_K))
+        before = pf.counters[layer].tolist()
+        kernels.prefetch_release(cache.state, pf.state, layer, torch.from_numpy(picks).to(device))
+        torch.cuda.synchronize(device)
+        used = sum(e in picks for e in want)
+        copied, got_used, wasted, plans = (a - b for a, b in zip(pf.counters[layer].tolist(), before))
+        assert (copied, got_used, wasted, plans) == (0, used, len(want) - used, 0), f"trial {trial}: counters"
+        assert int(pf.num.item()) == 0 and (pf.owner == -1).all()
+        assert cache.verify() == [], f"trial {trial}: tables after the release"
+
+
+def test_the_oracle_prefetches_every_miss_the_pool_holds_and_the_cache_decides_as_without_it(kernels, device):
+    trace = routing_trace(popularity(7, "zipf", LAYERS, EXPERTS), TOP_K, 40, 2, 7)  # per step: [layers, rows, top_k]
+    slots = 2 * TOP_K  # room for every pick of a step's two rows
+    results = {}
+    for with_prefetch in (False, True):
+        _, _, cache = _cache(kernels, device, 11, slots=24)
+        pf = _prefetcher(kernels, cache, device, slots)
+        if with_prefetch:
+            pf.replay([torch.from_numpy(np.ascontiguousarray(step[l])).to(device) for step in trace for l in range(LAYERS)])
+        misses = 0
+        for step in trace:
+            for l in range(LAYERS):
+                sel = torch.from_numpy(np.ascontiguousarray(step[l])).to(device)
+                resident = cache.resident()[l] >= 0
+                misses += len({int(e) for e in step[l].reshape(-1) if not resident[e]}) if l > 0 else 0
+                if with_prefetch:
+                    pf.routed(l, sel, torch.zeros((sel.shape[0], HIDDEN), dtype=torch.float16, device=device))
+                cache.on_routing(l, sel)
+                if with_prefetch:
+                    pf.after_layer(l)
+        torch.cuda.synchronize(device)
+        assert cache.verify() == []
+        results[with_prefetch] = (cache.resident().copy(), cache.counters.cpu().numpy().copy(), pf.stats(), misses)
+    (res0, ctr0, _, _), (res1, ctr1, stats, misses) = results[False], results[True]
+    assert np.array_equal(res0, res1) and np.array_equal(ctr0, ctr1)  # the cache's decisions are prefetch's blind spot
+    # layer 0 is never prefetched (nothing comes before it in a step); every other layer's distinct misses are
+    assert stats["copied"] == stats["used"] == misses and stats["wasted"] == 0 and stats["plans"] == len(trace) * (LAYERS - 1)
