@@ -62,10 +62,22 @@ class Prefetcher:
         self._picks: list[torch.Tensor | None] = [None] * L  # this forward's, per layer
         self._inputs: list[torch.Tensor | None] = [None] * L
         self._calls = 0  # routing calls seen (the position in a recorded run)
+        self._no_picks = torch.zeros((0,), dtype=torch.int64, device=device)
         self._recording: list[torch.Tensor] | None = None
         self._oracle: list[torch.Tensor] | None = None
 
     # ---- hooks (the offload's, on the compute stream, decode forwards only for routed)
+
+    def settle(self) -> None:
+        """Before a forward: a plan left from a forward that stopped before its layer (an error) is waited for and
+        released, so that no table points into the pool outside the layer it was planned for."""
+        for row, planned in enumerate(self.planned):
+            if planned:
+                torch.cuda.current_stream().wait_event(self.ready[row])
+                self.kernels.prefetch_release(self.cache.state, self.state, row, self._no_picks)
+                self.planned[row] = False
+        self._picks = [None] * len(self._picks)
+        self._inputs = [None] * len(self._inputs)
 
     def routed(self, row: int, selected: torch.Tensor, z: torch.Tensor) -> None:
         """After layer ``row``'s routing, before the cache's step."""
@@ -81,7 +93,9 @@ class Prefetcher:
         picks, z = self._picks[row], self._inputs[row]
         self._picks[row] = self._inputs[row] = None
         if self.planned[row]:
-            self.kernels.prefetch_release(self.cache.state, self.state, row, picks)
+            if picks is None:  # the layer ran without its routing seen (cannot happen within one decode forward)
+                torch.cuda.current_stream().wait_event(self.ready[row])
+            self.kernels.prefetch_release(self.cache.state, self.state, row, self._no_picks if picks is None else picks)
             self.planned[row] = False
         nxt = row + 1
         if z is None or nxt >= len(self.routers):

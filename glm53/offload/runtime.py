@@ -54,6 +54,8 @@ class Offload:
 
     def forward_start(self, rows: int) -> None:
         """Before the model's forward of ``rows`` tokens (all sequences together)."""
+        if self.prefetch is not None:
+            self.prefetch.settle()  # before the tables change hands (staging, the loan's return)
         if rows >= STAGE_MIN_ROWS:
             self.prefilling = True
             if self.stager.enabled:

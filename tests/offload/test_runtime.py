@@ -76,8 +76,11 @@ def test_decode_steps_go_to_the_cache_then_the_cpu_tier_and_prefill_steps_to_nei
 def test_a_decode_step_waits_for_its_prefetch_before_the_cache_and_every_layer_ends_with_the_prefetchs_turn(tmp_path):
     log = []
     prefetch = types.SimpleNamespace(routed=lambda row, sel, z: log.append(("prefetch", row, z)),
-                                     after_layer=lambda row: log.append(("next", row)))
+                                     after_layer=lambda row: log.append(("next", row)), settle=lambda: log.append("settle"))
     o = offload(tmp_path, log, [0], 0, prefetch=prefetch)
+    o.forward_start(1)
+    assert log == ["settle"]  # every forward starts with no plan in flight
+    log.clear()
     o.routed(1, torch.zeros((4, 8), dtype=torch.int64), "w", "z")
     o.after_layer(1)
     assert log == [("prefetch", 1, "z"), ("cache", 1, 4), ("next", 1)]
