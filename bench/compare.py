@@ -68,7 +68,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--calibrate-rounds", type=int, default=0, help="run `glm53 calibrate-router` with this many rounds on a new checkpoint (default 0: off)")
     ap.add_argument("--out-dir", type=Path, default=REPO / "bench" / "results", help="results directory")
     ap.add_argument("--name", help="results file stem (default <date>-<gpu>)")
-    ap.add_argument("--arms", default=",".join(scoreboard.ARMS), help=f"arms to run, comma-separated (default {','.join(scoreboard.ARMS)})")
+    ap.add_argument("--arms", default=",".join(scoreboard.ARMS), help=f"arms to run, comma-separated (default {','.join(scoreboard.ARMS)}; "
+                    f"also {', '.join(scoreboard.PREFETCH_ARMS)}: exact mode with prefetch, the router's prediction and the oracle's)")
     ap.add_argument("--repeat", help="the arm run twice, first and last (default stock-vram, none with --quick; 'none' for no repeat)")
     ap.add_argument("--quick", action="store_true", help="smoke test: tiny checkpoint, few tokens, no repeat (a couple of minutes)")
     ap.add_argument("--decode-tokens", type=int, default=256, help="tokens per decode job (default 256)")
@@ -102,9 +103,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.repeat is None:
         args.repeat = "stock-vram"
     args.arm_list = [a.strip() for a in args.arms.split(",") if a.strip()]
-    unknown = [a for a in args.arm_list if a not in scoreboard.ARMS]
+    unknown = [a for a in args.arm_list if a not in scoreboard.ALL_ARMS]
     if unknown:
-        ap.error(f"unknown arm {unknown[0]!r}; choose from {', '.join(scoreboard.ARMS)}")
+        ap.error(f"unknown arm {unknown[0]!r}; choose from {', '.join(scoreboard.ALL_ARMS)}")
     if args.repeat != "none" and args.repeat not in args.arm_list:
         ap.error(f"--repeat {args.repeat} is not among the arms")
     if args.decode_tokens < 2 or args.decode_context < 1 or min(args.prefill) < 1 or min(args.decode_reps, args.prefill_reps) < 1:
@@ -114,7 +115,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def arm_sequence(arms: list[str], repeat: str) -> list[tuple[str, int]]:
     """(arm, run) in the order they run: the repeated arm first and last, the others in between."""
-    order = [a for a in scoreboard.ARMS if a in arms]
+    order = [a for a in scoreboard.ALL_ARMS if a in arms]
     if repeat == "none":
         return [(a, 1) for a in order]
     rest = [(a, 1) for a in order if a != repeat]
@@ -460,7 +461,7 @@ def _project_limit(args, results: dict, ckpt_info: dict, arm: str) -> tuple[floa
     from glm53 import config
 
     peaks = [a["vram_max_allocated_gb"] for a in scoreboard.ok_runs(results, "stock-vram")]
-    settings = config.load(["--mode", arm], {})
+    settings = config.load(["--mode", "exact" if arm in scoreboard.PREFETCH_ARMS else arm], {})
     return project_vram_limit_gb(max(peaks) if peaks else None, ckpt_info["bytes"], ckpt_info["routed_expert_bytes"],
                                  ckpt_info["gpu_experts"] / ckpt_info["experts"], settings.ec_reserve_gb, 2 * settings.ec_stage_gb)
 

@@ -11,7 +11,11 @@ Arms:
 - ``stock-mcs-pa``: the same with ``-mcpa`` (the worker's arena in shared page-locked memory);
 - ``exact``, ``fast``: the project's engine (``glm53.engine.exl3.backend.Exl3Backend``) in that mode under
   ``--vram-limit-gb``. If the engine refuses the mode (``NotImplementedError`` or a configuration error) the arm
-  reports ``not available`` with the reason.
+  reports ``not available`` with the reason;
+- ``exact-prefetch``: exact mode with ``--prefetch 1`` (the router's prediction); ``exact-oracle``: the same, but each
+  decode job runs twice on its prompt, first recording its true picks, then timed with them replayed as the
+  prediction (the second run's prompt comes from the prefix cache up to its last page boundary; its tokens must be
+  the first run's, which is checked: exact mode is bit-identical whatever is prefetched).
 
 Every arm is measured the same way through its exllamav3 generator (greedy, one sequence): a warm-up job; decode
 jobs (a fresh random prompt of ``decode_context`` tokens, then ``decode_tokens`` tokens; rate = (n - 1) / (time of
@@ -42,7 +46,8 @@ from bench.scoreboard import find_stats
 
 GB = 1e9
 STOCK_ARMS = ("stock-vram", "stock-mcs", "stock-mcs-pa")
-PROJECT_ARMS = ("exact", "fast")
+PROJECT_ARMS = ("exact", "fast", "exact-prefetch", "exact-oracle")
+PREFETCH_ARMS = ("exact-prefetch", "exact-oracle")
 ID_LOW, ID_HIGH = 1000, 150000  # random prompt ids avoid the byte range and GLM's special ids
 
 
@@ -63,9 +68,11 @@ def run_job(generator, ids: list[int], new_tokens: int) -> tuple[float, list[flo
     return t0, times
 
 
-def run_jobs(generator, prompts: list[list[int]], new_tokens: int) -> tuple[float, list[list[float]]]:
+def run_jobs(generator, prompts: list[list[int]], new_tokens: int,
+             tokens: list[list[int]] | None = None) -> tuple[float, list[list[float]]]:
     """(enqueue time, per job the arrival time of every new token) of greedy jobs enqueued together: the
-    generator batches their decode steps (up to its max_batch_size)."""
+    generator batches their decode steps (up to its max_batch_size). ``tokens``, when given (a list per job), gets
+    each job's token ids."""
     from glm53.engine.exl3.stock import greedy_job
 
     jobs = [greedy_job(ids, new_tokens, decode_special_tokens=True, identifier=i) for i, ids in enumerate(prompts)]
@@ -80,6 +87,8 @@ def run_jobs(generator, prompts: list[list[int]], new_tokens: int) -> tuple[floa
             if r.get("stage") == "streaming" and r.get("token_ids") is not None:
                 now = time.perf_counter()
                 times[r["identifier"]] += [now] * r["token_ids"].numel()
+                if tokens is not None:
+                    tokens[r["identifier"]] += r["token_ids"].reshape(-1).tolist()
     return t0, times
 
 
@@ -116,8 +125,9 @@ def pinned_bytes(stats) -> int | None:
 class Loaded:
     """What every arm hands to the measurement: a generator, the vocabulary, and a stats function."""
 
-    def __init__(self, generator, vocab: int, stats=None, close=None, facts=None, idle=None):
+    def __init__(self, generator, vocab: int, stats=None, close=None, facts=None, idle=None, oracle=None):
         self.generator, self.vocab = generator, vocab
+        self.oracle = oracle  # the engine's prefetcher, whose prediction a decode job replays (exact-oracle)
         self.stats = stats or (lambda: None)
         self.close = close or (lambda: None)
         self.facts = facts or {}
@@ -154,8 +164,10 @@ def load_project(arm: str, spec: dict) -> Loaded:
     from glm53.engine.exl3.backend import Exl3Backend
 
     slots = str(max_streams(spec))
-    argv = ["--mode", arm, "--engine", "exl3", "-m", spec["ckpt"], "-cs", str(spec["cache_tokens"]),
+    argv = ["--mode", "exact" if arm in PREFETCH_ARMS else arm, "--engine", "exl3", "-m", spec["ckpt"], "-cs", str(spec["cache_tokens"]),
             "--max-batch-size", slots, "-ambs", slots, "-chunk_size", str(spec["chunk_size"])]
+    if arm in PREFETCH_ARMS:
+        argv += ["--prefetch", "1"]
     if spec.get("vram_limit_gb"):
         argv += ["--vram-limit-gb", f"{spec['vram_limit_gb']:.2f}"]
     if spec.get("cache_experts") is not None:
@@ -166,8 +178,12 @@ def load_project(arm: str, spec: dict) -> Loaded:
         backend = Exl3Backend(settings)
     except (NotImplementedError, config.ConfigError) as exc:
         raise NotAvailable(f"{type(exc).__name__}: {exc}") from exc
+    if arm in PREFETCH_ARMS and backend.offload.prefetch is None:
+        backend.close()
+        raise NotAvailable("the engine started without prefetch (see its log)")
     return Loaded(EngineSteps(backend), backend.info.vocab_size, stats=backend.stats, close=backend.close,
-                  facts={"engine_argv": argv, "settings": settings.public()}, idle=lambda exclude: idle_cpu_percent(backend, exclude))
+                  facts={"engine_argv": argv, "settings": settings.public()}, idle=lambda exclude: idle_cpu_percent(backend, exclude),
+                  oracle=backend.offload.prefetch if arm == "exact-oracle" else None)
 
 
 class EngineSteps:
@@ -229,9 +245,19 @@ def measure(loaded: Loaded, spec: dict) -> dict:
     before = loaded.stats()
     decode_runs = []
     phase("decode")
+    oracle_checks = []
     for rep in range(spec["decode_reps"]):
-        _, times = run_job(gen, random_prompt(seed, 1, rep, spec["decode_context"], vocab), spec["decode_tokens"])
+        prompt = random_prompt(seed, 1, rep, spec["decode_context"], vocab)
+        if loaded.oracle is not None:
+            first = oracle_pass(loaded, prompt, spec["decode_tokens"])
+            replayed: list[list[int]] = [[]]
+            _, [times] = run_jobs(gen, [prompt], spec["decode_tokens"], replayed)
+            oracle_checks.append(replayed[0] == first)
+        else:
+            _, times = run_job(gen, prompt, spec["decode_tokens"])
         decode_runs.append(decode_rate(times))
+    if loaded.oracle is not None:
+        loaded.oracle.replay(None)
     after = loaded.stats()
     prefill_runs = {}
     phase("prefill")
@@ -259,7 +285,19 @@ def measure(loaded: Loaded, spec: dict) -> dict:
         "oracle_hit_rate": oracle["oracle_hit_rate"] if oracle else None,
         "pinned_bytes": pinned_bytes(final),
         "engine_stats": final,
+        **({"oracle_same_tokens": all(oracle_checks)} if loaded.oracle is not None else {}),
     }
+
+
+def oracle_pass(loaded: Loaded, prompt: list[int], new_tokens: int) -> list[int]:
+    """exact-oracle's first run of a decode job: its true picks recorded and set to be replayed (the prediction of
+    the timed run of the same prompt that follows). Returns its tokens."""
+    pf = loaded.oracle
+    pf.record()
+    tokens: list[list[int]] = [[]]
+    run_jobs(loaded.generator, [prompt], new_tokens, tokens)
+    pf.replay(pf.recorded())
+    return tokens[0]
 
 
 def long_context_phase(loaded: Loaded, spec: dict) -> dict:

@@ -24,9 +24,11 @@ import statistics
 from collections.abc import Iterable, Mapping
 
 SCHEMA = "glm53-compare/1"
-ARMS = ("stock-vram", "stock-mcs", "stock-mcs-pa", "exact", "fast")
+ARMS = ("stock-vram", "stock-mcs", "stock-mcs-pa", "exact", "fast")  # a full comparison (the default run)
 STOCK_OFFLOAD = ("stock-mcs", "stock-mcs-pa")
-PROJECT_ARMS = ("exact", "fast")
+PREFETCH_ARMS = ("exact-prefetch", "exact-oracle")  # exact mode with GLM53_PREFETCH: the router's prediction, the oracle's
+ALL_ARMS = ARMS + PREFETCH_ARMS
+PROJECT_ARMS = ("exact", "fast", *PREFETCH_ARMS)
 STATUSES = ("ok", "error", "timeout", "not available")
 PREFILL_LENGTHS = (512, 4096)
 
@@ -53,7 +55,7 @@ def validate(results: Mapping) -> list[str]:
         problems.append(f"schema is {results.get('schema')!r}, expected {SCHEMA!r}")
     for i, arm in enumerate(results.get("arms") or []):
         label = f"arms[{i}] ({arm.get('name')})"
-        if arm.get("name") not in ARMS:
+        if arm.get("name") not in ALL_ARMS:
             problems.append(f"{label}: unknown arm name")
         if arm.get("status") not in STATUSES:
             problems.append(f"{label}: status {arm.get('status')!r} is not one of {', '.join(STATUSES)}")
@@ -106,6 +108,15 @@ def profile_hit_rate(stats: Mapping[str, Iterable[float]], gpu_experts: int) -> 
     return sum(shares) / len(shares)
 
 
+def overlap_bound(t_allvram_s: float, hit_rate: float, top_k: int, moe_layers: int, expert_bytes: float,
+                  link_gbs: float) -> dict:
+    """Decode rate when the misses' reads overlap all the rest of the step (prefetch's ceiling): ``1 / max(t_allvram,
+    (1 - hit_rate) * top_k * moe_layers * expert_bytes / link)``."""
+    miss_bytes = (1.0 - hit_rate) * top_k * moe_layers * expert_bytes
+    seconds = max(t_allvram_s, miss_bytes / (link_gbs * 1e9))
+    return {"miss_bytes_per_token": miss_bytes, "seconds_per_token": seconds, "tok_s": 1.0 / seconds}
+
+
 def decode_bound(t_allvram_s: float, hit_rate: float, top_k: int, moe_layers: int, expert_bytes: float,
                  link_gbs: float) -> dict:
     """Decode rate when every miss is read once over a link of ``link_gbs`` GB/s on top of the all-VRAM step:
@@ -126,6 +137,8 @@ def bounds(results: Mapping) -> dict:
     - exact: misses read over PCIe (the zero-copy read rate, else the pinned copy rate) at the measured exact-mode
       hit rate, else at the routing profile's static hot-first hit rate;
     - exact_oracle: the same at the exact arm's oracle hit rate (an ideal cache of the same size);
+    - exact_overlap: the misses' reads overlapping the rest of the step (``overlap_bound``, prefetch's ceiling) at
+      the exact arm's hit rate;
     - fast: the misses split between the link and the CPU tier, both busy all the time: the link's rate plus the
       CPU tier's measured rate (``cpu_tier_gbs``), capped by the host's DRAM read rate, at the fast arm's hit rate
       (else exact's);
@@ -153,6 +166,7 @@ def bounds(results: Mapping) -> dict:
         "link": link_name,
         "link_gbs": link,
         "exact": decode_bound(1.0 / allvram, hit, *shape, link),
+        "exact_overlap": overlap_bound(1.0 / allvram, hit, *shape, link),
     }
     oracle = _decode_hit_rate(results, "exact", "oracle_hit_rate")
     if oracle is not None:
@@ -197,7 +211,7 @@ def find_stats(stats, keys=("hits", "hit_rate")) -> dict | None:
 def spread(results: Mapping) -> dict:
     """For every arm run more than once: (max - min) / mean of decode and each prefill length."""
     out = {}
-    for name in ARMS:
+    for name in ALL_ARMS:
         runs = ok_runs(results, name)
         if len(runs) < 2:
             continue
@@ -254,6 +268,14 @@ def goals(results: Mapping) -> list[dict]:
         fast_streams = (ok_runs(results, "fast") or [{}])[0].get("decode_streams_tok_s") or {}
         for n in sorted(set(exact_streams) & set(fast_streams), key=int):
             rows.append((f"fast / exact, {n} streams batched ({condition})", fast_streams[n], exact_streams[n], 1.0))
+    for arm, target in (("exact-oracle", 1.3), ("exact-prefetch", 1.15)):  # issue 20
+        value = arm_value(results, arm, "decode_tok_s")
+        if value is not None:
+            rows.append((f"{arm} decode / exact decode", value, decode, target))
+    prefetched = arm_value(results, "exact-oracle", "decode_tok_s") or arm_value(results, "exact-prefetch", "decode_tok_s")
+    if prefetched is not None:
+        rows.append(("exact-oracle (else exact-prefetch) decode / exact overlap bound", prefetched,
+                     b["exact_overlap"]["tok_s"] if b.get("available") else None, 0.85))
     out = []
     for label, value, reference, target in rows:
         ratio = value / reference if value is not None and reference else None

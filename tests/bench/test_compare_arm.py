@@ -107,3 +107,29 @@ def test_hit_rate_from_counter_deltas():
     assert compare_arm.phase_hit_rate(before, before) is None
     assert compare_arm.phase_hit_rate(None, after) is None
     assert compare_arm.decode_rate([0.0, 0.5, 1.0]) == 2.0
+
+
+class FakePrefetcher:
+    def __init__(self, log):
+        self.log = log
+
+    def record(self):
+        self.log.append("record")
+
+    def recorded(self):
+        return ["picks"]
+
+    def replay(self, picks):
+        self.log.append(("replay", picks))
+
+
+def test_the_oracle_arm_runs_each_decode_job_twice_and_times_the_replay(fake_exllamav3):
+    gen, log = FakeGenerator(), []
+    loaded = compare_arm.Loaded(gen, vocab=154880, stats=lambda: copy.deepcopy(gen.stats), oracle=FakePrefetcher(log))
+    result = compare_arm.measure(loaded, SPEC)
+    assert len(result["decode_runs"]) == 2 and result["oracle_same_tokens"] is True
+    assert log == ["record", ("replay", ["picks"]), "record", ("replay", ["picks"]), ("replay", None)]
+    lengths = [len(p) for p in gen.prompts]
+    assert lengths == [64, 16, 16, 16, 16, 32, 32, 64, 64]  # each decode prompt twice: recorded, then replayed
+    assert gen.prompts[1] == gen.prompts[2] != gen.prompts[3] == gen.prompts[4]
+    assert "oracle_same_tokens" not in compare_arm.measure(compare_arm.Loaded(FakeGenerator(), vocab=154880), SPEC)

@@ -156,3 +156,23 @@ def test_profile_hit_rate():
     assert scoreboard.profile_hit_rate(stats, 2) == pytest.approx((0.8 + 0.5) / 2)  # a layer without picks is left out
     with pytest.raises(ValueError):
         scoreboard.profile_hit_rate({"b": [0, 0]}, 1)
+
+
+def test_the_prefetch_arms_goals_and_the_overlap_bound(results):
+    b = results["bounds"]
+    allvram = (207.0 + 203.0) / 2
+    miss_s = 0.58 * 8 * 12 * EXPERT / 51e9
+    assert b["exact_overlap"]["tok_s"] == pytest.approx(1 / max(1 / allvram, miss_s))
+    assert b["exact_overlap"]["tok_s"] > b["exact"]["tok_s"]
+    assert not [g for g in results["goals"] if "prefetch" in g["goal"] or "oracle" in g["goal"]]  # no such arm ran
+    r = copy.deepcopy(results)
+    exact = next(a for a in r["arms"] if a["name"] == "exact")
+    for name, decode in (("exact-oracle", 1.35 * 55.0), ("exact-prefetch", 1.1 * 55.0)):
+        r["arms"].append({**copy.deepcopy(exact), "name": name, "decode_tok_s": decode, "decode_runs": [decode]})
+    r = scoreboard.finish(r)
+    assert scoreboard.validate(r) == []
+    g = {x["goal"]: x for x in r["goals"]}
+    assert g["exact-oracle decode / exact decode"]["ratio"] == pytest.approx(1.35) and g["exact-oracle decode / exact decode"]["met"]
+    assert g["exact-prefetch decode / exact decode"]["ratio"] == pytest.approx(1.1)
+    assert g["exact-prefetch decode / exact decode"]["met"] is False
+    assert g["exact-oracle (else exact-prefetch) decode / exact overlap bound"]["ratio"] == pytest.approx(1.35 * 55.0 / b["exact_overlap"]["tok_s"])
