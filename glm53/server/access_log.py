@@ -9,7 +9,8 @@ API key travels in one).
 
 The same moment counts the request in the metrics, with the status it really ended with: a client that went away
 (noticed while its job ran, or because the server could not send it everything) is 499, nginx's "client closed
-request", whatever the response would have said; 5xx counts only the server's own faults.
+request", whatever the response would have said; 5xx counts only the server's own faults. Probes (``/health``,
+``/metrics``) are logged at DEBUG: polled several times a second, at INFO they would bury the requests.
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ def current_record() -> RequestRecord | None:
     return request.environ.get(ENVIRON_KEY)
 
 
+PROBE_PATHS = frozenset({"/health", "/metrics"})  # logged at DEBUG
+
+
 class AccessLog:
     """WSGI middleware: gives each request a :class:`RequestRecord`, and when the response is closed logs it and
     passes ``(endpoint, status)`` to ``count``."""
@@ -90,7 +94,9 @@ class AccessLog:
                 line += " finish=" + ",".join(record.finishes)
             if self.with_text and (record.prompts or record.completions):
                 line += " " + record.texts()
-            log.info("%s", line)
+            # probes (load balancers, the wait for a loading model, scrapers) poll several times a second: their
+            # lines at DEBUG, their counts in the metrics as every request's
+            log.log(logging.DEBUG if environ.get("PATH_INFO") in PROBE_PATHS else logging.INFO, "%s", line)
 
         return _ClosingIterable(self.app(environ, _start_response), _done)
 

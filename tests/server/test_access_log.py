@@ -48,3 +48,20 @@ def test_access_log_line_per_request_with_text_only_when_asked(log_prompts, capl
         assert "4111-1111" in chat[0] and f'completions=["{ANSWER}"]' in chat[0] and f'completions=["{ANSWER}"]' in streamed[0]
     else:
         assert "4111-1111" not in log and ANSWER not in log and "prompts=" not in log
+
+
+def test_probes_are_logged_at_debug_and_counted_like_every_request(caplog):
+    """A load balancer's or the model-loading wait's /health polls and a scraper's /metrics come several times a
+    second: at INFO (the server's level) they would bury the requests."""
+    caplog.set_level(logging.DEBUG, logger="glm53.access")
+    with apps.scripted() as app:
+        client = app.test_client()
+        for _ in range(3):
+            assert client.get("/health").status_code == 200
+        assert client.get("/metrics").status_code == 200
+        assert client.post("/tokenize", json={"text": "x"}).status_code == 200
+        counted = client.get("/stats").get_json()["requests"]["requests"]
+    levels = {path: {r.levelname for r in caplog.records if r.name == "glm53.access" and f" {path} " in r.getMessage()}
+              for path in ("/health", "/metrics", "/tokenize")}
+    assert levels == {"/health": {"DEBUG"}, "/metrics": {"DEBUG"}, "/tokenize": {"INFO"}}
+    assert counted["/health 200"] == 3 and counted["/metrics 200"] == 1
