@@ -45,6 +45,7 @@ class Costs:
     cpu_job_s: Mapping[int, float] = field(default_factory=dict)  # tokens -> a job's CPU time beyond its experts' (none: 0)
     cpu_pinned: bool = False  # the CPU figures are given (GLM53_CT_B, a check), so live timings do not move them
     gpu_fixed_s: float = 0.0  # the GPU's time for its part of a layer beyond its experts' (live, fit_gpu_line)
+    forced: bool = False  # a check's costs (every_miss_to_the_cpu): the split must run, whatever it saves
 
     def __post_init__(self):
         for name in ("handoff_s", "link_expert_s", "vram_expert_s", "gpu_fixed_s"):
@@ -225,7 +226,7 @@ def measure_cpu(experts: Sequence[tuple[ce.Linear, ce.Linear, ce.Linear]], *, ac
 def every_miss_to_the_cpu(costs: Costs) -> Costs:
     """Costs under which the split sends every missed expert to the CPU tier (a free CPU): for checks of the CPU
     path's numerics (bench/decode_kl.py ``--split all``, the GPU tests), never for speed."""
-    return replace(costs, cpu_expert_s={t: 1e-12 for t in TOKENS}, cpu_job_s={}, handoff_s=0.0, cpu_pinned=True,
+    return replace(costs, cpu_expert_s={t: 1e-12 for t in TOKENS}, cpu_job_s={}, handoff_s=0.0, cpu_pinned=True, forced=True,
                    sources={**costs.sources, "cpu_expert_s": "every miss to the CPU (a check, not a measurement)"})
 
 

@@ -80,7 +80,8 @@ class Worth:
     6 % slower than exact mode's, about 90 us a layer), a cost the split's table does not see. So the table's
     predicted saving of a layer, averaged over sampled layers (their tokens, hits and misses, the table's ``k``),
     is set against the hooks' measured host time per layer: below it the tier RESTS (no launches, as in exact
-    mode, but for probe steps); it comes back once the saving is ``HOOK_MARGIN`` times the hooks' cost."""
+    mode, but for probe steps); it comes back once the saving is ``HOOK_MARGIN`` times the hooks' cost. Never with a
+    check's forced costs (``split.every_miss_to_the_cpu``)."""
 
     def __init__(self):
         self.samples: deque[tuple[int, int, int]] = deque(maxlen=LAYER_SAMPLES)  # (tokens, hits, misses)
@@ -102,11 +103,14 @@ class Worth:
         that changed."""
         if self._layers:
             self.hook_s, self._sum, self._layers = self._sum / self._layers, 0.0, 0
+        before = self.resting
+        if costs.forced:  # a check of the CPU path (every miss to the CPU): it must keep running
+            self.resting = False
+            return before != self.resting
         if self.hook_s is None or not self.samples:
             return False
         t, h, m = (np.array(v) for v in zip(*self.samples))
         self.saving_s = float(costs.savings(t, h, m, table[t, h, m]).mean())
-        before = self.resting
         self.resting = self.saving_s < self.hook_s * (HOOK_MARGIN if self.resting else 1.0)
         return self.resting != before
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from glm53.cpu_tier import tier as ft
-from glm53.cpu_tier.split import Costs
+from glm53.cpu_tier.split import Costs, every_miss_to_the_cpu
 from glm53.cpu_tier.tier import (
     PROBE_EXPERTS,
     PROBE_STEPS,
@@ -437,6 +437,13 @@ def test_the_tier_rests_while_its_split_saves_less_than_its_hooks_cost_and_comes
     w.samples.extend([(1, 0, 10)] * 10)  # ten misses a layer: 1,290 us saved (7 on the CPU)
     assert w.decide(costs, table) and not w.resting and w.saving_s == pytest.approx((90e-6 + 1290e-6) / 2)
     assert w.stats() == {"hooks_us_per_layer": 80.0, "saving_us_per_layer": 690.0, "resting": False, "layers_sampled": 20}
+    w.hooked(10.0)  # hooks dearer than any saving: it rests...
+    assert w.decide(costs, table) and w.resting
+    forced = every_miss_to_the_cpu(costs)  # ...but not under a check's costs, which must keep the CPU path running
+    w.hooked(10.0)
+    assert w.decide(forced, forced.table(8, 64)) and not w.resting
+    w.hooked(10.0)
+    assert not w.decide(forced, forced.table(8, 64)) and not w.resting
 
 
 def test_a_resting_tier_launches_nothing_but_probes_and_gives_the_feeding_thread_its_cpus_back():
