@@ -131,8 +131,10 @@ class FeedingThread:
         self.allowed = set(os.sched_getaffinity(0))
         self.rest = self.allowed - set(tier)
         self._torch_threads: int | None = None
+        self.confined = False  # asked to keep off the tier's CPUs (also when there is nowhere else to go)
 
     def confine(self) -> None:
+        self.confined = True
         if not self.rest:
             log.warning("CPU tier: GLM53_CT_CPUS takes every CPU of this process; the thread feeding the GPU shares "
                         "them and slows the tier's jobs (leave one CPU out)")
@@ -141,11 +143,8 @@ class FeedingThread:
         self._torch_threads = torch.get_num_threads()
         torch.set_num_threads(min(self._torch_threads, len(self.rest)))
 
-    @property
-    def confined(self) -> bool:
-        return self._torch_threads is not None
-
     def release(self) -> None:
+        self.confined = False
         if self._torch_threads is not None:
             os.sched_setaffinity(0, self.allowed)
             torch.set_num_threads(self._torch_threads)

@@ -348,12 +348,13 @@ def test_the_feeding_thread_keeps_off_the_tiers_cpus_while_it_runs():
         everything = FeedingThread(tuple(allowed))  # the tier takes every CPU: nothing moves
         everything.confine()
         report("tier takes all")
+        seen["confined with nowhere to go"] = everything.confined  # after_step asks again only when it is not
 
     t = threading.Thread(target=in_a_thread)
     t.start()
     t.join()
     assert seen["confined"] == seen["started after"] == {allowed[0]} and seen["torch threads"] == 1
-    assert seen["released"] == seen["tier takes all"] == set(allowed)
+    assert seen["released"] == seen["tier takes all"] == set(allowed) and seen["confined with nowhere to go"]
     assert torch.get_num_threads() == threads and os.sched_getaffinity(0) == set(allowed)
 
 
