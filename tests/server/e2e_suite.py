@@ -10,15 +10,15 @@ import socket
 import threading
 import time
 
-import openai
 import pytest
+
+from .servers import openai_client
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    c = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-    yield c
-    c.close()  # idle keep-alive connections would hold the server's graceful shutdown
+    with openai_client(server) as c:
+        yield c
 
 
 def stats(server) -> dict:

@@ -11,6 +11,8 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,3 +86,13 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         return self.log()
+
+
+@contextmanager
+def openai_client(server: Server) -> Iterator:
+    """The official ``openai`` client on ``server``'s ``/v1``, no retries; closed on the way out, since idle keep-alive
+    connections would hold the server's graceful shutdown."""
+    import openai
+
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0) as client:
+        yield client

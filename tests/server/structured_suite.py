@@ -11,11 +11,11 @@ import json
 from typing import Annotated, Literal
 
 import jsonschema
-import openai
 import pytest
 from pydantic import BaseModel, Field
 
 from .json_schemas import E2E_TOOLS, SCHEMAS, parameters
+from .servers import openai_client
 
 MAX_TOKENS = 1500
 NO_THINK = {"chat_template_kwargs": {"enable_thinking": False}}
@@ -24,9 +24,8 @@ USER = [{"role": "user", "content": "Answer as asked."}]
 
 @pytest.fixture(scope="module")
 def client(server):
-    c = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-    yield c
-    c.close()
+    with openai_client(server) as c:
+        yield c
 
 
 def chat(client, stream: bool, **kw) -> list[dict]:

@@ -15,7 +15,7 @@ import pytest
 
 from tests import loadgen
 
-from .servers import Server
+from .servers import Server, openai_client
 
 WEATHER_TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "Forecast", "parameters": {
@@ -33,9 +33,8 @@ def server():
 
 @pytest.fixture(scope="module")
 def client(server):
-    c = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-    yield c
-    c.close()  # idle keep-alive connections would hold the server's graceful shutdown
+    with openai_client(server) as c:
+        yield c
 
 
 def user(text: str) -> list[dict]:

@@ -8,7 +8,7 @@ import openai
 import pytest
 
 from .scripted_server import AGENT_ANSWER
-from .servers import Server
+from .servers import Server, openai_client
 
 MODEL = "glm-5.3-flash"
 WEATHER = {"type": "function", "name": "get_weather", "description": "Forecast", "parameters": {
@@ -24,9 +24,8 @@ def server():
 
 @pytest.fixture(scope="module")
 def client(server):
-    c = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
-    yield c
-    c.close()
+    with openai_client(server) as c:
+        yield c
 
 
 def test_plain_answer_with_reasoning_off(client):
