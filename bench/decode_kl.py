@@ -184,6 +184,22 @@ def synthetic_prompt(vocab_size: int, n: int) -> list[int]:
     return [(17 * i + 3) % min(vocab_size, 1000) + 10 for i in range(n)]
 
 
+def one_engine_args(ap: argparse.ArgumentParser, engine_args: str, engine_help: str) -> None:
+    """The arguments of the benches that decode one sequence on engines of their own (bench.prefetch_decode,
+    bench.fast_ablation): the checkpoint, the decode and prompt lengths, more settings, the output file."""
+    ap.add_argument("-m", "--model", required=True, type=Path, help="the EXL3 checkpoint")
+    ap.add_argument("--tokens", type=int, default=128, help="decode steps per run (default 128)")
+    ap.add_argument("--prompt-tokens", type=int, default=64, help="prompt length before decode (default 64)")
+    ap.add_argument("--engine-args", default=engine_args, help=engine_help)
+    ap.add_argument("--out", type=Path, help="write the result JSON here (default: print it)")
+
+
+def check_one_engine_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    if args.tokens < 2 or args.prompt_tokens < 1:
+        ap.error("--tokens takes at least 2 and --prompt-tokens a positive number")
+    return args
+
+
 class ModelPath:
     """exllamav3 forwards of one sequence in its own cache (exllamav3's rectangular-batch mode: ``batch_shape``
     and ``past_len``, as its ``Model.warmup`` drives the model), one token per step after the prompt: the decode

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from bench.decode_kl import ModelPath, pages_for, synthetic_prompt
+from bench.decode_kl import ModelPath, check_one_engine_args, one_engine_args, pages_for, synthetic_prompt
 from bench.output import emit_json
 
 RUNS = ("off", "router", "oracle")
@@ -81,17 +81,10 @@ def layer_figures(cache_before, cache_after, pf_before, pf_after, steps: int, bl
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python3 -m bench.prefetch_decode", description=__doc__.split("\n\n")[0])
-    ap.add_argument("-m", "--model", required=True, type=Path, help="the EXL3 checkpoint")
-    ap.add_argument("--tokens", type=int, default=128, help="decode steps per run (default 128)")
-    ap.add_argument("--prompt-tokens", type=int, default=64, help="prompt length before decode (default 64)")
-    ap.add_argument("--engine-args", default="--ec-cache-experts 11%",
-                    help="more glm53 settings, e.g. --prefetch-slots 4 (default: --ec-cache-experts 11%%, a 24 GB card's share "
-                         "on the scaled checkpoint)")
-    ap.add_argument("--out", type=Path, help="write the result JSON here (default: print it)")
-    args = ap.parse_args(argv)
-    if args.tokens < 2 or args.prompt_tokens < 1:
-        ap.error("--tokens takes at least 2 and --prompt-tokens a positive number")
-    return args
+    one_engine_args(ap, "--ec-cache-experts 11%",
+                    "more glm53 settings, e.g. --prefetch-slots 4 (default: --ec-cache-experts 11%%, a 24 GB card's share "
+                    "on the scaled checkpoint)")
+    return check_one_engine_args(ap, ap.parse_args(argv))
 
 
 def run(args: argparse.Namespace) -> dict:

@@ -102,6 +102,17 @@ class Costs:
             out[tokens] = np.where(possible & (cost(best) < none), best, 0).astype(np.uint8)
         return out
 
+    def table_drift(self, other: Costs, tokens: int) -> float:
+        """How far the figures the table is built from moved from ``other``'s, as the largest change over the
+        per-expert and per-job CPU times (token counts 1..``tokens``), the link's, the VRAM's, the handoff and the
+        GPU's fixed part, relative to the larger of the two and a 5 us floor (so that a near-zero figure's jitter
+        does not count): a refresh rebuilds the table only past a small drift."""
+        def figures(c: Costs) -> np.ndarray:
+            return np.array([*(c.cpu_per_expert(t) for t in range(1, tokens + 1)), *(c.cpu_per_job(t) for t in range(1, tokens + 1)),
+                             c.link_expert_s, c.vram_expert_s, c.handoff_s, c.gpu_fixed_s])
+        a, b = figures(self), figures(other)
+        return float((np.abs(a - b) / np.maximum(np.maximum(a, b), 5e-6)).max())
+
     def savings(self, tokens: np.ndarray, hits: np.ndarray, misses: np.ndarray, k: np.ndarray) -> np.ndarray:
         """Seconds the split saves each layer (arrays alike) by sending ``k`` of its ``misses`` to the CPU: the GPU's
         time for all of them less the slower of the two paths (0 where ``k`` is 0)."""
@@ -166,20 +177,46 @@ class Costs:
 GPU_LINE_MIN_SAMPLES = 48  # sampled layers before a line is trusted
 
 
-def fit_gpu_line(samples: Sequence[tuple[int, float]], probe_s: float) -> tuple[float, float] | None:
-    """(fixed_s, per_miss_s): the least-squares line through ``(GPU misses, seconds)`` samples of the GPU's part of
-    a layer. None while the samples cannot tell (fewer than ``GPU_LINE_MIN_SAMPLES``, a single miss count) or when
-    the slope is not within 0.25x..4x of ``probe_s``, the link figure the start-up probe measured (a stalled step
-    must not steer the split)."""
-    if len(samples) < GPU_LINE_MIN_SAMPLES:
+def fit_gpu_line(misses, seconds, probe_s: float) -> tuple[float, float] | None:
+    """(fixed_s, per_miss_s): the least-squares line through samples of the GPU's part of a layer, its misses the
+    GPU computed and its seconds (arrays alike). None while the samples cannot tell (fewer than
+    ``GPU_LINE_MIN_SAMPLES``, a single miss count) or when the slope is not within 0.25x..4x of ``probe_s``, the
+    link figure the start-up probe measured (a stalled step must not steer the split). In closed form: it runs on
+    the decode step's path."""
+    n, s = np.asarray(misses, dtype=np.float64), np.asarray(seconds, dtype=np.float64)
+    if n.size < GPU_LINE_MIN_SAMPLES:
         return None
-    n, s = (np.array(v, dtype=np.float64) for v in zip(*samples))
-    if np.unique(n).size < 2:
+    dn = n - n.mean()
+    spread = float(dn @ dn)
+    if spread <= 1e-9:  # a single miss count: no slope
         return None
-    per_miss, fixed = np.polyfit(n, s, 1)
+    per_miss = float(dn @ (s - s.mean())) / spread
+    fixed = float(s.mean()) - per_miss * float(n.mean())
     if not (0.25 * probe_s <= per_miss <= 4 * probe_s) or not np.isfinite(fixed):
         return None
-    return max(float(fixed), 0.0), float(per_miss)
+    return max(fixed, 0.0), per_miss
+
+
+class Window:
+    """The latest ``capacity`` rows of a few float columns, in preallocated arrays (a deque of tuples costs a
+    conversion per read, on the decode step's path)."""
+
+    def __init__(self, capacity: int, columns: int):
+        self._data = np.zeros((capacity, columns), dtype=np.float64)
+        self._next, self._full = 0, False
+
+    def append(self, *row: float) -> None:
+        self._data[self._next] = row
+        self._next = (self._next + 1) % len(self._data)
+        self._full = self._full or self._next == 0
+
+    def __len__(self) -> int:
+        return len(self._data) if self._full else self._next
+
+    def columns(self) -> tuple[np.ndarray, ...]:
+        """Each column's values (in no particular order)."""
+        rows = self._data if self._full else self._data[: self._next]
+        return tuple(rows.T)
 
 
 def _measured_at(figures: Mapping[int, float], tokens: int) -> int:

@@ -24,8 +24,17 @@ The split follows the host's live rate: the cost table is rebuilt every ``REFRES
 down again slowly), the worker's busy time per expert (a slower host is seen within a refresh), jobs the worker
 never claimed (a starved host: its CPU figures rise until the table sends nothing), and the GPU's own time for its
 part of every layer of one step in ``SAMPLE_STEPS`` (two CUDA events a layer, read after the step's
-synchronisation). While the table sends the CPU nothing, one step in ``PROBE_STEPS`` publishes shadow jobs (the GPU
-computes those experts as well) whose busy time tells when the host has become fast enough again.
+synchronisation). The refresh runs between two steps, on the thread feeding the GPU, so it is kept to a few hundred
+microseconds: closed forms over preallocated windows, and the table rebuilt only when its figures moved by more
+than ``TABLE_DRIFT``.
+
+While the tier RESTS (the table sends the CPU nothing, or its saving does not pay for its hooks: :class:`Worth`) it
+launches nothing but PROBE steps, which publish shadow jobs (the GPU computes those experts as well) whose busy time
+tells when the host has become fast enough again; the costs are refreshed only from them. A probe step costs the
+decode a few milliseconds (the pool's threads wake beside the thread feeding the GPU), so probes start one step in
+``PROBE_STEPS`` and their interval doubles, up to ``PROBE_STEPS_MAX``, after each probe that did not lower the CPU's
+figures by more than jitter (measured on the H200 host: probes one step in 8 and a refresh every 8 steps took 11 % off a resting tier's
+decode; bench/fast_ablation.py).
 
 Threads: the worker thread takes part in every job it runs, so it is pinned to the first of the tier's CPUs
 (``GLM53_CT_CPUS``) and the pool's threads to the others: one compute thread per CPU; and while the tier runs, the
@@ -41,7 +50,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 
@@ -50,7 +58,7 @@ import torch
 
 from . import kernel as ce
 from .device import OUTCOMES, CtKernels, DeviceProducer, pack_picks
-from .split import Costs, fit_gpu_line, measure_cpu, pinned_cpu_cost
+from .split import Costs, Window, fit_gpu_line, measure_cpu, pinned_cpu_cost
 from .worker import ExpertTable, Ring, Worker, host_store_experts
 
 log = logging.getLogger("glm53.offload.fast")
@@ -63,7 +71,11 @@ SAMPLE_STEPS = 8  # one decode step in this many has its layers' GPU part timed
 GPU_SAMPLES = 768  # the latest timed layers the GPU's line is fitted to
 SPIN_US = 5000  # the tier's threads spin this long after a job before sleeping: longer than the gap between two steps
 PARK_US = 50_000  # the worker parks after this long without a decode step
-PROBE_STEPS = 8  # while the table sends the CPU nothing, one step in this many publishes shadow jobs
+PROBE_STEPS = 8  # resting, the first probe step comes this many steps after the rest began
+PROBE_STEPS_MAX = 512  # ... and the interval doubles up to this after each probe that did not lower the CPU figures
+PROBE_EASING = 0.9  # a probe whose refresh left the CPU figure above this share of the one before lowered nothing
+# (a busy host's live figures jitter by several per cent; one freed again comes down by the refresh's EASE, 1.25x)
+TABLE_DRIFT = 0.03  # a refresh rebuilds the split table when a figure it is built from moved by more than this share
 PROBE_EXPERTS = 2  # experts of a shadow job
 STARVED_SHARE = 0.1  # a refresh window whose jobs went unclaimed past their deadline more often than this: starved
 LATE_SHARE = 0.05  # a refresh window with more late jobs (computed by the GPU after all) than this: the CPU is slower
@@ -84,7 +96,7 @@ class Worth:
     check's forced costs (``split.every_miss_to_the_cpu``)."""
 
     def __init__(self):
-        self.samples: deque[tuple[int, int, int]] = deque(maxlen=LAYER_SAMPLES)  # (tokens, hits, misses)
+        self.samples = Window(LAYER_SAMPLES, 3)  # (tokens, hits, misses)
         self.hook_s: float | None = None  # the hooks' host seconds per layer, over the latest window that had any
         self.saving_s: float | None = None  # the split's predicted saving per layer
         self.resting = False
@@ -96,7 +108,7 @@ class Worth:
         self._layers += 1
 
     def sampled(self, tokens: int, hits: int, misses: int) -> None:
-        self.samples.append((tokens, hits, misses))
+        self.samples.append(tokens, hits, misses)
 
     def decide(self, costs: Costs, table) -> bool:
         """Rests or comes back by this window's figures (``table``: ``costs``' split table, host side); True when
@@ -107,9 +119,9 @@ class Worth:
         if costs.forced:  # a check of the CPU path (every miss to the CPU): it must keep running
             self.resting = False
             return before != self.resting
-        if self.hook_s is None or not self.samples:
+        if self.hook_s is None or not len(self.samples):
             return False
-        t, h, m = (np.array(v) for v in zip(*self.samples))
+        t, h, m = (c.astype(np.int64) for c in self.samples.columns())
         self.saving_s = float(costs.savings(t, h, m, table[t, h, m]).mean())
         self.resting = self.saving_s < self.hook_s * (HOOK_MARGIN if self.resting else 1.0)
         return self.resting != before
@@ -193,6 +205,10 @@ class FastTier:
             raise
         self._steps, self._seen, self._seen_device = 0, self.worker.counters(), self.producer.stats()
         self._probing = False  # this step publishes shadow jobs (resting)
+        self._probe_every = PROBE_STEPS  # resting: steps between probes (doubling while probes lower nothing)
+        self._until_probe = PROBE_STEPS  # resting: steps left before the next probe
+        self._probe_refresh = False  # the next step's end refreshes the costs from the last probe's jobs
+        self._table_costs = self.costs  # the costs the split table was built from
         self.worth = Worth()
         self._hook_s = 0.0  # host time of the current layer's routing hook
         self._probe_link_s = self.costs.link_expert_s  # the start-up probe's figure, a live line's sanity range
@@ -200,7 +216,7 @@ class FastTier:
         # (layer row, start, split counts, tokens)
         self._open_sample: tuple[int, torch.cuda.Event, torch.Tensor, int] | None = None
         self._step_samples: list[tuple[torch.cuda.Event, torch.cuda.Event, torch.Tensor, int]] = []
-        self._gpu_samples: deque[tuple[int, float]] = deque(maxlen=GPU_SAMPLES)  # (GPU misses, seconds)
+        self._gpu_samples = Window(GPU_SAMPLES, 2)  # (GPU misses, seconds)
         self.deadline_s = settings.ct_deadline_ms / 1000.0
         self.sent = torch.zeros(4, dtype=torch.int64, device=device)  # hits, misses, experts, picks sent (decode steps)
         self.skipped = 0  # routing calls the tier could not take (too many rows, other dtypes)
@@ -237,10 +253,18 @@ class FastTier:
 
     def use_costs(self, costs: Costs) -> None:
         """Split by these costs from the next step on (the device's table is rewritten in place, on the stream)."""
-        self.costs = costs
+        self.costs = self._table_costs = costs
         self._table = costs.table(MAX_TOKENS, self.max_experts)
         self.cpu_off = not self._table.any()
         self.cube.copy_(torch.from_numpy(self._table))
+
+    def _adopt(self, costs: Costs) -> None:
+        """A refresh's costs: kept as the model, the table rebuilt only past ``TABLE_DRIFT`` (or when the CPU's
+        share may change sign: the table sends it nothing, or the new figures are a check's)."""
+        if self.cpu_off or costs.forced or costs.table_drift(self._table_costs, MAX_TOKENS) > TABLE_DRIFT:
+            self.use_costs(costs)
+        else:
+            self.costs = costs
 
     @property
     def resting(self) -> bool:
@@ -339,16 +363,32 @@ class FastTier:
             self.worker.wake()
 
     def after_step(self) -> None:
-        """Once per engine step, after its synchronisation: reads the step's timed layers, arms the timing of the
-        next step every ``SAMPLE_STEPS`` and a probe every ``PROBE_STEPS`` while the CPU gets nothing, and refreshes
-        the costs every ``REFRESH_STEPS`` steps."""
+        """Once per engine step, after its synchronisation: reads the step's timed layers and arms the timing of the
+        next step every ``SAMPLE_STEPS``; running, refreshes the costs every ``REFRESH_STEPS`` steps; resting, arms
+        the probes (their interval doubling while they lower nothing) and refreshes from each probe's jobs."""
         self.worker.rest()
         self._steps += 1
         self._read_samples()
-        self._sampling = self._steps % SAMPLE_STEPS == 0
-        if self._steps % REFRESH_STEPS == 0:
+        probed, self._probing = self._probing, False
+        if self._probe_refresh:  # the step after a probe: its shadow jobs are in the worker's counters
+            self._probe_refresh = False
+            cpu_before = self.costs.cpu_per_expert(1)
             self._refresh()
-        self._probing = self.resting and self._steps % PROBE_STEPS == 0
+            if self.resting:
+                eased = self.costs.cpu_per_expert(1) < PROBE_EASING * cpu_before
+                self._probe_every = PROBE_STEPS if eased else min(2 * self._probe_every, PROBE_STEPS_MAX)
+                self._until_probe = self._probe_every
+        elif not self.resting and self._steps % REFRESH_STEPS == 0:
+            self._refresh()
+            if self.resting:  # it came to rest: the probes start over
+                self._probe_every = self._until_probe = PROBE_STEPS
+        if probed:
+            self._probe_refresh = True
+        elif self.resting:
+            self._until_probe -= 1
+            if self._until_probe <= 0:
+                self._probing, self._until_probe = True, self._probe_every
+        self._sampling = self._probing or self._steps % SAMPLE_STEPS == 0
         # resting, the thread feeding the GPU may use every CPU again, as in exact mode
         if self.resting and self.feeding.confined:
             self.feeding.release()
@@ -364,7 +404,7 @@ class FastTier:
         if self._step_samples:
             counts = torch.stack([info for _, _, info, _ in self._step_samples]).tolist()  # one transfer for the step
             for (start, end, _, tokens), (hits, misses, cpu_experts, _) in zip(self._step_samples, counts):
-                self._gpu_samples.append((misses - cpu_experts, start.elapsed_time(end) / 1000.0))
+                self._gpu_samples.append(misses - cpu_experts, start.elapsed_time(end) / 1000.0)
                 self.worth.sampled(tokens, hits, misses)
         self._step_samples.clear()
         self._open_sample = None
@@ -391,11 +431,11 @@ class FastTier:
             # the worker did not even get to many of its jobs by their deadline: the host is starved (one such job
             # is a worker waking from a park; its experts were computed on the GPU anyway)
             fresh = fresh.starved()
-        line = fit_gpu_line(self._gpu_samples, self._probe_link_s)
+        line = fit_gpu_line(*self._gpu_samples.columns(), self._probe_link_s)
         if line is not None:
             fresh = fresh.with_gpu_line(*line)
         if fresh is not self.costs:
-            self.use_costs(fresh)
+            self._adopt(fresh)
         if self.worth.decide(self.costs, self._table):
             log.info("CPU tier %s: its split saves %.0f us a layer, its hooks cost %.0f us of host time a layer",
                      "resting" if self.worth.resting else "back", self.worth.saving_s * 1e6, self.worth.hook_s * 1e6)

@@ -14,6 +14,7 @@ from glm53.cpu_tier.split import (
     GPU_LINE_MIN_SAMPLES,
     TOKENS,
     Costs,
+    Window,
     fit_gpu_line,
     measure_cpu,
     pinned_cpu_cost,
@@ -170,12 +171,31 @@ def test_every_miss_to_the_cpu():
 def test_the_gpus_line_is_fitted_from_its_own_timings_and_a_wild_one_is_refused():
     rng = np.random.default_rng(0)
     misses = rng.integers(0, 9, 200)
-    samples = [(int(m), 80 * US + 198 * US * m + rng.normal(0, 5 * US)) for m in misses]
-    fixed, per_miss = fit_gpu_line(samples, probe_s=184 * US)
+    seconds = 80 * US + 198 * US * misses + rng.normal(0, 5 * US, misses.size)
+    fixed, per_miss = fit_gpu_line(misses, seconds, probe_s=184 * US)
     assert per_miss == pytest.approx(198 * US, rel=0.02) and fixed == pytest.approx(80 * US, abs=5 * US)
-    assert fit_gpu_line(samples[: GPU_LINE_MIN_SAMPLES - 1], 184 * US) is None  # too few to tell
-    assert fit_gpu_line([(4, 900 * US)] * 100, 184 * US) is None  # one miss count: no slope
-    assert fit_gpu_line(samples, probe_s=20 * US) is None  # 10x the probe: a stalled step, not the link
+    slope, intercept = np.polyfit(misses, seconds, 1)  # the closed form is the least-squares line
+    assert (per_miss, fixed) == pytest.approx((slope, intercept), rel=1e-9)
+    few = GPU_LINE_MIN_SAMPLES - 1
+    assert fit_gpu_line(misses[:few], seconds[:few], 184 * US) is None  # too few to tell
+    assert fit_gpu_line(np.full(100, 4), np.full(100, 900 * US), 184 * US) is None  # one miss count: no slope
+    assert fit_gpu_line(misses, seconds, probe_s=20 * US) is None  # 10x the probe: a stalled step, not the link
+
+
+def test_a_window_keeps_the_latest_rows_of_its_columns():
+    w = Window(4, 2)
+    assert len(w) == 0 and [c.size for c in w.columns()] == [0, 0]
+    for i in range(6):
+        w.append(i, 10 * i)
+    misses, seconds = w.columns()
+    assert len(w) == 4 and sorted(misses) == [2, 3, 4, 5] and sorted(seconds) == [20, 30, 40, 50]
+
+
+def test_the_table_drift_sees_a_moved_figure_and_not_a_tiny_one():
+    c = PCIE4
+    assert c.table_drift(c, 8) == 0.0
+    assert c.table_drift(c.slower(1.2), 8) == pytest.approx(0.2 / 1.2, rel=1e-6)  # every CPU figure 20 % up
+    assert c.table_drift(c.with_gpu_line(1 * US, c.link_expert_s), 8) < 0.25  # 1 us of fixed time: under the floor
 
 
 def test_the_gpus_fixed_time_lets_the_cpu_take_more():

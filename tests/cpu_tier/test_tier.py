@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from glm53.cpu_tier import tier as ft
-from glm53.cpu_tier.split import Costs, every_miss_to_the_cpu
+from glm53.cpu_tier.split import Costs, Window, every_miss_to_the_cpu
 from glm53.cpu_tier.tier import (
     PROBE_EXPERTS,
     PROBE_STEPS,
@@ -77,11 +77,14 @@ def tier():
     t.worker = FakeWorker()
     t.setup_s, t.max_experts, t._steps, t._seen, t.codebook = 0.0, 64, 0, t.worker.counters(), "fma"
     t._probe_link_s, t._sampling, t._open_sample, t._step_samples = t.costs.link_expert_s, False, None, []
-    t._gpu_samples = collections.deque(maxlen=ft.GPU_SAMPLES)
+    t._gpu_samples = Window(ft.GPU_SAMPLES, 2)
+    t._probe_every = t._until_probe = PROBE_STEPS
+    t._probe_refresh = False
     t._event = FakeEvent
     t.pool = type("Pool", (), {"threads": 3})()
     t.feeding = FakeFeeding()
     t.worth, t._hook_s, t._table = ft.Worth(), 0.0, t.cube.numpy()
+    t._table_costs = t.costs
     return t
 
 
@@ -188,13 +191,74 @@ def test_the_worker_spins_through_steps_that_may_publish_jobs_and_rests_after_ev
     assert (t.worker.woken, t.worker.rested) == (1, 1)
     t.cpu_off = True
     woken = []
-    for _ in range(2 * PROBE_STEPS):
+    for _ in range(4 * PROBE_STEPS):  # probes at steps 9 and 26 (the second interval doubled)
         probing, before = t._probing, t.worker.woken
         t.before_step()
         woken.append(t.worker.woken - before)
         assert woken[-1] == int(probing)
         t.after_step()
-    assert sum(woken) == 2 and t.worker.rested == 1 + 2 * PROBE_STEPS  # woken for the two probe steps alone
+    assert sum(woken) == 2 and t.worker.rested == 1 + 4 * PROBE_STEPS  # woken for the two probe steps alone
+
+
+def probe_steps(t, steps: int) -> list[int]:
+    """The steps (numbered from 1) that are probe steps over the next ``steps`` steps."""
+    out = []
+    for i in range(1, steps + 1):
+        if t._probing:
+            out.append(i)
+        t.after_step()
+    return out
+
+
+def test_resting_probes_space_out_while_they_lower_nothing_and_only_they_refresh_the_costs():
+    """A probe step costs the decode a few milliseconds: while probes find the host no faster, each interval is
+    twice the one before, up to PROBE_STEPS_MAX; between probes nothing is refreshed (a refresh is host time
+    between two steps)."""
+    t = tier()
+    t.cpu_off = True
+    refreshes = []
+    t._refresh = lambda: refreshes.append(t._steps)
+    probes = probe_steps(t, 2000)
+    gaps = [b - a - 1 for a, b in zip(probes, probes[1:])]  # a probe's refresh step counts towards the next
+    assert gaps[:4] == [2 * PROBE_STEPS, 4 * PROBE_STEPS, 8 * PROBE_STEPS, 16 * PROBE_STEPS]
+    assert max(gaps) == ft.PROBE_STEPS_MAX and gaps[-1] == ft.PROBE_STEPS_MAX
+    assert refreshes == [p + 1 for p in probes if p + 1 <= 2000]  # the step after each probe, and no other
+
+
+def test_a_probe_that_lowers_the_cpu_figure_keeps_the_next_one_close():
+    t = tier()
+    t.cpu_off = True
+    probe_steps(t, 100)  # spaced out: the host did not get faster
+    assert t._probe_every > PROBE_STEPS
+
+    def faster():  # the probe's jobs show a faster host
+        t.costs = Costs({1: t.costs.cpu_expert_s[1] / 1.25}, 1e-5, 2e-4, 1e-6, sources={"cpu_expert_s": "probe"})
+    t._refresh = faster
+    while not t._probing:
+        t.after_step()
+    t.after_step()  # the probe step
+    t.after_step()  # its refresh
+    assert t._probe_every == PROBE_STEPS and t._until_probe == PROBE_STEPS - 1
+
+    def jitter():  # 5 % lower: a busy host's noise, not a host getting free
+        t.costs = Costs({1: t.costs.cpu_expert_s[1] * 0.95}, 1e-5, 2e-4, 1e-6, sources={"cpu_expert_s": "probe"})
+    t._refresh = jitter
+    probe_steps(t, 60)
+    assert t._probe_every >= 4 * PROBE_STEPS
+
+
+def test_a_refresh_that_moves_the_costs_a_little_keeps_the_table():
+    t = tier()
+    t.costs = Costs({1: 100e-6}, 0.0, 190e-6, 0.0, sources={"cpu_expert_s": "timed"})
+    t.use_costs(t.costs)
+    table = t.cube.clone()
+    t.cube.fill_(7)  # a marker: a rebuild would overwrite it
+    t._adopt(t.costs.slower(1.02))
+    assert t.costs.cpu_expert_s[1] == pytest.approx(102e-6) and bool((t.cube == 7).all())  # the model moved, the table not
+    t._adopt(t.costs.slower(1.02))  # 4 % from the table's figures in all
+    assert torch.equal(t.cube, torch.from_numpy(t.costs.table(8, 64))) and t._table_costs is t.costs  # rebuilt
+    t._adopt(t.costs.slower(2.0))  # a busy host: a table that sends the CPU less
+    assert int(t.cube[1, 0, 4]) < int(table[1, 0, 4])
 
 
 def test_the_tier_stays_out_of_steps_it_cannot_take_and_while_paused():
@@ -307,6 +371,7 @@ def test_the_gpu_part_of_sampled_steps_sets_the_link_and_fixed_costs():
     t.costs = Costs({1: 400e-6}, 0.0, 184e-6, 0.0, sources={"cpu_expert_s": "timed"}, cpu_pinned=True)
     t.cube = torch.from_numpy(t.costs.table(8, 64)).clone()
     t._probe_link_s = 184e-6
+    t.worth.hooked = lambda seconds: None  # the fakes' host time must not make the tier rest (Worth's own test)
     x = torch.zeros((1, H), dtype=torch.float32)
     timed = 0
     steps = 8 * ft.SAMPLE_STEPS  # enough sampled layers for a line (fit_gpu_line's minimum)
@@ -435,7 +500,8 @@ def test_the_tier_rests_while_its_split_saves_less_than_its_hooks_cost_and_comes
     assert w.saving_s == pytest.approx(90e-6) and w.hook_s == pytest.approx(100e-6)
     w.hooked(80e-6)  # cheaper hooks: 90 > 80, but not HOOK_MARGIN (1.25) x 80
     assert not w.decide(costs, table) and w.resting
-    w.samples.extend([(1, 0, 10)] * 10)  # ten misses a layer: 1,290 us saved (7 on the CPU)
+    for _ in range(10):
+        w.sampled(1, 0, 10)  # ten misses a layer: 1,290 us saved (7 on the CPU)
     assert w.decide(costs, table) and not w.resting and w.saving_s == pytest.approx((90e-6 + 1290e-6) / 2)
     assert w.stats() == {"hooks_us_per_layer": 80.0, "saving_us_per_layer": 690.0, "resting": False, "layers_sampled": 20}
     w.hooked(10.0)  # hooks dearer than any saving: it rests...

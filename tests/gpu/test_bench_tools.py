@@ -129,3 +129,16 @@ def test_prefetch_decode_gives_the_same_tokens_and_the_oracle_serves_every_miss(
     oracle = result["runs"]["oracle"]["layers"]
     assert all(layer["recall"] == 1.0 and layer["prefetch_wasted"] == 0 for layer in oracle[1:]), oracle
     assert oracle[0]["prefetch_copied"] == 0 and result["runs"]["off"]["prefetch_copied"] == 0
+
+
+def test_fast_ablation_runs_every_arm_and_the_inert_tier_decodes_as_exact_mode(tiny_checkpoint, tmp_path):
+    """bench/fast_ablation.py on the tiny checkpoint, the tier forced on: every run reports its rate and step hooks'
+    host time, and the paused tier (every expert on the GPU) decodes exact mode's tokens."""
+    out = tmp_path / "ablation.json"
+    subprocess.run([sys.executable, "-m", "bench.fast_ablation", "-m", str(tiny_checkpoint), "--tokens", "12",
+                    "--prompt-tokens", "16", "--engine-args", "--ec-cache-experts 0 --ct-enable 1", "--out", str(out)],
+                   cwd=REPO, check=True, timeout=600)
+    result = json.loads(out.read_text())
+    assert set(result["runs"]) == {"exact", "tier", "no-probes", "no-refresh", "inert"}
+    assert result["same_tokens_as_exact"]["inert"], result["same_tokens_as_exact"]
+    assert all(r["decode_tok_s"] > 0 and r["after_step_us"]["mean"] is not None for r in result["runs"].values())

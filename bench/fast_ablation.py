@@ -1,0 +1,186 @@
+"""Where fast mode's decode loses to exact mode's (issue 16): one exact-mode engine, then one fast-mode engine whose
+CPU tier is switched part by part, each decoding the same greedy tokens after the same prompt, with the host time
+of the tier's per-step hooks timed around every step:
+
+- ``exact``: exact mode (its own engine, loaded first and closed): the reference;
+- ``tier``: fast mode as it runs (its own decisions: split, rest, probes, refreshes);
+- ``no-probes``: no probe steps (``PROBE_STEPS`` out of reach) while it rests;
+- ``no-refresh``: no probes, no timed layers and no cost refreshes either;
+- ``inert``: the tier paused (every expert on the GPU) and its step hooks not called: what is left is the hooks'
+  Python shells on the fast engine, an upper bound for any rule that only decides when the tier works.
+
+One stream, decode as ``bench.decode_kl``'s paths run it (the model's forward, one token a step), the tier's
+``before_step``/``after_step`` around each forward as the server's generator step has them. ``--cpu-hog all``
+keeps every CPU busy for the whole run (``bench.cpu_hog``), the engines' start-up measurements included.
+
+    python3 -m bench.fast_ablation -m CKPT --tokens 128 --engine-args "--ec-cache-experts 384 --vram-limit-gb 15.4"
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from bench.decode_kl import ModelPath, check_one_engine_args, one_engine_args, pages_for, synthetic_prompt
+from bench.output import emit_json
+
+FAST_RUNS = ("tier", "no-probes", "no-refresh", "inert")
+WARMUP_TOKENS = 64  # enough steps for the tier's first refreshes (and its rest, if it rests)
+
+
+def engine_argv(mode: str, model: Path, cache_tokens: int, engine_args: str) -> list[str]:
+    return ["--engine", "exl3", "--mode", mode, "-m", str(model), "-cs", str(cache_tokens),
+            "-chunk_size", str(min(2048, cache_tokens)), "--max-batch-size", "1", "-ambs", "1", *shlex.split(engine_args)]
+
+
+class StepTimer:
+    """The host seconds of ``before``, the forward (to its token on the host) and ``after`` of each step."""
+
+    def __init__(self, before=None, after=None):
+        self.before, self.after = before, after
+        self.samples: list[tuple[float, float, float]] = []
+
+    def logits(self, path: ModelPath, ids: Sequence[int]) -> int:
+        """The greedy token after ``ids`` (the step timed)."""
+        t0 = time.perf_counter()
+        if self.before is not None:
+            self.before()
+        t1 = time.perf_counter()
+        out = path.logits(ids)
+        token = int(torch.argmax(out))  # the step's sync, as the sampler's
+        t2 = time.perf_counter()
+        if self.after is not None:
+            self.after()
+        self.samples.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
+        return token
+
+    def summary(self) -> dict:
+        cols = list(zip(*self.samples)) if self.samples else [(), (), ()]
+        out = {}
+        for name, col in zip(("before_step", "forward", "after_step"), cols):
+            col = sorted(col)
+            out[name + "_us"] = {"mean": round(1e6 * statistics.fmean(col), 1) if col else None,
+                                 "p90": round(1e6 * col[int(0.9 * (len(col) - 1))], 1) if col else None,
+                                 "max": round(1e6 * col[-1], 1) if col else None}
+        return out
+
+
+def decode(path: ModelPath, prompt: Sequence[int], tokens: int, timer: StepTimer) -> tuple[list[int], float]:
+    """Greedy ids of ``tokens`` steps after ``prompt`` and the decode's seconds (the prompt's forward not counted)."""
+    ids = [timer.logits(path, prompt)]
+    timer.samples.clear()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(tokens - 1):
+        ids.append(timer.logits(path, [ids[-1]]))
+    torch.cuda.synchronize()
+    return ids, time.perf_counter() - t0
+
+
+@contextlib.contextmanager
+def tier_constants(**values):
+    """Module constants of ``glm53.cpu_tier.tier`` set for the block (the tier reads them at each step)."""
+    from glm53.cpu_tier import tier
+
+    before = {k: getattr(tier, k) for k in values}
+    for k, v in values.items():
+        setattr(tier, k, v)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            setattr(tier, k, v)
+
+
+def run_engine(mode: str, args, runs: Sequence[str]) -> dict:
+    from glm53 import config
+    from glm53.engine.exl3.backend import Exl3Backend
+
+    cache_tokens = pages_for(args.prompt_tokens + max(args.tokens, WARMUP_TOKENS) + 1)
+    t0 = time.monotonic()
+    engine = Exl3Backend(config.load(engine_argv(mode, args.model, cache_tokens, args.engine_args), {}), extra_caches=1)
+    out = {"load_s": round(time.monotonic() - t0, 1), "runs": {}}
+    try:
+        fast = engine.offload.fast if engine.offload is not None else None
+        if mode == "fast" and fast is None:
+            raise SystemExit("the fast engine started without its CPU tier (see its log; GLM53_CT_ENABLE=1 forces it)")
+        prompt = synthetic_prompt(engine.info.vocab_size, args.prompt_tokens)
+        path = ModelPath(engine.model, engine.extra_caches[0], engine.info.vocab_size)
+        hooked = StepTimer(fast.before_step, fast.after_step) if fast is not None else StepTimer()
+        decode(path, prompt, WARMUP_TOKENS, hooked)  # kernels, the cache's admissions, the tier's first decisions
+        path.reset()
+        for name in runs:
+            never = 1 << 40
+            constants = {"tier": {}, "no-probes": {"PROBE_STEPS": never},
+                         "no-refresh": {"PROBE_STEPS": never, "REFRESH_STEPS": never, "SAMPLE_STEPS": never}}.get(name, {})
+            inert = name == "inert"
+            timer = StepTimer() if inert or fast is None else StepTimer(fast.before_step, fast.after_step)
+            with tier_constants(**constants) if fast is not None else contextlib.nullcontext(), \
+                    fast.paused() if inert else contextlib.nullcontext():
+                if inert:
+                    fast.worker.rest()
+                ids, seconds = decode(path, prompt, args.tokens, timer)
+            path.reset()
+            run = {"decode_tok_s": round((args.tokens - 1) / seconds, 2), "ms_per_step": round(1e3 * seconds / (args.tokens - 1), 3),
+                   "ids": ids, **timer.summary()}
+            if fast is not None:
+                stats = fast.stats()
+                run["worth"] = stats["worth"]
+                run["split"] = stats["split"]
+                run["probes"] = stats["device"]["probes"]
+            out["runs"][name] = run
+        return out
+    finally:
+        engine.close()
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python3 -m bench.fast_ablation", description=__doc__.split("\n\n")[0])
+    one_engine_args(ap, "--ec-cache-experts 11%", "more glm53 settings for both engines")
+    ap.add_argument("--cpu-hog", default=None, help="CPUs kept busy for the whole run ('all' or a list like 2-5)")
+    return check_one_engine_args(ap, ap.parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> dict:
+    started = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        if args.cpu_hog:
+            from bench.cpu_hog import CpuHog, parse_cpus
+
+            cpus = sorted(os.sched_getaffinity(0)) if args.cpu_hog == "all" else parse_cpus(args.cpu_hog)
+            stack.enter_context(CpuHog(cpus))
+        exact = run_engine("exact", args, ["exact"])
+        fast = run_engine("fast", args, FAST_RUNS)
+    runs = {**exact["runs"], **fast["runs"]}
+    base = runs["exact"]["decode_tok_s"]
+    out = {"checkpoint": str(args.model), "tokens": args.tokens, "engine_args": args.engine_args, "cpu_hog": args.cpu_hog,
+           "load_s": {"exact": exact["load_s"], "fast": fast["load_s"]},
+           "vs_exact": {name: round(r["decode_tok_s"] / base, 3) for name, r in runs.items()},
+           "same_tokens_as_exact": {name: r["ids"] == runs["exact"]["ids"] for name, r in runs.items()},
+           "runs": {name: {k: v for k, v in r.items() if k != "ids"} for name, r in runs.items()},
+           "seconds": round(time.monotonic() - started, 1),
+           "command": shlex.join(["python3", "-m", "bench.fast_ablation", *sys.argv[1:]])}
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    result = run(args)
+    emit_json(result, args.out)
+    for name, r in result["runs"].items():
+        print(f"{name}: {r['decode_tok_s']} tok/s ({result['vs_exact'][name]}x exact), after_step {r['after_step_us']['mean']} us "
+              f"mean, {r['after_step_us']['max']} max; before_step {r['before_step_us']['mean']} us", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
