@@ -75,6 +75,8 @@ PROBE_STEPS = 8  # resting, the first probe step comes this many steps after the
 PROBE_STEPS_MAX = 512  # ... and the interval doubles up to this after each probe that did not lower the CPU figures
 PROBE_EASING = 0.9  # a probe whose refresh left the CPU figure above this share of the one before lowered nothing
 # (a busy host's live figures jitter by several per cent; one freed again comes down by the refresh's EASE, 1.25x)
+# the hooks' parts, timed on the host for /stats (where a layer's host time goes: bench/fast_ablation.py)
+HOOK_PARTS = ("split_publish", "collect", "fallback_plan", "fallback_launch")
 TABLE_DRIFT = 0.03  # a refresh rebuilds the split table when a figure it is built from moved by more than this share
 PROBE_EXPERTS = 2  # experts of a shadow job
 STARVED_SHARE = 0.1  # a refresh window whose jobs went unclaimed past their deadline more often than this: starved
@@ -211,6 +213,8 @@ class FastTier:
         self._table_costs = self.costs  # the costs the split table was built from
         self.worth = Worth()
         self._hook_s = 0.0  # host time of the current layer's routing hook
+        self.hook_parts = np.zeros(len(HOOK_PARTS))  # host seconds of each part of the hooks, over the layers taken part in
+        self.hooked_layers = 0
         self._probe_link_s = self.costs.link_expert_s  # the start-up probe's figure, a live line's sanity range
         self._sampling = False  # this step's layers are timed
         # (layer row, start, split counts, tokens)
@@ -320,6 +324,8 @@ class FastTier:
             start.record()
             self._open_sample = (row, start, info, T)
         self._hook_s = time.perf_counter() - t0
+        if not self._probing:
+            self.hook_parts[0] += self._hook_s
 
     def on_routed_sum(self, row: int, final_hidden_states: torch.Tensor) -> torch.Tensor:
         """The layer's fp32 routed sum: the CPU's partial is added in place."""
@@ -339,10 +345,15 @@ class FastTier:
                                f"contiguous fp32 [tokens, {self.hidden}] (exllamav3's internals changed)")
         # a stop-loss wait: no longer than the GPU would take to read the job's experts itself (never over the deadline)
         outcome = self.producer.collect(status, acc[:T], self.deadline_s, info, self.costs.link_expert_s, STOP_LOSS_FLOOR_S)
+        t1 = time.perf_counter()
         count, token_sorted, weight_sorted = self.producer.fallback_plan(status, outcome, record, T, self.top_k,
                                                                          self.store.num_experts)
+        t2 = time.perf_counter()
         self.fallbacks[row](y, acc[:T], count, token_sorted, weight_sorted)
-        self.worth.hooked(self._hook_s + time.perf_counter() - t0)
+        t3 = time.perf_counter()
+        self.hook_parts[1:] += (t1 - t0, t2 - t1, t3 - t2)
+        self.hooked_layers += 1
+        self.worth.hooked(self._hook_s + t3 - t0)
         return final_hidden_states
 
     @contextmanager
@@ -453,7 +464,8 @@ class FastTier:
                       "handoff_us": round(self.costs.handoff_s * 1e6, 1), "sources": dict(self.costs.sources)},
             "split": {"hits": hits, "misses": misses, "cpu_experts": experts, "cpu_picks": picks, "skipped_calls": self.skipped,
                       "cpu_off": self.cpu_off},
-            "worth": self.worth.stats(),
+            "worth": {**self.worth.stats(), "hook_parts_us_per_layer": {
+                name: round(1e6 * v / self.hooked_layers, 1) if self.hooked_layers else None for name, v in zip(HOOK_PARTS, self.hook_parts)}},
             "device": self.producer.stats(),
             "worker": {**self.worker.counters(), "parked": self.worker.parked()},
             "deadline_ms": self.deadline_s * 1000,

@@ -85,6 +85,7 @@ def tier():
     t.feeding = FakeFeeding()
     t.worth, t._hook_s, t._table = ft.Worth(), 0.0, t.cube.numpy()
     t._table_costs = t.costs
+    t.hook_parts, t.hooked_layers = ft.np.zeros(len(ft.HOOK_PARTS)), 0
     return t
 
 
@@ -285,6 +286,12 @@ def test_stats_report_the_split_the_fallbacks_and_the_parked_worker():
     assert stats["split"]["cpu_experts"] == 0 and stats["split"]["cpu_off"] is False
     assert stats["device"]["fallback_jobs"] == 2 and stats["device"]["fallback_experts"] == 3
     assert stats["costs"]["cpu_expert_us"] == {1: 100.0} and stats["worker"]["parked"] is True
+    assert set(stats["worth"]["hook_parts_us_per_layer"]) == set(ft.HOOK_PARTS)
+    assert stats["worth"]["hook_parts_us_per_layer"]["collect"] is None  # no layer taken part in yet
+    t.on_routing(0, *routing(T=1))
+    t.on_routed_sum(0, torch.zeros((1, 1, H), dtype=torch.float32))
+    parts = t.stats()["worth"]["hook_parts_us_per_layer"]
+    assert t.hooked_layers == 1 and all(v >= 0 for v in parts.values())
 
 
 def test_the_cost_table_follows_the_workers_live_timings_within_a_refresh():
