@@ -182,8 +182,20 @@ def load_project(arm: str, spec: dict) -> Loaded:
         backend.close()
         raise NotAvailable("the engine started without prefetch (see its log)")
     return Loaded(EngineSteps(backend), backend.info.vocab_size, stats=backend.stats, close=backend.close,
-                  facts={"engine_argv": argv, "settings": settings.public()}, idle=lambda exclude: idle_cpu_percent(backend, exclude),
+                  facts={"engine_argv": argv, "settings": settings.public(), **ram_estimate(settings)},
+                  idle=lambda exclude: idle_cpu_percent(backend, exclude),
                   oracle=backend.offload.prefetch if arm == "exact-oracle" else None)
+
+
+def ram_estimate(settings) -> dict:
+    """What ``glm53 serve``'s preflight would say this arm needs in host RAM, and the routed-expert bytes it counts
+    from (GB): the measured RSS is set against both (issue 22: host RSS within 1.02x the routed experts plus the
+    stated overhead)."""
+    from glm53 import preflight
+    from glm53.models import checkpoint
+
+    experts = checkpoint.expert_bytes(Path(settings.model_dir))
+    return {"preflight_ram_gb": preflight.ram_needed(experts, settings) / GB, "routed_expert_gb": experts.routed / GB}
 
 
 class EngineSteps:

@@ -99,6 +99,18 @@ def _machine_line(results: dict, json_name: str) -> str:
             f"exllamav3 {v.get('exllamav3')}, torch {v.get('torch')}, glm53 {v.get('git') or v.get('glm53')}.")
 
 
+def _ram_lines(results: dict) -> list[str]:
+    """Host RAM of the project arms against their routed experts and against preflight's estimate (arms that
+    recorded both; earlier runs did not)."""
+    parts = []
+    for arm in results.get("arms") or []:
+        rss, need, routed = (arm.get(k) for k in ("host_rss_peak_gb", "preflight_ram_gb", "routed_expert_gb"))
+        if arm.get("status") == "ok" and None not in (rss, need, routed) and routed > 0 and need > 0:
+            parts.append(f"{arm['name']} {_num(rss)} GB = {rss / routed:.2f}x its {_num(routed)} GB of routed experts, "
+                         f"{rss / need:.2f}x preflight's {_num(need)} GB")
+    return ["Host RSS peak: " + "; ".join(parts) + "."] if parts else []
+
+
 def _checkpoint_line(results: dict) -> str:
     c, settings = results.get("checkpoint") or {}, results.get("settings") or {}
     placement = "hot-first from the routing profile" if c.get("stats_file") else "exllamav3's default placement"
@@ -122,7 +134,7 @@ def _bandwidth_line(results: dict) -> str:
 def measured_block(results: dict, json_name: str) -> str:
     """The Markdown between the markers (without them)."""
     out = [_machine_line(results, json_name), "", _checkpoint_line(results), "", _bandwidth_line(results), "",
-           *_arm_rows(results), "", *_bounds_lines(results)]
+           *_arm_rows(results), "", *_bounds_lines(results), *_ram_lines(results)]
     for name, s in (results.get("spread") or {}).items():
         parts = [f"{k.replace('_tok_s', '').replace('_', ' ')} {x['relative']:.1%}" for k, x in s.items() if isinstance(x, dict)]
         out.append(f"Spread of {name} over {s['runs']} runs ((max - min) / mean): {', '.join(parts)}.")

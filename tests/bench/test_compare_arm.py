@@ -133,3 +133,16 @@ def test_the_oracle_arm_runs_each_decode_job_twice_and_times_the_replay(fake_exl
     assert lengths == [64, 16, 16, 16, 16, 32, 32, 64, 64]  # each decode prompt twice: recorded, then replayed
     assert gen.prompts[1] == gen.prompts[2] != gen.prompts[3] == gen.prompts[4]
     assert "oracle_same_tokens" not in compare_arm.measure(compare_arm.Loaded(FakeGenerator(), vocab=154880), SPEC)
+
+
+def test_a_project_arm_records_preflights_ram_estimate_and_its_routed_experts(tmp_path):
+    from glm53 import config, preflight
+    from glm53.models import checkpoint
+    from tests.test_preflight import expert_checkpoint
+
+    d = expert_checkpoint(tmp_path)
+    for mode in ("exact", "fast"):
+        settings = config.load(["--mode", mode, "--engine", "exl3", "-m", str(d)], {})
+        figures = compare_arm.ram_estimate(settings)
+        assert figures["routed_expert_gb"] == 48 / 1e9
+        assert figures["preflight_ram_gb"] == preflight.ram_needed(checkpoint.expert_bytes(d), settings) / 1e9
