@@ -175,7 +175,7 @@ class DeviceProducer:
         if slot_of.dtype != torch.int32 or freq.dtype != torch.float32 or table.dtype != torch.uint8 or table.dim() != 3:
             raise ValueError("slot_of must be int32, freq float32 and table a uint8 [tokens, experts, experts] cube")
         status = self._next_status(collected=probe_k <= 0)
-        info = torch.zeros(4, dtype=torch.int32, device=self.device)
+        info = torch.empty(4, dtype=torch.int32, device=self.device)  # the kernel writes all four (no memset launch)
         record = torch.empty(self.kernels.record_size, dtype=torch.int32, device=self.device)
         self.kernels.split_publish(self.c, self.next_seq, layer, sel, rw, y, slot_of, freq, table, max(probe_k, 0),
                                    status, self.counters, info, record)
