@@ -243,8 +243,9 @@ class Settings:
     ec_elastic_gb: float = setting(_number(float, 0, None, " GB"), 10.0, "expert-cache VRAM lent to activations and staging during a long prefill")
     ec_stage_gb: float = setting(_number(float, 0, None, " GB"), 2.6, "size of each of the two prefill staging buffers")
     prefetch: bool = setting(BOOL, False, "exact mode's decode: after each MoE layer, predict the next layer's picks (its router on this layer's input) and copy "
-                             "the predicted non-resident experts into a pool of VRAM slots while the next layer's attention runs; bit-identical output. "
-                             "Off by default: measured 1.01x exact at one stream (1.09x with a perfect predictor) and slower at four")
+                             "the predicted non-resident experts into a pool of VRAM slots while the next layer's attention runs; bit-identical output; "
+                             "single-stream steps only (at four streams it was 3-4 % slower). Off by default: measured 1.01x exact at one stream "
+                             "(1.09x with a perfect predictor)")
     prefetch_slots: int = setting(_number(int, 1, 16), 2, "VRAM slots of the prefetch pool (taken from the expert cache's), the most experts copied ahead per layer")
     prefetch_extra: int = setting(_number(int, 0, 56), 0, "experts predicted per token beyond the router's top-k (candidates when the top-k are resident)")
     # --- offload: CPU tier (fast mode)

@@ -14,8 +14,9 @@ Per decode forward, on the compute stream C and a side stream P, for MoE layer `
    and one pool serves every layer in turn.
 
 Only where bytes are read from changes: the output is bit-identical (``tests/gpu/test_offload_exact.py``). A wrong
-prediction costs link time that was idle. Not in prefill (staging reads every expert there) and not with the CPU
-tier, whose split would count a prefetched expert as a miss. For measurements, :meth:`Prefetcher.record` keeps the
+prediction costs link time that was idle. Not in prefill (staging reads every expert there), not in steps of
+several streams (``PREDICT_MAX_ROWS``) and not with the CPU tier, whose split would count a prefetched expert as a
+miss. For measurements, :meth:`Prefetcher.record` keeps the
 true picks of a run and :meth:`Prefetcher.replay` prefetches exactly them in a second run of the same tokens (the
 oracle: what the machinery gives with a perfect predictor).
 """
@@ -30,23 +31,31 @@ from .cache import ExpertCache, Policy
 from .ec_native import PF_COUNTERS, EcPool, Kernels
 
 
+# Rows (streams decoded together) up to which the next layer is prefetched: at 4 streams the union of their picks
+# is several times a small pool, and both the router's and the oracle's prefetch were 3-4 % slower than exact mode
+# (bench/results/2026-12-01-third-session-h200.md); at 1 stream they gained 1-9 %.
+PREDICT_MAX_ROWS = 1
+
+
 class Prefetcher:
     """
     :param routers: per MoE layer (in store order) its router: (gate [hidden, experts] as exllamav3 holds it, the
         selection-only correction bias [experts] or None).
     :param slots: VRAM slots of the pool (the most experts copied ahead of a layer).
     :param extra: experts predicted per token beyond ``top_k``.
+    :param max_rows: the most rows (streams) of a step that is prefetched.
     """
 
     def __init__(self, kernels: Kernels, cache: ExpertCache, routers: Sequence[tuple[torch.Tensor, torch.Tensor | None]],
-                 slots: int, extra: int, top_k: int, device: torch.device, policy: Policy | None = None):
+                 slots: int, extra: int, top_k: int, device: torch.device, policy: Policy | None = None,
+                 max_rows: int = PREDICT_MAX_ROWS):
         L = cache.store.num_layers
         if len(routers) != L:
             raise ValueError(f"{len(routers)} routers for {L} MoE layers")
         self.kernels, self.cache, self.device = kernels, cache, device
         self.policy = policy or Policy()
         self.block_bytes = cache.block_bytes
-        self.top_k, self.extra, self.slots = top_k, extra, slots
+        self.top_k, self.extra, self.slots, self.max_rows = top_k, extra, slots, max_rows
         self.routers = [(gate, None if bias is None else bias.float().to(device)) for gate, bias in routers]
         self.buffer = torch.empty((slots, self.block_bytes), dtype=torch.uint8, device=device)
         i64 = {"dtype": torch.int64, "device": device}
@@ -80,10 +89,12 @@ class Prefetcher:
         self._inputs = [None] * len(self._inputs)
 
     def routed(self, row: int, selected: torch.Tensor, z: torch.Tensor) -> None:
-        """After layer ``row``'s routing, before the cache's step."""
+        """After layer ``row``'s routing, before the cache's step. Only a step of at most ``max_rows`` rows keeps its
+        router input for the next layer's prediction."""
         if self.planned[row]:
             torch.cuda.current_stream().wait_event(self.ready[row])
-        self._picks[row], self._inputs[row] = selected, z
+        self._picks[row] = selected
+        self._inputs[row] = z if selected.shape[0] <= self.max_rows else None
         if self._recording is not None:
             self._recording.append(selected.clone())
         self._calls += 1

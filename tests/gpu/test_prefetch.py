@@ -40,7 +40,7 @@ def _prefetcher(kernels, cache, device, slots, extra=0):
 
     gen = torch.Generator().manual_seed(3)
     routers = [(torch.randn(HIDDEN, EXPERTS, generator=gen).half().to(device), torch.zeros(EXPERTS)) for _ in range(LAYERS)]
-    return Prefetcher(kernels, cache, routers, slots, extra, TOP_K, device)
+    return Prefetcher(kernels, cache, routers, slots, extra, TOP_K, device, max_rows=2)  # the traces' steps are two rows
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
