@@ -10,7 +10,8 @@ of the tier's per-step hooks timed around every step:
   Python shells on the fast engine, an upper bound for any rule that only decides when the tier works.
 
 One stream, decode as ``bench.decode_kl``'s paths run it (the model's forward, one token a step), the tier's
-``before_step``/``after_step`` around each forward as the server's generator step has them. ``--cpu-hog all``
+``before_step``/``after_step`` around each forward as the server's generator step has them; each forward's launch
+is timed apart from its whole (a launch as long as the forward: the thread feeding the GPU is the bound). ``--cpu-hog all``
 keeps every CPU busy for the whole run (``bench.cpu_hog``), the engines' start-up measurements included.
 
     python3 -m bench.fast_ablation -m CKPT --tokens 128 --engine-args "--ec-cache-experts 384 --vram-limit-gb 15.4"
@@ -43,11 +44,15 @@ def engine_argv(mode: str, model: Path, cache_tokens: int, engine_args: str) -> 
 
 
 class StepTimer:
-    """The host seconds of ``before``, the forward (to its token on the host) and ``after`` of each step."""
+    """The host seconds of each step's ``before``, its forward (launched, then to its token on the host) and
+    ``after``. A forward whose launch takes about as long as the whole forward is bound by the thread feeding the
+    GPU (its host work), not by the GPU."""
+
+    PARTS = ("before_step", "forward_launch", "forward", "after_step")
 
     def __init__(self, before=None, after=None):
         self.before, self.after = before, after
-        self.samples: list[tuple[float, float, float]] = []
+        self.samples: list[tuple[float, float, float, float]] = []
 
     def logits(self, path: ModelPath, ids: Sequence[int]) -> int:
         """The greedy token after ``ids`` (the step timed)."""
@@ -56,17 +61,18 @@ class StepTimer:
             self.before()
         t1 = time.perf_counter()
         out = path.logits(ids)
+        t_launched = time.perf_counter()
         token = int(torch.argmax(out))  # the step's sync, as the sampler's
         t2 = time.perf_counter()
         if self.after is not None:
             self.after()
-        self.samples.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
+        self.samples.append((t1 - t0, t_launched - t1, t2 - t1, time.perf_counter() - t2))
         return token
 
     def summary(self) -> dict:
-        cols = list(zip(*self.samples)) if self.samples else [(), (), ()]
+        cols = list(zip(*self.samples)) if self.samples else [()] * len(self.PARTS)
         out = {}
-        for name, col in zip(("before_step", "forward", "after_step"), cols):
+        for name, col in zip(self.PARTS, cols):
             col = sorted(col)
             out[name + "_us"] = {"mean": round(1e6 * statistics.fmean(col), 1) if col else None,
                                  "p90": round(1e6 * col[int(0.9 * (len(col) - 1))], 1) if col else None,
@@ -177,8 +183,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = run(args)
     emit_json(result, args.out)
     for name, r in result["runs"].items():
-        print(f"{name}: {r['decode_tok_s']} tok/s ({result['vs_exact'][name]}x exact), after_step {r['after_step_us']['mean']} us "
-              f"mean, {r['after_step_us']['max']} max; before_step {r['before_step_us']['mean']} us", file=sys.stderr)
+        print(f"{name}: {r['decode_tok_s']} tok/s ({result['vs_exact'][name]}x exact), forward launched in "
+              f"{r['forward_launch_us']['mean']} of {r['forward_us']['mean']} us; after_step {r['after_step_us']['mean']} us mean, "
+              f"{r['after_step_us']['max']} max; before_step {r['before_step_us']['mean']} us", file=sys.stderr)
     return 0
 
 

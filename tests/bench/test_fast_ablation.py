@@ -21,7 +21,8 @@ def test_the_step_timer_times_both_hooks_and_the_forward_of_every_step():
     assert [timer.logits(FakePath(), [1]) for _ in range(3)] == [1, 1, 1]
     assert calls == ["before", "after"] * 3
     summary = timer.summary()
-    assert set(summary) == {"before_step_us", "forward_us", "after_step_us"}
+    assert set(summary) == {"before_step_us", "forward_launch_us", "forward_us", "after_step_us"}
+    assert summary["forward_launch_us"]["mean"] <= summary["forward_us"]["mean"]
     assert all(v["mean"] >= 0 and v["max"] >= v["p90"] for v in summary.values())
     assert StepTimer().summary()["forward_us"]["mean"] is None  # no steps: nothing to report
 
