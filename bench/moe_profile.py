@@ -16,7 +16,12 @@ the CPU) and the experts the split sent to the CPU. From them:
   cost model's link figure (``glm53.cpu_tier.split``: one expert's bytes over the measured link rate);
 - ``wait_us`` (summed to combined) by the number of experts sent to the CPU (``by_cpu_experts``): what a job costs
   the GPU beyond its own part;
-- ``step_us``: the whole decode step per token, and ``moe_us``: the layers' routed-to-combined time summed.
+- ``step_us``: the whole decode step per token, and ``moe_us``: the layers' routed-to-combined time summed;
+- the WINDOWS outside the MoE layers, where the link is idle (what a prefetch can overlap, issue 20): ``gap_us``
+  from one layer's combined point to the next layer's routed point (its tail, the next layer's attention and
+  router), per layer and in all; ``lead_us`` from the step's start to its first layer's routed point (the
+  embedding, the dense layers, the first attention); ``tail_us`` from the last layer's combined point to the next
+  step's start (the head, the sampler's sync, the host's launch of the next step).
 
     python3 -m bench.moe_profile -m CKPT --tokens 128 --out profile.json [--engine-args "--ec-cache-experts 11%"]
 
@@ -111,9 +116,15 @@ class LayerClock:
         spans = np.array([[self.events[i][a].elapsed_time(self.events[i][a + 1]) * 1000.0 for a in range(3)]
                           for i in range(n)]).reshape(n, 3)
         steps = [(a.elapsed_time(b) * 1000.0, cb - ca) for (a, ca), (b, cb) in zip(self.step_marks, self.step_marks[1:])]
+        gaps = [(self.rows[i + 1], self.events[i][3].elapsed_time(self.events[i + 1][0]) * 1000.0) for i in range(n - 1)
+                if self.rows[i + 1] == self.rows[i] + 1]  # within a step: the next layer's call follows
+        leads = [a.elapsed_time(self.events[ca][0]) * 1000.0 for (a, ca), (_, cb) in zip(self.step_marks, self.step_marks[1:])
+                 if cb > ca and self.rows[ca] == 0]
+        tails = [self.events[cb - 1][3].elapsed_time(b) * 1000.0 for (_, ca), (b, cb) in zip(self.step_marks, self.step_marks[1:])
+                 if cb > ca]
         return {"row": np.array(self.rows), "misses": self.misses[:n].cpu().numpy(),
                 "cpu_experts": self.cpu_experts[:n].cpu().numpy(), "split_us": spans[:, 0], "gpu_experts_us": spans[:, 1],
-                "wait_us": spans[:, 2], "steps": steps}
+                "wait_us": spans[:, 2], "steps": steps, "gaps": gaps, "lead_us": np.array(leads), "tail_us": np.array(tails)}
 
 
 def summarise(calls: dict, layers: int) -> dict:
@@ -135,6 +146,20 @@ def summarise(calls: dict, layers: int) -> dict:
         fit = {"fixed_us": round(float(intercept), 1), "per_miss_us": round(float(slope), 1)}
     full_steps = [us for us, calls_in in calls["steps"] if calls_in == layers]
     moe_per_call = split_us + gpu_us + wait_us
+    gaps = calls.get("gaps") or []
+    gap_rows = np.array([r for r, _ in gaps], dtype=int)
+    gap_us = np.array([us for _, us in gaps], dtype=float)
+
+    def median(values) -> float | None:
+        values = np.asarray(values, dtype=float)
+        return round(float(np.median(values)), 1) if values.size else None
+
+    windows = {
+        "gap_us": median(gap_us),  # one layer's end to the next one's routing: what a next-layer prefetch can hide
+        "gap_us_by_layer": {int(r): median(gap_us[gap_rows == r]) for r in np.unique(gap_rows)},
+        "lead_us": median(calls.get("lead_us", ())),
+        "tail_us": median(calls.get("tail_us", ())),
+    }
     return {
         "calls": int(misses.size),
         "misses_mean": round(float(misses.mean()), 3) if misses.size else None,
@@ -146,6 +171,7 @@ def summarise(calls: dict, layers: int) -> dict:
         "step_us": round(float(np.median(full_steps)), 1) if full_steps else None,
         "moe_us": round(float(moe_per_call.mean() * layers), 1) if moe_per_call.size else None,
         "steps": len(full_steps),
+        "windows": windows,
     }
 
 
@@ -224,8 +250,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = run(args)
     emit_json(result, args.out)
     for mode, s in result["modes"].items():
+        w = s["windows"]
         print(f"{mode}: step {s['step_us']} us, MoE {s['moe_us']} us, misses {s['misses_mean']}/layer, CPU experts "
-              f"{s['cpu_experts_mean']}/layer, fit {s['fit']}", file=sys.stderr)
+              f"{s['cpu_experts_mean']}/layer, fit {s['fit']}; windows: between layers {w['gap_us']} us, before the first "
+              f"{w['lead_us']} us, after the last {w['tail_us']} us", file=sys.stderr)
     return 0
 
 

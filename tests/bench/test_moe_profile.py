@@ -28,3 +28,11 @@ def test_the_line_through_the_gpu_part_is_per_gpu_miss():
 def test_one_miss_count_has_no_line():
     s = moe_profile.summarise(calls([4, 4], [0, 0], [700, 720], [1, 1], []), layers=2)
     assert s["fit"] is None and s["step_us"] is None
+
+
+def test_the_windows_between_layers_before_the_first_and_after_the_last():
+    c = calls([4, 4, 4, 4], [0] * 4, [700.0] * 4, [1.0] * 4, [(2000.0, 2), (2100.0, 2)])
+    c.update(gaps=[(1, 160.0), (1, 170.0)], lead_us=np.array([900.0, 950.0]), tail_us=np.array([300.0, 320.0]))
+    w = moe_profile.summarise(c, layers=2)["windows"]
+    assert w == {"gap_us": 165.0, "gap_us_by_layer": {1: 165.0}, "lead_us": 925.0, "tail_us": 310.0}
+    assert moe_profile.summarise(calls([4], [0], [700.0], [1.0], []), layers=1)["windows"]["gap_us"] is None  # none timed
