@@ -142,3 +142,16 @@ def test_fast_ablation_runs_every_arm_and_the_inert_tier_decodes_as_exact_mode(t
     assert set(result["runs"]) == {"exact", "tier", "no-probes", "no-refresh", "inert"}
     assert result["same_tokens_as_exact"]["inert"], result["same_tokens_as_exact"]
     assert all(r["decode_tok_s"] > 0 and r["after_step_us"]["mean"] is not None for r in result["runs"].values())
+
+
+def test_moe_profile_times_the_layers_and_the_windows_between_them(tiny_checkpoint, tmp_path):
+    """bench/moe_profile.py on the tiny checkpoint (the tier forced on for its hooks): both modes report a step, the
+    MoE time within it, and the link-idle windows between the layers, before the first and after the last."""
+    out = tmp_path / "profile.json"
+    subprocess.run([sys.executable, "-m", "bench.moe_profile", "-m", str(tiny_checkpoint), "--tokens", "8",
+                    "--prompt-tokens", "16", "--engine-args", "--ec-cache-experts 0 --ct-enable 1", "--out", str(out)],
+                   cwd=REPO, check=True, timeout=600)
+    for mode in json.loads(out.read_text())["modes"].values():
+        w = mode["windows"]
+        assert mode["step_us"] > 0 and mode["moe_us"] > 0 and w["lead_us"] > 0 and w["tail_us"] > 0
+        assert 0 < w["gap_us"] < mode["step_us"]
