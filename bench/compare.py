@@ -95,6 +95,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--no-bandwidth", action="store_true", help="skip the bandwidth measurements")
     ap.add_argument("--link-limit-gbs", type=float, help="measure the bandwidths and every arm with bench.link_limiter's SM reader "
                     "in their process, calibrated to leave about this zero-copy read rate (25: a PCIe 4 x16 card; default: the full link)")
+    ap.add_argument("--cold-triton", action="store_true", help="every arm starts with an empty Triton cache, so its load_seconds "
+                    "include compiling the kernels (default: the cache the machine has, e.g. the GPU kit's)")
     ap.add_argument("--cpu-hog", help="run every arm beside a spinning process on each of these CPUs (a CPU list such as 0-7, "
                     "or 'all'; bench.cpu_hog): a busy host")
     if ap.parse_known_args(argv)[0].quick:  # smaller defaults; flags given explicitly still win
@@ -288,8 +290,10 @@ def tail(path: Path, lines: int = 40) -> str:
         return ""
 
 
-def arm_env(arm: str, stats: Path | None, work: Path) -> dict:
+def arm_env(arm: str, stats: Path | None, work: Path, cold_triton: bool = False) -> dict:
     env = dict(os.environ)
+    if cold_triton:  # nothing compiled yet: the load's warm-up compiles every kernel it needs
+        env["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="triton-", dir=work)
     paths = [str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     if arm in MCS_ARMS:
         paths.insert(0, str(SHIM_DIR))  # the core-order shim, for this arm and its CPU worker only
@@ -304,13 +308,14 @@ def arm_env(arm: str, stats: Path | None, work: Path) -> dict:
     return env
 
 
-def run_arm(arm: str, run: int, spec: dict, stats: Path | None, work: Path, logs: Path, timeout: float) -> dict:
+def run_arm(arm: str, run: int, spec: dict, stats: Path | None, work: Path, logs: Path, timeout: float,
+            cold_triton: bool = False) -> dict:
     spec_path = work / f"{arm}-{run}.spec.json"
     spec_path.write_text(json.dumps(spec, indent=1))
     result_path = work / f"{arm}-{run}.result.json"
     log_path = logs / f"{arm}-{run}.log"
     cmd = [sys.executable, "-m", "bench.compare_arm", "--arm", arm, "--spec", str(spec_path), "--result", str(result_path)]
-    rc, seconds = run_process(cmd, arm_env(arm, stats, work), log_path, timeout)
+    rc, seconds = run_process(cmd, arm_env(arm, stats, work, cold_triton), log_path, timeout)
     if result_path.is_file():
         result = json.loads(result_path.read_text())
     elif rc is None:
@@ -449,7 +454,8 @@ def run_arms(args, results: dict, spec: dict, stats: Path | None, work: Path, lo
             extra = {"placement": "hot-first (EXL3_MOE_CPU_SPLIT_STATS)" if ckpt_info["stats_file"] else "exllamav3 default"}
         timeout = min(args.arm_timeout, left)
         log(f"{arm} (run {run}): starting, timeout {timeout:.0f} s")
-        entry = {**run_arm(arm, run, arm_spec, stats, work, logs, timeout), **extra}
+        entry = {**run_arm(arm, run, arm_spec, stats, work, logs, timeout, cold_triton=args.cold_triton), **extra,
+                 "triton_cache": "cold" if args.cold_triton else "as found"}
         results["arms"].append(entry)
         log(f"{arm} (run {run}): {_outcome(entry)}")
         write_results(results, out_json)

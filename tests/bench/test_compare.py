@@ -138,6 +138,13 @@ def test_only_the_cpu_offload_arms_get_the_shim(tmp_path):
         assert vram[key] != mcs[key] and Path(vram[key]).parent == tmp_path
 
 
+def test_a_cold_triton_run_gives_every_arm_an_empty_cache_of_its_own(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/kit/triton")
+    assert compare.arm_env("exact", None, tmp_path)["TRITON_CACHE_DIR"] == "/kit/triton"  # the machine's, by default
+    a, b = (Path(compare.arm_env(arm, None, tmp_path, cold_triton=True)["TRITON_CACHE_DIR"]) for arm in ("exact", "stock-vram"))
+    assert a != b and a.parent == tmp_path and not any(a.iterdir()) and not any(b.iterdir())
+
+
 def _alive(pid: int) -> bool:
     """Running (a zombie waiting for its reaper counts as gone)."""
     try:
@@ -199,7 +206,7 @@ def test_a_whole_run_with_stand_in_arms(tmp_path, monkeypatch, capsys):
     seen = []
     rates = {"stock-vram": 200.0, "stock-mcs": 40.0, "stock-mcs-pa": 35.0, "exact": 50.0}
 
-    def fake_arm(arm, run, spec, stats_path, work, logs, timeout):
+    def fake_arm(arm, run, spec, stats_path, work, logs, timeout, cold_triton=False):
         seen.append((arm, run, spec.get("vram_limit_gb"), spec["mcs"]))
         if arm == "fast":
             return {"name": arm, "run": run, "status": "not available", "reason": "NotImplementedError: no CPU tier", "seconds": 1.0}
