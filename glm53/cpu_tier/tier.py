@@ -33,8 +33,8 @@ launches nothing but PROBE steps, which publish shadow jobs (the GPU computes th
 tells when the host has become fast enough again; the costs are refreshed only from them. A probe step costs the
 decode a few milliseconds (the pool's threads wake beside the thread feeding the GPU), so probes start one step in
 ``PROBE_STEPS`` and their interval doubles, up to ``PROBE_STEPS_MAX``, after each probe that did not lower the CPU's
-figures by more than jitter (measured on the H200 host: probes one step in 8 and a refresh every 8 steps took 11 % off a resting tier's
-decode; bench/fast_ablation.py).
+figures by more than jitter (measured on the H200 host: probes one step in 8 and a refresh every 8 steps took 11 %
+off a resting tier's decode; bench/fast_ablation.py).
 
 Threads: the worker thread takes part in every job it runs, so it is pinned to the first of the tier's CPUs
 (``GLM53_CT_CPUS``) and the pool's threads to the others: one compute thread per CPU; and while the tier runs, the
@@ -75,8 +75,6 @@ PROBE_STEPS = 8  # resting, the first probe step comes this many steps after the
 PROBE_STEPS_MAX = 512  # ... and the interval doubles up to this after each probe that did not lower the CPU figures
 PROBE_EASING = 0.9  # a probe whose refresh left the CPU figure above this share of the one before lowered nothing
 # (a busy host's live figures jitter by several per cent; one freed again comes down by the refresh's EASE, 1.25x)
-# the hooks' parts, timed on the host for /stats (where a layer's host time goes: bench/fast_ablation.py)
-HOOK_PARTS = ("split_publish", "collect", "fallback_plan", "fallback_launch")
 TABLE_DRIFT = 0.03  # a refresh rebuilds the split table when a figure it is built from moved by more than this share
 PROBE_EXPERTS = 2  # experts of a shadow job
 STARVED_SHARE = 0.1  # a refresh window whose jobs went unclaimed past their deadline more often than this: starved
@@ -84,6 +82,8 @@ LATE_SHARE = 0.05  # a refresh window with more late jobs (computed by the GPU a
 SLOWER = 2.0  # ... and its figures are multiplied by this (they come back down by at most 1.25x a clean window)
 STOP_LOSS_FLOOR_S = 300e-6  # the GPU waits at least this long for a job (its jitter), at most its experts' link time
 LAYER_SAMPLES = 768  # the latest sampled layers' (tokens, hits, misses) the split's saving is predicted over
+# the hooks' parts, timed on the host for /stats (where a layer's host time goes: bench/fast_ablation.py)
+HOOK_PARTS = ("split_publish", "collect", "fallback_plan", "fallback_launch")
 HOOK_MARGIN = 1.25  # resting for its hooks' cost, the tier comes back once its predicted saving is this much higher
 
 
