@@ -6,12 +6,13 @@ from there like hits. The policy (prediction, which experts fill the pool, what 
 Per decode forward, on the compute stream C and a side stream P, for MoE layer ``l`` (in store order):
 
 1. ``routed(l)``, after layer ``l``'s routing, before the cache's step: C waits for layer ``l``'s prefetch (if one
-   was made); layer ``l``'s picks and router input are kept.
+   was made); layer ``l``'s picks are kept; P waits for C and predicts layer ``l + 1``'s picks from layer ``l``'s
+   router input with layer ``l + 1``'s router (sigmoid + correction bias, top ``top_k + extra``), while layer
+   ``l``'s experts run (the prediction's kernels stay out of the window the copies have).
 2. ``after_layer(l)``, once layer ``l``'s experts are launched: on C the pool is released (its experts pointed
-   home again, what was used counted); then P waits for C, predicts layer ``l + 1``'s picks from layer ``l``'s router
-   input with layer ``l + 1``'s router (sigmoid + correction bias, top ``top_k + extra``), plans and copies, and
-   records the event that step 1 of layer ``l + 1`` waits for. So the copies overlap layer ``l + 1``'s attention,
-   and one pool serves every layer in turn.
+   home again, what was used counted); then P waits for C, plans and copies the prediction, and records the event
+   that step 1 of layer ``l + 1`` waits for. So the copies overlap layer ``l + 1``'s attention (the link is idle
+   then: about one expert's copy on the H200 host), and one pool serves every layer in turn.
 
 Only where bytes are read from changes: the output is bit-identical (``tests/gpu/test_offload_exact.py``). A wrong
 prediction costs link time that was idle. Not in prefill (staging reads every expert there), not in steps of
@@ -69,7 +70,7 @@ class Prefetcher:
         self.ready = [torch.cuda.Event() for _ in range(L)]  # layer l's prefetch is in its slots
         self.planned = [False] * L
         self._picks: list[torch.Tensor | None] = [None] * L  # this forward's, per layer
-        self._inputs: list[torch.Tensor | None] = [None] * L
+        self._predictions: list[torch.Tensor | None] = [None] * L  # per layer, made on P for its plan
         self._calls = 0  # routing calls seen (the position in a recorded run)
         self._no_picks = torch.zeros((0,), dtype=torch.int64, device=device)
         self._recording: list[torch.Tensor] | None = None
@@ -86,42 +87,50 @@ class Prefetcher:
                 self.kernels.prefetch_release(self.cache.state, self.state, row, self._no_picks)
                 self.planned[row] = False
         self._picks = [None] * len(self._picks)
-        self._inputs = [None] * len(self._inputs)
+        self._predictions = [None] * len(self._predictions)
 
     def routed(self, row: int, selected: torch.Tensor, z: torch.Tensor) -> None:
-        """After layer ``row``'s routing, before the cache's step. Only a step of at most ``max_rows`` rows keeps its
-        router input for the next layer's prediction."""
+        """After layer ``row``'s routing, before the cache's step. Only a step of at most ``max_rows`` rows has the
+        next layer predicted."""
         if self.planned[row]:
             torch.cuda.current_stream().wait_event(self.ready[row])
         self._picks[row] = selected
-        self._inputs[row] = z if selected.shape[0] <= self.max_rows else None
         if self._recording is not None:
             self._recording.append(selected.clone())
-        self._calls += 1
+        self._calls += 1  # the oracle's index of the next routing call: layer row + 1's
+        nxt = row + 1
+        if selected.shape[0] <= self.max_rows and nxt < len(self.routers):
+            self._predictions[nxt] = self._predict_on_side(nxt, z)
+
+    def _predict_on_side(self, row: int, z: torch.Tensor) -> torch.Tensor | None:
+        """Layer ``row``'s prediction from the previous layer's router input ``z``, made on P."""
+        main = torch.cuda.current_stream()
+        z = z.clone()  # exllamav3 may reuse the router input's buffer in the next layer, while P still reads it
+        self.stream.wait_stream(main)  # after z was made
+        with torch.cuda.stream(self.stream):
+            predicted = self._predicted(row, z)
+        z.record_stream(self.stream)  # the compute stream may reuse z's memory only once P has read it
+        return predicted
 
     def after_layer(self, row: int) -> None:
         """Once layer ``row``'s experts are launched (any forward: nothing happens where ``routed`` was not called)."""
-        picks, z = self._picks[row], self._inputs[row]
-        self._picks[row] = self._inputs[row] = None
+        picks = self._picks[row]
+        self._picks[row] = None
         if self.planned[row]:
             if picks is None:  # the layer ran without its routing seen (cannot happen within one decode forward)
                 torch.cuda.current_stream().wait_event(self.ready[row])
             self.kernels.prefetch_release(self.cache.state, self.state, row, self._no_picks if picks is None else picks)
             self.planned[row] = False
         nxt = row + 1
-        if z is None or nxt >= len(self.routers):
+        predicted = self._predictions[nxt] if nxt < len(self._predictions) else None
+        if predicted is None:
             return
-        main = torch.cuda.current_stream()
-        z = z.clone()  # exllamav3 may reuse the router input's buffer in the next layer, while P still reads it
-        self.stream.wait_stream(main)  # after the release above, and after z was made
-        with torch.cuda.stream(self.stream):
-            predicted = self._predicted(nxt, z)
-            if predicted is None:
-                return
+        self._predictions[nxt] = None
+        self.stream.wait_stream(torch.cuda.current_stream())  # after the release above
+        with torch.cuda.stream(self.stream):  # the prediction was made on this stream: it is ready in stream order
             self.kernels.prefetch(self.cache.state, self.state, nxt, predicted, self.slots, self.block_bytes,
                                   self.policy.copy_blocks)
             self.ready[nxt].record(self.stream)
-        z.record_stream(self.stream)  # the compute stream may reuse z's memory only once P has read it
         self.planned[nxt] = True
 
     def _predicted(self, row: int, z: torch.Tensor) -> torch.Tensor | None:

@@ -1,5 +1,5 @@
-"""glm53.offload.prefetch.Prefetcher's hooks on the CPU, where they launch nothing (the device side runs in
-tests/gpu/test_prefetch.py): which steps keep their router input for the next layer's prediction."""
+"""glm53.offload.prefetch.Prefetcher's hooks on the CPU, with the side stream's work stubbed (the device side runs in
+tests/gpu/test_prefetch.py): which steps have their next layer predicted, and when the plan is made."""
 
 from __future__ import annotations
 
@@ -13,27 +13,33 @@ LAYERS = 3
 def prefetcher(max_rows: int = PREDICT_MAX_ROWS) -> Prefetcher:
     p = object.__new__(Prefetcher)
     p.max_rows, p.routers = max_rows, [None] * LAYERS
-    p.planned, p._picks, p._inputs = [False] * LAYERS, [None] * LAYERS, [None] * LAYERS
+    p.planned, p._picks, p._predictions = [False] * LAYERS, [None] * LAYERS, [None] * LAYERS
     p._recording, p._oracle, p._calls = None, None, 0
+    p.predicted_for = []
+    p._predict_on_side = lambda row, z: p.predicted_for.append(row) or f"prediction of {row}"
     return p
 
 
-def test_a_step_of_several_streams_is_not_prefetched_and_its_calls_still_count():
+def routing(rows: int):
+    return torch.zeros((rows, 8), dtype=torch.int64), torch.zeros((rows, 16), dtype=torch.float16)
+
+
+def test_a_step_of_several_streams_is_not_predicted_and_its_calls_still_count():
     p = prefetcher()
     assert PREDICT_MAX_ROWS == 1
-    sel, z = torch.zeros((4, 8), dtype=torch.int64), torch.zeros((4, 16), dtype=torch.float16)
+    sel, z = routing(4)
     p.routed(0, sel, z)
-    assert p._picks[0] is sel and p._inputs[0] is None and p._calls == 1  # the oracle's replay stays aligned
-    p.after_layer(0)  # nothing to predict from: no stream work, no plan for layer 1
+    assert p._picks[0] is sel and p.predicted_for == [] and p._calls == 1  # the oracle's replay stays aligned
+    p.after_layer(0)  # nothing predicted: no plan for layer 1
     assert p.planned == [False] * LAYERS and p._picks[0] is None
 
 
-def test_a_single_stream_step_keeps_its_router_input_and_a_wider_limit_keeps_batches():
-    sel1, z1 = torch.zeros((1, 8), dtype=torch.int64), torch.zeros((1, 16), dtype=torch.float16)
+def test_a_single_stream_step_predicts_the_next_layer_at_its_routing_and_none_after_the_last():
     p = prefetcher()
-    p.routed(0, sel1, z1)
-    assert p._inputs[0] is z1
+    p.routed(0, *routing(1))
+    assert p.predicted_for == [1] and p._predictions[1] == "prediction of 1"  # made before layer 0's experts
+    p.routed(LAYERS - 1, *routing(1))
+    assert p.predicted_for == [1]  # the last layer has no next one
     wide = prefetcher(max_rows=4)
-    z4 = torch.zeros((4, 16), dtype=torch.float16)
-    wide.routed(1, torch.zeros((4, 8), dtype=torch.int64), z4)
-    assert wide._inputs[1] is z4
+    wide.routed(1, *routing(4))
+    assert wide.predicted_for == [2]
