@@ -11,7 +11,13 @@ A turn after the first passes when its uncached tokens are at most what it added
 one page (the prompt-end checkpoint), and its TTFT is within 10 % of the fresh prefill's. ``answer_reused`` says
 whether the cache also reached past the previous answer (the template rendered it back as generated).
 
-Python standard library only. Prints (or writes with --out) a JSON report; exit code 0 when every turn passes.
+Before the first turn, the last turn's size is counted with the server's tokenizer (``/v1/messages/count_tokens``:
+the system prompt and every turn's words, plus every answer's budget) against its context (``/v1/models``'
+``max_model_len``): a conversation that would not fit stops at once, with the tokens a word takes there (a
+synthetic checkpoint's tokenizer makes several of a word).
+
+Python standard library only. Prints (or writes with --out) a JSON report; exit code 0 when every turn passes, 2
+when the conversation does not fit the context.
 """
 
 from __future__ import annotations
@@ -112,8 +118,31 @@ def fresh_ttft(client: Client, model: str, tokens: int, vocab: int, rng: random.
     return ttft
 
 
+def system_prompt(args) -> str:
+    return args.system_prefix + words(random.Random(args.seed), args.system_words)
+
+
+def does_not_fit(client: Client, args) -> str | None:
+    """Why the last turn would not fit the server's context (None when it fits, or when the server does not say)."""
+    models = client.get_optional("/v1/models") or {}
+    limit = next((m.get("max_model_len") for m in models.get("data", []) if m.get("id") == args.model), None)
+    if not limit:
+        return None
+    rng = random.Random(args.seed + 2)
+    turns = " ".join(words(rng, args.turn_words) for _ in range(args.turns))
+    body = {"model": args.model, "system": system_prompt(args), "messages": [{"role": "user", "content": turns}]}
+    counted = client.post("/v1/messages/count_tokens", body)["input_tokens"]
+    need = counted + args.turns * (args.max_tokens + 16)  # the answers and each turn's template tokens
+    if need <= limit:
+        return None
+    per_word = counted / max(args.system_words + args.turns * args.turn_words, 1)
+    return (f"the last turn would need about {need} tokens ({counted} of prompt words at {per_word:.1f} tokens a word on this "
+            f"server, {args.turns} answers of up to {args.max_tokens}), past its {limit}-token context: lower --system-words, "
+            f"--turn-words or --turns")
+
+
 def run_api(client: Client, api: str, args, rng: random.Random) -> list[dict]:
-    convo = Conversation(api, args.model, args.system_prefix + words(random.Random(args.seed), args.system_words), args.max_tokens, args.thinking)
+    convo = Conversation(api, args.model, system_prompt(args), args.max_tokens, args.thinking)
     turns, previous = [], None
     for k in range(args.turns):
         path, body = convo.request(f"Turn {k + 1} of {api}: " + words(rng, args.turn_words))
@@ -138,7 +167,8 @@ def main() -> int:
     ap.add_argument("--model", default="glm-5.3-flash")
     ap.add_argument("--api", choices=("chat", "messages", "responses", "all"), default="all")
     ap.add_argument("--turns", type=int, default=6)
-    ap.add_argument("--system-words", type=int, default=20000, help="words of the shared system prompt (~1.3 tokens each)")
+    ap.add_argument("--system-words", type=int, default=20000, help="words of the shared system prompt (~1.3 tokens each with "
+                    "the real tokenizer; a synthetic checkpoint's makes ~7)")
     ap.add_argument("--system-prefix", default="You are a careful coding agent. Reference material follows.\n")
     ap.add_argument("--turn-words", type=int, default=700, help="words of each turn's new user message")
     ap.add_argument("--max-tokens", type=int, default=300, help="tokens of each answer")
@@ -149,6 +179,10 @@ def main() -> int:
     client = client_from_args(args)
     info = client.get_optional("/server_info")
     args.vocab = (info or {}).get("model", {}).get("vocab_size", 150000)
+    why = does_not_fit(client, args)
+    if why:
+        print(f"agent_loop: {why}", file=sys.stderr)
+        return 2
     rng = random.Random(args.seed + 1)
     apis = ("chat", "messages", "responses") if args.api == "all" else (args.api,)
     # each API gets a system prompt of its own, so no API's turns are served from another's pages
