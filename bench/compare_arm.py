@@ -188,14 +188,13 @@ def load_project(arm: str, spec: dict) -> Loaded:
 
 
 def ram_estimate(settings) -> dict:
-    """What ``glm53 serve``'s preflight would say this arm needs in host RAM, and the routed-expert bytes it counts
-    from (GB): the measured RSS is set against both (issue 22: host RSS within 1.02x the routed experts plus the
+    """What ``glm53 serve``'s preflight would say this arm needs in host RAM (GB): the measured RSS is set against it
+    and against the checkpoint's routed-expert bytes (issue 22: host RSS within 1.02x the routed experts plus the
     stated overhead)."""
     from glm53 import preflight
     from glm53.models import checkpoint
 
-    experts = checkpoint.expert_bytes(Path(settings.model_dir))
-    return {"preflight_ram_gb": preflight.ram_needed(experts, settings) / GB, "routed_expert_gb": experts.routed / GB}
+    return {"preflight_ram_gb": preflight.ram_needed(checkpoint.expert_bytes(Path(settings.model_dir)), settings) / GB}
 
 
 class EngineSteps:

@@ -100,12 +100,13 @@ def _machine_line(results: dict, json_name: str) -> str:
 
 
 def _ram_lines(results: dict) -> list[str]:
-    """Host RAM of the project arms against their routed experts and against preflight's estimate (arms that
-    recorded both; earlier runs did not)."""
+    """Host RAM of the project arms against the checkpoint's routed experts and against preflight's estimate (arms
+    that recorded it; earlier runs did not)."""
     parts = []
+    routed = ((results.get("checkpoint") or {}).get("routed_expert_bytes") or 0) / 1e9
     for arm in results.get("arms") or []:
-        rss, need, routed = (arm.get(k) for k in ("host_rss_peak_gb", "preflight_ram_gb", "routed_expert_gb"))
-        if arm.get("status") == "ok" and None not in (rss, need, routed) and routed > 0 and need > 0:
+        rss, need = arm.get("host_rss_peak_gb"), arm.get("preflight_ram_gb")
+        if arm.get("status") == "ok" and None not in (rss, need) and routed > 0 and need > 0:
             parts.append(f"{arm['name']} {_num(rss)} GB = {rss / routed:.2f}x its {_num(routed)} GB of routed experts, "
                          f"{rss / need:.2f}x preflight's {_num(need)} GB")
     return ["Host RSS peak: " + "; ".join(parts) + "."] if parts else []

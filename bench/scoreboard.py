@@ -16,7 +16,7 @@ An arm: ``name``, ``run`` (1, 2, ... for a repeated arm), ``status`` (``ok``, ``
 ``prefill_runs``), ``hit_rate``, ``oracle_hit_rate`` (null where the arm has no expert cache),
 ``host_rss_peak_gb``, ``host_rss_steady_gb``, ``host_pss_steady_gb``, ``mem_available_drop_gb``,
 ``pinned_bytes``, ``vram_max_allocated_gb``, ``vram_device_used_gb``, ``engine_stats``; the project arms also
-``preflight_ram_gb`` (what ``glm53 serve``'s preflight says the arm needs) and ``routed_expert_gb``.
+``preflight_ram_gb`` (what ``glm53 serve``'s preflight says the arm needs).
 """
 
 from __future__ import annotations

@@ -103,12 +103,15 @@ class Prefetcher:
             self._predictions[nxt] = self._predict_on_side(nxt, z)
 
     def _predict_on_side(self, row: int, z: torch.Tensor) -> torch.Tensor | None:
-        """Layer ``row``'s prediction from the previous layer's router input ``z``, made on P."""
+        """Layer ``row``'s prediction from the previous layer's router input ``z``, made on P (the oracle's: the
+        recorded true picks of this routing call, nothing to compute)."""
+        if self._oracle is not None:
+            return self._oracle[self._calls] if self._calls < len(self._oracle) else None
         main = torch.cuda.current_stream()
         z = z.clone()  # exllamav3 may reuse the router input's buffer in the next layer, while P still reads it
         self.stream.wait_stream(main)  # after z was made
         with torch.cuda.stream(self.stream):
-            predicted = self._predicted(row, z)
+            predicted = self._router_prediction(row, z)
         z.record_stream(self.stream)  # the compute stream may reuse z's memory only once P has read it
         return predicted
 
@@ -133,10 +136,8 @@ class Prefetcher:
             self.ready[nxt].record(self.stream)
         self.planned[nxt] = True
 
-    def _predicted(self, row: int, z: torch.Tensor) -> torch.Tensor | None:
-        """int64 [rows, top_k + extra]: layer ``row``'s likeliest picks, best first (the oracle's true picks)."""
-        if self._oracle is not None:
-            return self._oracle[self._calls] if self._calls < len(self._oracle) else None
+    def _router_prediction(self, row: int, z: torch.Tensor) -> torch.Tensor:
+        """int64 [rows, top_k + extra]: layer ``row``'s likeliest picks by its router, best first."""
         gate, bias = self.routers[row]
         scores = torch.matmul(z.view(-1, gate.shape[0]).to(gate.dtype), gate).float().sigmoid()
         if bias is not None:
