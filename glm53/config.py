@@ -231,9 +231,10 @@ class Settings:
                                             "off, the recurrent layers make that checkpoint inside the one forward)")
     recurrent_cache_gb: float = setting(_number(float, 0, None, " GB"), 4.0, "host RAM for recurrent-state checkpoints (least recently used dropped first; each counted at its measured size): "
                                         "one at the end of each prompt and of each answer lets an agent's next turn prefill only its new tokens")
-    prompt_end_checkpoints: bool = setting(BOOL, False, "with the one-pass prefill, have the recurrent layers checkpoint each prompt at its last page boundary "
-                                           "inside the forward (an agent's next turn then prefills from there; off: from the last checkpoint of a "
-                                           "chunk or an answer). Off by default until it has run on a GPU: it wraps exllamav3's recurrent kernels")
+    prompt_end_checkpoints: bool = setting(BOOL, {"fast": True, "exact": False}, "with the one-pass prefill, have the recurrent layers checkpoint each prompt at its last page boundary "
+                                           "inside the forward, so that an agent's next turn prefills only what it added (off: from the last checkpoint "
+                                           "of a chunk or an answer). Off in exact mode, whose prefill splits off the last page as stock does (the "
+                                           "split scan is not stock's arithmetic)")
     ambs: int = setting(_number(int, 1, 256), 4, "streams decoded together in one batched step (recurrent-state slots)", flags=("-ambs",))
     vram_limit_gb: float | None = setting(_optional(_number(float, 1, None, " GB"), "the whole GPU"), None, "use at most this much VRAM (emulates a smaller card on a larger one)", show_default="unset (whole GPU)")
     triton_pin: Path | None = setting(_optional(PATH, "autotune"), None, "pin file of Triton autotune choices for the KDA kernels (autotuned picks change rounding)", show_default="unset (autotune)")

@@ -23,6 +23,7 @@ def test_every_api_and_turn_gets_its_row(server, tmp_path):
                                "--turn-words", "20", "--max-tokens", "8", timeout=300)
     assert rc == 1 and result is not None, log  # rows for every turn; the demo caches nothing, so reuse fails
     assert set(result["turns"]) == {"chat", "messages", "responses"} and result["passed"] is False
+    assert [row["turn"] for row in result["warmup"]] == [1, 2]  # the unjudged warm-up conversation, on the first API
     for rows in result["turns"].values():
         first, second = rows
         assert first["turn"] == 1 and first["cached"] == 0 and first["uncached"] == first["prompt"] > 60

@@ -1,5 +1,6 @@
 """An agent's next turn reuses the whole previous one: the GPU engine in fast mode (single-pass prefill, whose
-prompt-end checkpoint the recurrent layers make inside the forward) on the tiny synthetic checkpoint.
+prompt-end checkpoint the recurrent layers make inside the forward, its default there) on the tiny synthetic
+checkpoint, and on the layer-scaled one too when ``SCALED_CHECKPOINT`` names it.
 
 - A prompt's continuation is served from the cache up to the prompt's last page boundary, and the first token
   after it has the logprob a cache-less forward of the whole prompt gives it (the restored state is the right one).
@@ -10,20 +11,27 @@ prompt-end checkpoint the recurrent layers make inside the forward) on the tiny 
 from __future__ import annotations
 
 import math
+import os
 import random
 import sys
+from pathlib import Path
 
 import pytest
 
 from tests.server.servers import REPO, Server
 
 PAGE = 256
+CHECKPOINTS = ["tiny"] + (["scaled"] if os.environ.get("SCALED_CHECKPOINT") else [])
+# the scaled checkpoint keeps 32 of its 288 experts per layer in VRAM, as a 24 GB card would
+SCALED_ARGS = ["--ec-cache-experts", "384", "--vram-limit-gb", "15.4"]
 
 
-@pytest.fixture(scope="module")
-def server(tiny_checkpoint):
-    s = Server(["serve", "--engine", "exl3", "--mode", "fast", "-m", str(tiny_checkpoint), "-cs", "16384", "--max-batch-size", "2",
-                "-ambs", "2", "-chunk_size", "2048", "--prompt-end-checkpoints", "1"]).wait_ready(timeout=600)
+@pytest.fixture(scope="module", params=CHECKPOINTS)
+def server(request, tiny_checkpoint):
+    scaled = request.param == "scaled"
+    ckpt = Path(os.environ["SCALED_CHECKPOINT"]) if scaled else tiny_checkpoint
+    s = Server(["serve", "--engine", "exl3", "--mode", "fast", "-m", str(ckpt), "-cs", "16384", "--max-batch-size", "2",
+                "-ambs", "2", "-chunk_size", "2048", *(SCALED_ARGS if scaled else [])]).wait_ready(timeout=600)
     yield s
     s.stop()
 
