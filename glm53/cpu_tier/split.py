@@ -128,20 +128,21 @@ class Costs:
     JUMP = 1.5  # a live CPU figure this much higher than the model replaces it instead of being averaged in
     EASE = 1.25  # a lower live figure lowers the model by at most this factor a refresh (slow to trust a free host)
 
-    def refreshed(self, busy_s: float, experts: int, tokens: int, jobs: int = 0, weight: float = 0.5) -> Costs:
+    def refreshed(self, busy_s: float, experts: int, tokens: int, jobs: int = 0, weight: float = 0.5,
+                  ease: float | None = None) -> Costs:
         """The per-expert CPU figure for ``tokens`` from a live measurement: the worker's busy time since the last
         refresh, less the measured per-job part of its ``jobs`` jobs (of about ``tokens`` tokens), over the
         ``experts`` it computed; averaged in by ``weight``, taken outright when it is more than ``JUMP`` times the
         model (other processes took the host's cores or memory bus), and lowering the model by at most ``EASE`` a
-        refresh (a host that seems free again is trusted step by step: a wrong guess costs late jobs). Every
-        measured token count moves by the same factor: a busy host is slower at every size. Pinned figures
-        (``cpu_pinned``) stay."""
+        refresh (a host that seems free again is trusted step by step: a wrong guess costs late jobs; ``ease``
+        overrides that factor, ``weight=1, ease=inf`` gives the live figure outright). Every measured token count
+        moves by the same factor: a busy host is slower at every size. Pinned figures (``cpu_pinned``) stay."""
         if experts <= 0 or busy_s <= 0 or self.cpu_pinned:
             return self
         bucket = _measured_at(self.cpu_expert_s, tokens)
         live = max(busy_s - jobs * self.cpu_per_job(tokens), 0.1 * busy_s) / experts
         old = self.cpu_expert_s[bucket]
-        new = live if live > old * self.JUMP else max((1 - weight) * old + weight * live, old / self.EASE)
+        new = live if live > old * self.JUMP else max((1 - weight) * old + weight * live, old / (ease or self.EASE))
         return self._scaled(new / old, "measured at start, refreshed from the worker")
 
     def slower(self, factor: float) -> Costs:

@@ -32,9 +32,11 @@ While the tier RESTS (the table sends the CPU nothing, or its saving does not pa
 launches nothing but PROBE steps, which publish shadow jobs (the GPU computes those experts as well) whose busy time
 tells when the host has become fast enough again; the costs are refreshed only from them. A probe step costs the
 decode a few milliseconds (the pool's threads wake beside the thread feeding the GPU), so probes start one step in
-``PROBE_STEPS`` and their interval doubles, up to ``PROBE_STEPS_MAX``, after each probe that did not lower the CPU's
-figures by more than jitter (measured on the H200 host: probes one step in 8 and a refresh every 8 steps took 11 %
-off a resting tier's decode; bench/fast_ablation.py).
+``PROBE_STEPS`` and their interval doubles, up to ``PROBE_STEPS_MAX``, after each probe whose live figures, taken
+outright, would not have the split save ``PROBE_NEAR`` of its hooks' cost (measured on the H200 host: probes one
+step in 8 and a refresh every 8 steps took 11 % off a resting tier's decode; a rule that kept the interval short
+while the model's CPU figure came down step by step from a raise still took 3-8 %; bench/fast_ablation.py). Only a
+host that is near paying is probed often: then its model catches up with the live figure within a few probes.
 
 Threads: the worker thread takes part in every job it runs, so it is pinned to the first of the tier's CPUs
 (``GLM53_CT_CPUS``) and the pool's threads to the others: one compute thread per CPU; and while the tier runs, the
@@ -73,8 +75,8 @@ SPIN_US = 5000  # the tier's threads spin this long after a job before sleeping:
 PARK_US = 50_000  # the worker parks after this long without a decode step
 PROBE_STEPS = 8  # resting, the first probe step comes this many steps after the rest began
 PROBE_STEPS_MAX = 512  # ... and the interval doubles up to this after each probe that did not lower the CPU figures
-PROBE_EASING = 0.9  # a probe whose refresh left the CPU figure above this share of the one before lowered nothing
-# (a busy host's live figures jitter by several per cent; one freed again comes down by the refresh's EASE, 1.25x)
+PROBE_NEAR = 0.5  # resting, a probe whose live figures would have the split save this share of the hooks' cost
+# (or, the hooks not yet timed, save anything) keeps the next probe PROBE_STEPS away: the host is near paying
 TABLE_DRIFT = 0.03  # a refresh rebuilds the split table when a figure it is built from moved by more than this share
 PROBE_EXPERTS = 2  # experts of a shadow job
 STARVED_SHARE = 0.1  # a refresh window whose jobs went unclaimed past their deadline more often than this: starved
@@ -112,6 +114,14 @@ class Worth:
     def sampled(self, tokens: int, hits: int, misses: int) -> None:
         self.samples.append(tokens, hits, misses)
 
+    def predicted_saving(self, costs: Costs, table) -> float | None:
+        """The split's mean saving per sampled layer under ``costs`` (``table``: their split table), in seconds; None
+        before any layer was sampled."""
+        if not len(self.samples):
+            return None
+        t, h, m = (c.astype(np.int64) for c in self.samples.columns())
+        return float(costs.savings(t, h, m, table[t, h, m]).mean())
+
     def decide(self, costs: Costs, table) -> bool:
         """Rests or comes back by this window's figures (``table``: ``costs``' split table, host side); True when
         that changed."""
@@ -123,8 +133,7 @@ class Worth:
             return before != self.resting
         if self.hook_s is None or not len(self.samples):
             return False
-        t, h, m = (c.astype(np.int64) for c in self.samples.columns())
-        self.saving_s = float(costs.savings(t, h, m, table[t, h, m]).mean())
+        self.saving_s = self.predicted_saving(costs, table)
         self.resting = self.saving_s < self.hook_s * (HOOK_MARGIN if self.resting else 1.0)
         return self.resting != before
 
@@ -210,6 +219,7 @@ class FastTier:
         self._probe_every = PROBE_STEPS  # resting: steps between probes (doubling while probes lower nothing)
         self._until_probe = PROBE_STEPS  # resting: steps left before the next probe
         self._probe_refresh = False  # the next step's end refreshes the costs from the last probe's jobs
+        self._probe_live: Costs | None = None  # the last refresh's live CPU figures taken outright (None: late, starved, no jobs)
         self._table_costs = self.costs  # the costs the split table was built from
         self.worth = Worth()
         self._hook_s = 0.0  # host time of the current layer's routing hook
@@ -383,11 +393,10 @@ class FastTier:
         probed, self._probing = self._probing, False
         if self._probe_refresh:  # the step after a probe: its shadow jobs are in the worker's counters
             self._probe_refresh = False
-            cpu_before = self.costs.cpu_per_expert(1)
             self._refresh()
             if self.resting:
-                eased = self.costs.cpu_per_expert(1) < PROBE_EASING * cpu_before
-                self._probe_every = PROBE_STEPS if eased else min(2 * self._probe_every, PROBE_STEPS_MAX)
+                near = self._near_paying(self._probe_live)
+                self._probe_every = PROBE_STEPS if near else min(2 * self._probe_every, PROBE_STEPS_MAX)
                 self._until_probe = self._probe_every
         elif not self.resting and self._steps % REFRESH_STEPS == 0:
             self._refresh()
@@ -405,6 +414,19 @@ class FastTier:
             self.feeding.release()
         elif not self.resting and not self.feeding.confined:
             self.feeding.confine()
+
+    def _near_paying(self, live: Costs | None) -> bool:
+        """Whether these live figures, taken outright, would have the split save at least ``PROBE_NEAR`` of the hooks'
+        host time per layer over the sampled layers (the hooks not yet timed: save anything; no layer sampled yet:
+        send the CPU anything)."""
+        if live is None:
+            return False
+        table = live.table(MAX_TOKENS, self.max_experts)
+        saving = self.worth.predicted_saving(live, table)
+        if saving is None:
+            return bool(table.any())
+        hook = self.worth.hook_s
+        return saving > 0 and (hook is None or saving >= PROBE_NEAR * hook)
 
     @staticmethod
     def _event() -> torch.cuda.Event:
@@ -431,20 +453,23 @@ class FastTier:
         late = device["fallback_jobs"] - seen["fallback_jobs"]
         collected = late + device["done"] - seen["done"]
         self._seen, self._seen_device = now, device
-        fresh = self.costs
+        fresh, self._probe_live = self.costs, None
         if late > max(1, LATE_SHARE * collected):
             # the worker's busy time does not see all of what makes a job late (its threads preempted, its wake-ups):
             # the split sends fewer until the windows are clean again
             fresh = fresh.slower(SLOWER)
         elif jobs > 0:
+            self._probe_live = fresh.refreshed(busy, experts, -(-tokens // jobs), jobs, weight=1.0, ease=float("inf"))
             fresh = fresh.refreshed(busy, experts, -(-tokens // jobs), jobs)
         if unclaimed > max(1, STARVED_SHARE * published):
+            self._probe_live = None
             # the worker did not even get to many of its jobs by their deadline: the host is starved (one such job
             # is a worker waking from a park; its experts were computed on the GPU anyway)
             fresh = fresh.starved()
         line = fit_gpu_line(*self._gpu_samples.columns(), self._probe_link_s)
         if line is not None:
             fresh = fresh.with_gpu_line(*line)
+            self._probe_live = None if self._probe_live is None else self._probe_live.with_gpu_line(*line)
         if fresh is not self.costs:
             self._adopt(fresh)
         if self.worth.decide(self.costs, self._table):

@@ -79,7 +79,7 @@ def tier():
     t._probe_link_s, t._sampling, t._open_sample, t._step_samples = t.costs.link_expert_s, False, None, []
     t._gpu_samples = Window(ft.GPU_SAMPLES, 2)
     t._probe_every = t._until_probe = PROBE_STEPS
-    t._probe_refresh = False
+    t._probe_refresh, t._probe_live = False, None
     t._event = FakeEvent
     t.pool = type("Pool", (), {"threads": 3})()
     t.feeding = FakeFeeding()
@@ -226,26 +226,58 @@ def test_resting_probes_space_out_while_they_lower_nothing_and_only_they_refresh
     assert refreshes == [p + 1 for p in probes if p + 1 <= 2000]  # the step after each probe, and no other
 
 
-def test_a_probe_that_lowers_the_cpu_figure_keeps_the_next_one_close():
+def test_a_probe_that_finds_the_host_near_paying_keeps_the_next_one_close():
+    """A probe's live figures, taken outright, decide the next interval: a host whose tier would save at least
+    PROBE_NEAR of its hooks' cost is probed again soon (the model's eased figure catches up); one that is faster
+    but still far from paying (the model merely coming down from a raise) is not."""
     t = tier()
     t.cpu_off = True
-    probe_steps(t, 100)  # spaced out: the host did not get faster
+    t.max_experts = 16
+    for _ in range(64):
+        t.worth.sampled(1, 2, 6)  # layers of one token: 2 hits, 6 misses
+    t.worth.hook_s = 100e-6
+    probe_steps(t, 100)  # no live figures: spaced out
     assert t._probe_every > PROBE_STEPS
+    link, fixed = 200e-6, 100e-6
 
-    def faster():  # the probe's jobs show a faster host
-        t.costs = Costs({1: t.costs.cpu_expert_s[1] / 1.25}, 1e-5, 2e-4, 1e-6, sources={"cpu_expert_s": "probe"})
-    t._refresh = faster
-    while not t._probing:
-        t.after_step()
-    t.after_step()  # the probe step
-    t.after_step()  # its refresh
+    def live(cpu_s):
+        def refresh():
+            t._probe_live = Costs({1: cpu_s}, 0.0, link, 1e-6, cpu_job_s={1: 0.0}, gpu_fixed_s=fixed, sources={"cpu_expert_s": "probe"})
+        return refresh
+
+    def probe_with(refresh):
+        t._refresh = refresh
+        while not t._probing:
+            t.after_step()
+        t.after_step()  # the probe step
+        t.after_step()  # its refresh
+
+    # a CPU expert at 6.4x the link's time: the split still sends one (all six on the GPU: 1,302 us; five and one on
+    # the CPU: 1,280 us), saving 22 us a layer, under half the hooks' 100 us
+    probe_with(live(1280e-6))
+    saving = t.worth.predicted_saving(t._probe_live, t._probe_live.table(ft.MAX_TOKENS, t.max_experts))
+    assert saving == pytest.approx(22e-6) and t._probe_every > PROBE_STEPS
+    # a CPU as fast as the link: half the misses go to it, saving ~3 of its experts' link time a layer
+    probe_with(live(link))
     assert t._probe_every == PROBE_STEPS and t._until_probe == PROBE_STEPS - 1
-
-    def jitter():  # 5 % lower: a busy host's noise, not a host getting free
-        t.costs = Costs({1: t.costs.cpu_expert_s[1] * 0.95}, 1e-5, 2e-4, 1e-6, sources={"cpu_expert_s": "probe"})
-    t._refresh = jitter
+    # late or starved probes leave no live figures: spaced out again
+    t._refresh = lambda: setattr(t, "_probe_live", None)
     probe_steps(t, 60)
     assert t._probe_every >= 4 * PROBE_STEPS
+
+
+def test_the_live_figures_of_a_refresh_are_kept_apart_from_the_eased_model():
+    t = tier()
+    t.costs = Costs({1: 400e-6}, 0.0, 200e-6, 1e-6, sources={"cpu_expert_s": "timed"})
+    t.use_costs(t.costs)
+    t.worker.live = {"jobs": 10, "experts": 20, "tokens": 10, "busy_s": 20 * 100e-6}  # 100 us an expert, live
+    t._refresh()
+    assert t._probe_live.cpu_expert_s[1] == pytest.approx(100e-6)  # outright
+    assert t.costs.cpu_expert_s[1] == pytest.approx(400e-6 / Costs.EASE)  # the model eases down by at most 1.25x
+    t.worker.live = {k: 2 * v for k, v in t.worker.live.items()}
+    t.producer.counters["fallback_jobs"] = 5  # half the window's jobs came late
+    t._refresh()
+    assert t._probe_live is None
 
 
 def test_a_refresh_that_moves_the_costs_a_little_keeps_the_table():
