@@ -1,11 +1,13 @@
 """Predictive prefetch on the GPU (issue 20): one engine in exact mode with ``--prefetch 1`` decodes the same greedy
-token sequence three times over one load, and reports each run's rate and what prefetch did, layer by layer:
+token sequence five times over one load, and reports each run's rate and what prefetch did, layer by layer:
 
 - ``off``: the prefetcher detached (the offload's hooks see none): today's exact mode;
 - ``router``: the device predictor (the next layer's router scored on this layer's router input); its true picks
   are recorded on the way;
 - ``oracle``: the recorded true picks of the same token sequence replayed as the prediction: what the machinery
   gives when every prediction is right (the ceiling, separate from the predictor's quality).
+- ``router-no-lead``, ``oracle-no-lead``: the same without the lead (``GLM53_PREFETCH_LEAD``: the first MoE layer's
+  prefetch at the step's start), so that the two windows' gains are told apart.
 
 Exact mode is bit-identical whatever is prefetched, so the three runs must decode the same tokens (checked). Per
 layer: missed picks after the cache's step (one stream: a pick is a distinct expert), prefetched experts used and
@@ -31,7 +33,7 @@ import torch
 from bench.decode_kl import ModelPath, check_one_engine_args, one_engine_args, pages_for, synthetic_prompt
 from bench.output import emit_json
 
-RUNS = ("off", "router", "oracle")
+RUNS = ("off", "router", "oracle", "router-no-lead", "oracle-no-lead")
 WARMUP_TOKENS = 8
 
 
@@ -105,14 +107,17 @@ def run(args: argparse.Namespace) -> dict:
         decode(path, prompt, WARMUP_TOKENS)  # kernels, the cache's first admissions
         path.reset()
         out = {"checkpoint": str(args.model), "tokens": args.tokens, "engine_args": args.engine_args,
-               "prefetch": {"slots": pf.slots, "extra": pf.extra}, "runs": {}}
-        recorded, ids_of = None, {}
+               "prefetch": {"slots": pf.slots, "extra": pf.extra, "lead": pf.leads}, "runs": {}}
+        recorded, ids_of, lead = None, {}, pf.leads
         for name in RUNS:
             offload.prefetch = None if name == "off" else pf
+            pf.leads = lead and not name.endswith("-no-lead")
             if name == "router":
                 pf.replay(None)
                 pf.record()
-            elif name == "oracle":
+            elif name == "router-no-lead":
+                pf.replay(None)
+            elif name.startswith("oracle"):
                 pf.replay(recorded)
             before = (offload.cache.counters.cpu().clone(), pf.counters.cpu().clone())
             ids, seconds = decode(path, prompt, args.tokens)
@@ -123,9 +128,9 @@ def run(args: argparse.Namespace) -> dict:
             ids_of[name] = ids
             out["runs"][name] = {"decode_tok_s": round((args.tokens - 1) / seconds, 2),
                                  **layer_figures(before[0], after[0], before[1], after[1], args.tokens, offload.cache.block_bytes)}
-        offload.prefetch = pf
+        offload.prefetch, pf.leads = pf, lead
         pf.replay(None)
-        out["same_tokens"] = ids_of["off"] == ids_of["router"] == ids_of["oracle"]
+        out["same_tokens"] = all(ids == ids_of["off"] for ids in ids_of.values())
         base = out["runs"]["off"]["decode_tok_s"]
         out["speedup"] = {name: round(out["runs"][name]["decode_tok_s"] / base, 3) for name in RUNS}
         out["seconds"] = round(time.monotonic() - started, 1)

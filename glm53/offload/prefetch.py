@@ -13,6 +13,11 @@ Per decode forward, on the compute stream C and a side stream P, for MoE layer `
    home again, what was used counted); then P waits for C, plans and copies the prediction, and records the event
    that step 1 of layer ``l + 1`` waits for. So the copies overlap layer ``l + 1``'s attention (the link is idle
    then: about one expert's copy on the H200 host), and one pool serves every layer in turn.
+0. ``lead(rows)``, before a decode forward's first module (``lead``): the first MoE layer has no layer before it, but
+   the link's longest idle window: the embedding, the dense layers and that layer's attention (1.7 ms a step on the
+   scaled checkpoint, ``bench.moe_profile``'s ``lead_us``). Its prediction is the previous step's picks of that
+   layer (the same stream's last token: consecutive tokens share experts; the oracle: the true picks), copied on P
+   at once; step 1 waits for it as for any plan.
 
 Only where bytes are read from changes: the output is bit-identical (``tests/gpu/test_offload_exact.py``). A wrong
 prediction costs link time that was idle. Not in prefill (staging reads every expert there), not in steps of
@@ -45,11 +50,12 @@ class Prefetcher:
     :param slots: VRAM slots of the pool (the most experts copied ahead of a layer).
     :param extra: experts predicted per token beyond ``top_k``.
     :param max_rows: the most rows (streams) of a step that is prefetched.
+    :param lead: prefetch the first MoE layer at each decode step's start (:meth:`lead`).
     """
 
     def __init__(self, kernels: Kernels, cache: ExpertCache, routers: Sequence[tuple[torch.Tensor, torch.Tensor | None]],
                  slots: int, extra: int, top_k: int, device: torch.device, policy: Policy | None = None,
-                 max_rows: int = PREDICT_MAX_ROWS):
+                 max_rows: int = PREDICT_MAX_ROWS, lead: bool = True):
         L = cache.store.num_layers
         if len(routers) != L:
             raise ValueError(f"{len(routers)} routers for {L} MoE layers")
@@ -75,6 +81,8 @@ class Prefetcher:
         self._no_picks = torch.zeros((0,), dtype=torch.int64, device=device)
         self._recording: list[torch.Tensor] | None = None
         self._oracle: list[torch.Tensor] | None = None
+        self.leads = lead
+        self._last_first: torch.Tensor | None = None  # the last decode step's picks of the first MoE layer (lead's prediction)
 
     # ---- hooks (the offload's, on the compute stream, decode forwards only for routed)
 
@@ -95,12 +103,33 @@ class Prefetcher:
         if self.planned[row]:
             torch.cuda.current_stream().wait_event(self.ready[row])
         self._picks[row] = selected
+        if row == 0 and self.leads and self._oracle is None:
+            self._last_first = selected.clone()  # exllamav3 reuses the buffer; the next step's lead reads it on P
         if self._recording is not None:
             self._recording.append(selected.clone())
         self._calls += 1  # the oracle's index of the next routing call: layer row + 1's
         nxt = row + 1
         if selected.shape[0] <= self.max_rows and nxt < len(self.routers):
             self._predictions[nxt] = self._predict_on_side(nxt, z)
+
+    def lead(self, rows: int) -> None:
+        """Before a decode forward of ``rows`` rows (after :meth:`settle`): the first MoE layer's prefetch, planned and
+        copied on P now, from the previous step's picks of that layer when it had as many rows (the oracle's: this
+        step's true picks)."""
+        if not self.leads or rows > self.max_rows:
+            return
+        if self._oracle is not None:
+            predicted = self._oracle[self._calls] if self._calls < len(self._oracle) else None
+        else:
+            predicted = self._last_first
+        if predicted is None or predicted.shape[0] != rows:
+            return
+        self.stream.wait_stream(torch.cuda.current_stream())  # after the last step's picks were copied and the pool released
+        with torch.cuda.stream(self.stream):
+            self.kernels.prefetch(self.cache.state, self.state, 0, predicted, self.slots, self.block_bytes, self.policy.copy_blocks)
+            self.ready[0].record(self.stream)
+        predicted.record_stream(self.stream)
+        self.planned[0] = True
 
     def _predict_on_side(self, row: int, z: torch.Tensor) -> torch.Tensor | None:
         """Layer ``row``'s prediction from the previous layer's router input ``z``, made on P (the oracle's: the
@@ -164,5 +193,6 @@ class Prefetcher:
         totals = self.counters.sum(dim=0).tolist()
         per_layer = self.counters.tolist()
         return {"slots": self.slots, "extra": self.extra, "predictor": "oracle" if self._oracle is not None else "router",
+                "lead": self.leads,
                 **dict(zip(PF_COUNTERS, totals)),
                 "per_layer": [dict(zip(PF_COUNTERS, row)) for row in per_layer]}

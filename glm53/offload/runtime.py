@@ -70,6 +70,8 @@ class Offload:
             self.prefilling = False
             self.stager.release()
             self.cache.restore()
+        if self.prefetch is not None and rows <= self.policy.decode_rows and not self.prefilling:
+            self.prefetch.lead(rows)  # last: the tables are the decode's again
 
     def routed(self, row: int, selected: torch.Tensor, weights: torch.Tensor | None = None, z: torch.Tensor | None = None) -> None:
         """After MoE layer ``row``'s router picked ``selected`` (int64 [rows, top_k]); with the CPU tier, the router

@@ -117,18 +117,20 @@ def test_the_link_limiter_leaves_about_its_target_and_takes_under_half_a_core():
 
 
 def test_prefetch_decode_gives_the_same_tokens_and_the_oracle_serves_every_miss(tiny_checkpoint, tmp_path):
-    """bench/prefetch_decode.py on the tiny checkpoint with no cache and a pool wider than a token's picks: the three
-    runs decode the same tokens, and the oracle serves every missed pick of every layer but the first (nothing comes
-    before the first MoE layer of a step to predict it from)."""
+    """bench/prefetch_decode.py on the tiny checkpoint with no cache and a pool wider than a token's picks: every run
+    decodes the same tokens; the oracle serves every missed pick of every layer, the first one's by the lead (at the
+    step's start), and without the lead every layer but the first (nothing comes before it in a step)."""
     out = tmp_path / "prefetch.json"
     subprocess.run([sys.executable, "-m", "bench.prefetch_decode", "-m", str(tiny_checkpoint), "--tokens", "12",
                     "--prompt-tokens", "16", "--engine-args", "--ec-cache-experts 0 --prefetch-slots 16", "--out", str(out)],
                    cwd=REPO, check=True, timeout=600)
     result = json.loads(out.read_text())
     assert result["same_tokens"]
-    oracle = result["runs"]["oracle"]["layers"]
-    assert all(layer["recall"] == 1.0 and layer["prefetch_wasted"] == 0 for layer in oracle[1:]), oracle
-    assert oracle[0]["prefetch_copied"] == 0 and result["runs"]["off"]["prefetch_copied"] == 0
+    assert set(result["runs"]) == {"off", "router", "oracle", "router-no-lead", "oracle-no-lead"} and result["prefetch"]["lead"]
+    oracle, no_lead = result["runs"]["oracle"]["layers"], result["runs"]["oracle-no-lead"]["layers"]
+    assert all(layer["recall"] == 1.0 and layer["prefetch_wasted"] == 0 for layer in oracle), oracle
+    assert all(layer["recall"] == 1.0 and layer["prefetch_wasted"] == 0 for layer in no_lead[1:]), no_lead
+    assert no_lead[0]["prefetch_copied"] == 0 and result["runs"]["off"]["prefetch_copied"] == 0
 
 
 def test_fast_ablation_runs_every_arm_and_the_inert_tier_decodes_as_exact_mode(tiny_checkpoint, tmp_path):

@@ -35,12 +35,12 @@ def _cache(kernels, device, seed, slots):
     return store, tables, ExpertCache(kernels, store, tables, slots, device, TOP_K, Policy(), profile)
 
 
-def _prefetcher(kernels, cache, device, slots, extra=0):
+def _prefetcher(kernels, cache, device, slots, extra=0, lead=True):
     from glm53.offload.prefetch import Prefetcher
 
     gen = torch.Generator().manual_seed(3)
     routers = [(torch.randn(HIDDEN, EXPERTS, generator=gen).half().to(device), torch.zeros(EXPERTS)) for _ in range(LAYERS)]
-    return Prefetcher(kernels, cache, routers, slots, extra, TOP_K, device, max_rows=2)  # the traces' steps are two rows
+    return Prefetcher(kernels, cache, routers, slots, extra, TOP_K, device, max_rows=2, lead=lead)  # the traces' steps are two rows
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -74,21 +74,25 @@ def test_a_plan_copies_fill_pools_experts_and_the_release_points_them_home(kerne
         assert cache.verify() == [], f"trial {trial}: tables after the release"
 
 
-def test_the_oracle_prefetches_every_miss_the_pool_holds_and_the_cache_decides_as_without_it(kernels, device):
+@pytest.mark.parametrize("lead", [False, True])
+def test_the_oracle_prefetches_every_miss_the_pool_holds_and_the_cache_decides_as_without_it(kernels, device, lead):
     trace = routing_trace(popularity(7, "zipf", LAYERS, EXPERTS), TOP_K, 40, 2, 7)  # per step: [layers, rows, top_k]
     slots = 2 * TOP_K  # room for every pick of a step's two rows
     results = {}
     for with_prefetch in (False, True):
         _, _, cache = _cache(kernels, device, 11, slots=24)
-        pf = _prefetcher(kernels, cache, device, slots)
+        pf = _prefetcher(kernels, cache, device, slots, lead=lead)
         if with_prefetch:
             pf.replay([torch.from_numpy(np.ascontiguousarray(step[l])).to(device) for step in trace for l in range(LAYERS)])
         misses = 0
         for step in trace:
+            if with_prefetch:
+                pf.settle()
+                pf.lead(step.shape[1])  # the offload's forward_start
             for l in range(LAYERS):
                 sel = torch.from_numpy(np.ascontiguousarray(step[l])).to(device)
                 resident = cache.resident()[l] >= 0
-                misses += len({int(e) for e in step[l].reshape(-1) if not resident[e]}) if l > 0 else 0
+                misses += len({int(e) for e in step[l].reshape(-1) if not resident[e]}) if l > 0 or lead else 0
                 if with_prefetch:
                     pf.routed(l, sel, torch.zeros((sel.shape[0], HIDDEN), dtype=torch.float16, device=device))
                 cache.on_routing(l, sel)
@@ -99,5 +103,31 @@ def test_the_oracle_prefetches_every_miss_the_pool_holds_and_the_cache_decides_a
         results[with_prefetch] = (cache.resident().copy(), cache.counters.cpu().numpy().copy(), pf.stats(), misses)
     (res0, ctr0, _, _), (res1, ctr1, stats, misses) = results[False], results[True]
     assert np.array_equal(res0, res1) and np.array_equal(ctr0, ctr1)  # the cache's decisions are prefetch's blind spot
-    # layer 0 is never prefetched (nothing comes before it in a step); every other layer's distinct misses are
-    assert stats["copied"] == stats["used"] == misses and stats["wasted"] == 0 and stats["plans"] == len(trace) * (LAYERS - 1)
+    # layer 0 is prefetched only by the lead (nothing comes before it in a step); every other layer's distinct misses are
+    assert stats["copied"] == stats["used"] == misses and stats["wasted"] == 0
+    assert stats["plans"] == len(trace) * (LAYERS - (0 if lead else 1)) and stats["lead"] is lead
+
+
+def test_the_lead_predicts_the_first_layer_by_its_previous_step_and_skips_a_step_of_other_rows(kernels, device):
+    _, _, cache = _cache(kernels, device, 5, slots=0)  # nothing resident: every pick is a miss
+    pf = _prefetcher(kernels, cache, device, TOP_K)
+    z = torch.zeros((1, HIDDEN), dtype=torch.float16, device=device)
+    first = torch.tensor([[3, 5, 7, 9]], device=device)
+    pf.settle()
+    pf.lead(1)  # no step before: nothing to predict by
+    assert not pf.planned[0]
+    pf.routed(0, first, z)
+    cache.on_routing(0, first)
+    pf.after_layer(0)
+    pf.settle()
+    pf.lead(1)
+    assert pf.planned[0]
+    pf.routed(0, first, z)  # the same picks again: all four come from the pool
+    cache.on_routing(0, first)
+    pf.after_layer(0)
+    torch.cuda.synchronize(device)
+    layer0 = pf.stats()["per_layer"][0]
+    assert layer0["plans"] == 1 and layer0["copied"] == layer0["used"] == 4 and cache.verify() == []
+    pf.settle()
+    pf.lead(2)  # a step of two rows is not predicted by one of one
+    assert not pf.planned[0]

@@ -15,6 +15,7 @@ def prefetcher(max_rows: int = PREDICT_MAX_ROWS) -> Prefetcher:
     p.max_rows, p.routers = max_rows, [None] * LAYERS
     p.planned, p._picks, p._predictions = [False] * LAYERS, [None] * LAYERS, [None] * LAYERS
     p._recording, p._oracle, p._calls = None, None, 0
+    p.leads, p._last_first = True, None
     p.predicted_for = []
     p._predict_on_side = lambda row, z: p.predicted_for.append(row) or f"prediction of {row}"
     return p
@@ -43,3 +44,15 @@ def test_a_single_stream_step_predicts_the_next_layer_at_its_routing_and_none_af
     wide = prefetcher(max_rows=4)
     wide.routed(1, *routing(4))
     assert wide.predicted_for == [2]
+
+
+def test_the_first_layers_picks_are_kept_for_the_next_steps_lead_unless_the_oracle_replays():
+    p = prefetcher()
+    sel, z = routing(1)
+    p.routed(0, sel, z)
+    assert torch.equal(p._last_first, sel) and p._last_first is not sel  # a copy: exllamav3 reuses the buffer
+    p.routed(1, torch.ones((1, 8), dtype=torch.int64), z)
+    assert torch.equal(p._last_first, sel)  # only the first MoE layer's
+    p._last_first, p._oracle = None, []
+    p.routed(0, sel, z)
+    assert p._last_first is None

@@ -76,10 +76,16 @@ def test_decode_steps_go_to_the_cache_then_the_cpu_tier_and_prefill_steps_to_nei
 def test_a_decode_step_waits_for_its_prefetch_before_the_cache_and_every_layer_ends_with_the_prefetchs_turn(tmp_path):
     log = []
     prefetch = types.SimpleNamespace(routed=lambda row, sel, z: log.append(("prefetch", row, z)),
-                                     after_layer=lambda row: log.append(("next", row)), settle=lambda: log.append("settle"))
+                                     after_layer=lambda row: log.append(("next", row)), settle=lambda: log.append("settle"),
+                                     lead=lambda rows: log.append(("lead", rows)))
     o = offload(tmp_path, log, [0], 0, prefetch=prefetch)
     o.forward_start(1)
-    assert log == ["settle"]  # every forward starts with no plan in flight
+    assert log == ["settle", ("lead", 1)]  # every forward starts with no plan in flight; a decode one with its lead
+    log.clear()
+    o.forward_start(STAGE_MIN_ROWS)
+    assert "settle" in log and not any(isinstance(e, tuple) and e[0] == "lead" for e in log)  # a prefill has none
+    o.forward_start(1)  # the decode after it: the tables are back before the lead is planned
+    assert log[-1] == ("lead", 1) and not o.prefilling
     log.clear()
     o.routed(1, torch.zeros((4, 8), dtype=torch.int64), "w", "z")
     o.after_layer(1)

@@ -95,10 +95,10 @@ def _prefetch(settings: Settings, kernels, cache, layers: patches.MoeLayers, dev
         log.info("prefetch is off while the CPU tier runs (GLM53_CT_ENABLE=0 turns the tier off); its %d slots stay unused",
                  settings.prefetch_slots)
         return None
-    log.info("prefetch: %d VRAM slots, the router's top %d + %d predicted per token", settings.prefetch_slots,
-             layers.top_k, settings.prefetch_extra)
+    log.info("prefetch: %d VRAM slots, the router's top %d + %d predicted per token%s", settings.prefetch_slots,
+             layers.top_k, settings.prefetch_extra, ", the first MoE layer's at each step's start" if settings.prefetch_lead else "")
     return Prefetcher(kernels, cache, patches.routers(layers), settings.prefetch_slots, settings.prefetch_extra,
-                      layers.top_k, device, policy)
+                      layers.top_k, device, policy, lead=settings.prefetch_lead)
 
 
 def _cpu_tier(settings: Settings, store, cache, layers: patches.MoeLayers, device, kernels):
