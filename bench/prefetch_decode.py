@@ -6,8 +6,9 @@ token sequence five times over one load, and reports each run's rate and what pr
   are recorded on the way;
 - ``oracle``: the recorded true picks of the same token sequence replayed as the prediction: what the machinery
   gives when every prediction is right (the ceiling, separate from the predictor's quality).
-- ``router-no-lead``, ``oracle-no-lead``: the same without the lead (``GLM53_PREFETCH_LEAD``: the first MoE layer's
-  prefetch at the step's start), so that the two windows' gains are told apart.
+- ``router`` and ``oracle`` run with the lead (``GLM53_PREFETCH_LEAD``: the first MoE layer's prefetch at the step's
+  start) whatever the setting; ``router-no-lead`` and ``oracle-no-lead`` without it, so that the two windows' gains
+  are told apart.
 
 Exact mode is bit-identical whatever is prefetched, so the three runs must decode the same tokens (checked). Per
 layer: missed picks after the cache's step (one stream: a pick is a distinct expert), prefetched experts used and
@@ -107,11 +108,11 @@ def run(args: argparse.Namespace) -> dict:
         decode(path, prompt, WARMUP_TOKENS)  # kernels, the cache's first admissions
         path.reset()
         out = {"checkpoint": str(args.model), "tokens": args.tokens, "engine_args": args.engine_args,
-               "prefetch": {"slots": pf.slots, "extra": pf.extra, "lead": pf.leads}, "runs": {}}
+               "prefetch": {"slots": pf.slots, "extra": pf.extra}, "runs": {}}
         recorded, ids_of, lead = None, {}, pf.leads
         for name in RUNS:
             offload.prefetch = None if name == "off" else pf
-            pf.leads = lead and not name.endswith("-no-lead")
+            pf.leads = name != "off" and not name.endswith("-no-lead")
             if name == "router":
                 pf.replay(None)
                 pf.record()
@@ -126,7 +127,7 @@ def run(args: argparse.Namespace) -> dict:
             if name == "router":
                 recorded = pf.recorded()
             ids_of[name] = ids
-            out["runs"][name] = {"decode_tok_s": round((args.tokens - 1) / seconds, 2),
+            out["runs"][name] = {"decode_tok_s": round((args.tokens - 1) / seconds, 2), "lead": pf.leads and name != "off",
                                  **layer_figures(before[0], after[0], before[1], after[1], args.tokens, offload.cache.block_bytes)}
         offload.prefetch, pf.leads = pf, lead
         pf.replay(None)

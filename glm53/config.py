@@ -249,9 +249,11 @@ class Settings:
                              "(1.09x with a perfect predictor)")
     prefetch_slots: int = setting(_number(int, 1, 16), 2, "VRAM slots of the prefetch pool (taken from the expert cache's), the most experts copied ahead per layer")
     prefetch_extra: int = setting(_number(int, 0, 56), 0, "experts predicted per token beyond the router's top-k (candidates when the top-k are resident)")
-    prefetch_lead: bool = setting(BOOL, True, "with GLM53_PREFETCH, also copy the first MoE layer's likely picks when a decode step starts, in the "
+    prefetch_lead: bool = setting(BOOL, False, "with GLM53_PREFETCH, also copy the first MoE layer's likely picks when a decode step starts, in the "
                                   "link's longest idle window (the embedding, the dense layers and that layer's attention: 1.7 ms on the scaled "
-                                  "checkpoint, against 0.13 ms between two MoE layers); predicted by the previous step's picks of that layer")
+                                  "checkpoint, against 0.13 ms between two MoE layers), predicted by the previous step's picks of that layer. Off by "
+                                  "default: +5 % with a perfect predictor, -2 % with this one on a synthetic checkpoint, whose consecutive tokens "
+                                  "share experts only by chance")
     # --- offload: CPU tier (fast mode)
     ct_cpus: Any = setting(CPUS, "auto", "CPUs of the CPU tier; auto: one per physical core, leaving cores for the GPU-feeding thread")
     ct_threads: int = setting(_number(int, 0, 4096), 0, "CPU-tier threads; 0: one per CPU of GLM53_CT_CPUS")

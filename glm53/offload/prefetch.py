@@ -55,7 +55,7 @@ class Prefetcher:
 
     def __init__(self, kernels: Kernels, cache: ExpertCache, routers: Sequence[tuple[torch.Tensor, torch.Tensor | None]],
                  slots: int, extra: int, top_k: int, device: torch.device, policy: Policy | None = None,
-                 max_rows: int = PREDICT_MAX_ROWS, lead: bool = True):
+                 max_rows: int = PREDICT_MAX_ROWS, lead: bool = False):
         L = cache.store.num_layers
         if len(routers) != L:
             raise ValueError(f"{len(routers)} routers for {L} MoE layers")

@@ -39,7 +39,8 @@ CASES = {
     "cache-11pct-single-pass": ["--ec-cache-experts", "11%", "--prefill-last-page-split", "0"],
     # decode reads some misses from the prefetch pool instead (issue 20): the same bytes
     "cache-11pct-prefetch": ["--ec-cache-experts", "11%", "--prefetch", "1"],
-    "cache-0-prefetch-wide": ["--ec-cache-experts", "0", "--prefetch", "1", "--prefetch-slots", "6", "--prefetch-extra", "2"],
+    "cache-0-prefetch-wide": ["--ec-cache-experts", "0", "--prefetch", "1", "--prefetch-slots", "6", "--prefetch-extra", "2",
+                              "--prefetch-lead", "1"],  # with the lead too (the first MoE layer's prefetch at a step's start)
 }
 
 

@@ -35,7 +35,7 @@ def _cache(kernels, device, seed, slots):
     return store, tables, ExpertCache(kernels, store, tables, slots, device, TOP_K, Policy(), profile)
 
 
-def _prefetcher(kernels, cache, device, slots, extra=0, lead=True):
+def _prefetcher(kernels, cache, device, slots, extra=0, lead=False):
     from glm53.offload.prefetch import Prefetcher
 
     gen = torch.Generator().manual_seed(3)
@@ -110,7 +110,7 @@ def test_the_oracle_prefetches_every_miss_the_pool_holds_and_the_cache_decides_a
 
 def test_the_lead_predicts_the_first_layer_by_its_previous_step_and_skips_a_step_of_other_rows(kernels, device):
     _, _, cache = _cache(kernels, device, 5, slots=0)  # nothing resident: every pick is a miss
-    pf = _prefetcher(kernels, cache, device, TOP_K)
+    pf = _prefetcher(kernels, cache, device, TOP_K, lead=True)
     z = torch.zeros((1, HIDDEN), dtype=torch.float16, device=device)
     first = torch.tensor([[3, 5, 7, 9]], device=device)
     pf.settle()
