@@ -48,7 +48,8 @@ def test_a_continued_prompt_resumes_from_the_prompt_end_checkpoint_with_the_righ
         # rounding): measured on the H200 host over 8 prompts, against a cache-less forward of the same tokens, it was
         # off by a median 0.13 nats with no cache at all (fast mode, nothing reused), 1.6 resumed from stock
         # exllamav3's own checkpoint (exact mode's split forward) and 1.3 from this one
-        # (bench/results/2026-12-01-fourth-session-h200.md); a state-level comparison would be the test
+        # (bench/resume_logprob.py; bench/results/2026-12-01-fourth-session-h200.md); a state-level comparison would
+        # be the test
         pytest.skip("a single logprob is within rounding noise of nothing on the scaled checkpoint (see the comment)")
     rng = random.Random()  # fresh ids every run: no earlier run shares a page with them
     first = [rng.randrange(1000, 100000) for _ in range(1000)]
