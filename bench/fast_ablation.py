@@ -4,6 +4,8 @@ of the tier's per-step hooks timed around every step:
 
 - ``exact``: exact mode (its own engine, loaded first and closed): the reference;
 - ``tier``: fast mode as it runs (its own decisions: split, rest, probes, refreshes);
+- ``no-rest``: the same, but the hooks' host time is not counted as a cost (``HOOK_WEIGHT`` 0): the tier takes part
+  whenever its table sends the CPU anything, which tells whether resting for the hooks' sake pays;
 - ``no-probes``: no probe steps (``PROBE_STEPS`` out of reach) while it rests;
 - ``no-refresh``: no probes, no timed layers and no cost refreshes either;
 - ``inert``: the tier paused (every expert on the GPU) and its step hooks not called: what is left is the hooks'
@@ -34,7 +36,7 @@ import torch
 from bench.decode_kl import ModelPath, check_one_engine_args, one_engine_args, pages_for, synthetic_prompt
 from bench.output import emit_json
 
-FAST_RUNS = ("tier", "no-probes", "no-refresh", "inert")
+FAST_RUNS = ("tier", "no-rest", "no-probes", "no-refresh", "inert")
 WARMUP_TOKENS = 64  # enough steps for the tier's first refreshes (and its rest, if it rests)
 
 
@@ -126,7 +128,7 @@ def run_engine(mode: str, args, runs: Sequence[str]) -> dict:
         path.reset()
         for name in runs:
             never = 1 << 40
-            constants = {"tier": {}, "no-probes": {"PROBE_STEPS": never},
+            constants = {"tier": {}, "no-rest": {"HOOK_WEIGHT": 0.0}, "no-probes": {"PROBE_STEPS": never},
                          "no-refresh": {"PROBE_STEPS": never, "REFRESH_STEPS": never, "SAMPLE_STEPS": never}}.get(name, {})
             inert = name == "inert"
             timer = StepTimer() if inert or fast is None else StepTimer(fast.before_step, fast.after_step)
@@ -134,6 +136,8 @@ def run_engine(mode: str, args, runs: Sequence[str]) -> dict:
                     fast.paused() if inert else contextlib.nullcontext():
                 if inert:
                     fast.worker.rest()
+                if name == "no-rest" and fast is not None:
+                    fast.worth.resting = False  # a rest begun in an earlier run would otherwise last until a probe
                 ids, seconds = decode(path, prompt, args.tokens, timer)
             path.reset()
             run = {"decode_tok_s": round((args.tokens - 1) / seconds, 2), "ms_per_step": round(1e3 * seconds / (args.tokens - 1), 3),

@@ -87,6 +87,8 @@ LAYER_SAMPLES = 768  # the latest sampled layers' (tokens, hits, misses) the spl
 # the hooks' parts, timed on the host for /stats (where a layer's host time goes: bench/fast_ablation.py)
 HOOK_PARTS = ("split_publish", "collect", "fallback_plan", "fallback_launch")
 HOOK_MARGIN = 1.25  # resting for its hooks' cost, the tier comes back once its predicted saving is this much higher
+HOOK_WEIGHT = 1.0  # the share of the hooks' host time per layer counted against the split's saving (bench.fast_ablation's
+# no-rest run sets 0: is that host time a cost at all while the thread feeding the GPU runs milliseconds ahead of it?)
 
 
 class Worth:
@@ -134,7 +136,7 @@ class Worth:
         if self.hook_s is None or not len(self.samples):
             return False
         self.saving_s = self.predicted_saving(costs, table)
-        self.resting = self.saving_s < self.hook_s * (HOOK_MARGIN if self.resting else 1.0)
+        self.resting = self.saving_s < HOOK_WEIGHT * self.hook_s * (HOOK_MARGIN if self.resting else 1.0)
         return self.resting != before
 
     def stats(self) -> dict:

@@ -552,6 +552,21 @@ def test_the_tier_rests_while_its_split_saves_less_than_its_hooks_cost_and_comes
     assert not w.decide(forced, forced.table(8, 64)) and not w.resting
 
 
+def test_with_the_hooks_weighed_at_nothing_the_tier_rests_only_when_its_split_saves_nothing(monkeypatch):
+    costs = Costs({1: 1e-4}, 1e-5, 2e-4, 1e-6, sources={"cpu_expert_s": "test"})
+    table = costs.table(8, 64)
+    monkeypatch.setattr(ft, "HOOK_WEIGHT", 0.0)  # bench.fast_ablation's no-rest run
+    w = ft.Worth()
+    for _ in range(10):
+        w.sampled(1, 0, 1)  # the split saves 90 us a layer
+        w.hooked(10.0)  # hooks dearer than any saving
+    assert not w.decide(costs, table) and not w.resting
+    w.hooked(10.0)
+    nothing = Costs({1: 1.0}, 1e-5, 2e-4, 1e-6, sources={"cpu_expert_s": "test"})  # a CPU too slow for any share
+    assert not w.decide(nothing, nothing.table(8, 64)) and not w.resting  # saves 0, which is not below 0 x the hooks
+    # (a table that sends the CPU nothing rests the tier anyway: FastTier.cpu_off)
+
+
 def test_a_resting_tier_launches_nothing_but_probes_and_gives_the_feeding_thread_its_cpus_back():
     t = tier()
     t.cube[1, 0, 1] = 1  # the table would send the CPU a miss
