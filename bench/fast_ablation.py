@@ -3,6 +3,10 @@ CPU tier is switched part by part, each decoding the same greedy tokens after th
 of the tier's per-step hooks timed around every step:
 
 - ``exact``: exact mode (its own engine, loaded first and closed): the reference;
+- ``exact-one-thread``: the same engine with torch's CPU threads at one, and ``exact-one-cpu`` with that and the
+  feeding thread kept to one CPU, as the fast engine's is while its tier takes part (``FeedingThread.confine``: on
+  the H200 host the paused fast engine decoded 5-7 % faster than the exact engine and launched a step in 4.3 ms
+  against 6.5; is it the thread count, or the CPU the thread stays on?);
 - ``tier``: fast mode as it runs (its own decisions: split, rest, probes, refreshes);
 - ``no-rest``: the same, but the hooks' host time is not counted as a cost (``HOOK_WEIGHT`` 0): the tier takes part
   whenever its table sends the CPU anything, which tells whether resting for the hooks' sake pays;
@@ -36,6 +40,7 @@ import torch
 from bench.decode_kl import ModelPath, check_one_engine_args, one_engine_args, pages_for, synthetic_prompt
 from bench.output import emit_json
 
+EXACT_RUNS = ("exact", "exact-one-thread", "exact-one-cpu")
 FAST_RUNS = ("tier", "no-rest", "no-probes", "no-refresh", "inert")
 WARMUP_TOKENS = 64  # enough steps for the tier's first refreshes (and its rest, if it rests)
 
@@ -131,6 +136,11 @@ def run_engine(mode: str, args, runs: Sequence[str]) -> dict:
             constants = {"tier": {}, "no-rest": {"HOOK_WEIGHT": 0.0}, "no-probes": {"PROBE_STEPS": never},
                          "no-refresh": {"PROBE_STEPS": never, "REFRESH_STEPS": never, "SAMPLE_STEPS": never}}.get(name, {})
             inert = name == "inert"
+            threads, cpus = torch.get_num_threads(), os.sched_getaffinity(0)
+            if name in ("exact-one-thread", "exact-one-cpu"):
+                torch.set_num_threads(1)
+            if name == "exact-one-cpu":
+                os.sched_setaffinity(0, {min(cpus)})
             timer = StepTimer() if inert or fast is None else StepTimer(fast.before_step, fast.after_step)
             with tier_constants(**constants) if fast is not None else contextlib.nullcontext(), \
                     fast.paused() if inert else contextlib.nullcontext():
@@ -140,8 +150,10 @@ def run_engine(mode: str, args, runs: Sequence[str]) -> dict:
                     fast.worth.resting = False  # a rest begun in an earlier run would otherwise last until a probe
                 ids, seconds = decode(path, prompt, args.tokens, timer)
             path.reset()
+            torch.set_num_threads(threads)
+            os.sched_setaffinity(0, cpus)
             run = {"decode_tok_s": round((args.tokens - 1) / seconds, 2), "ms_per_step": round(1e3 * seconds / (args.tokens - 1), 3),
-                   "ids": ids, **timer.summary()}
+                   "torch_threads": 1 if name.startswith("exact-one") else threads, "ids": ids, **timer.summary()}
             if fast is not None:
                 stats = fast.stats()
                 run["worth"] = stats["worth"]
@@ -168,7 +180,7 @@ def run(args: argparse.Namespace) -> dict:
 
             cpus = sorted(os.sched_getaffinity(0)) if args.cpu_hog == "all" else parse_cpus(args.cpu_hog)
             stack.enter_context(CpuHog(cpus))
-        exact = run_engine("exact", args, ["exact"])
+        exact = run_engine("exact", args, EXACT_RUNS)
         fast = run_engine("fast", args, FAST_RUNS)
     runs = {**exact["runs"], **fast["runs"]}
     base = runs["exact"]["decode_tok_s"]

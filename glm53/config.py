@@ -245,8 +245,8 @@ class Settings:
     ec_stage_gb: float = setting(_number(float, 0, None, " GB"), 2.6, "size of each of the two prefill staging buffers")
     prefetch: bool = setting(BOOL, False, "exact mode's decode: after each MoE layer, predict the next layer's picks (its router on this layer's input) and copy "
                              "the predicted non-resident experts into a pool of VRAM slots while the next layer's attention runs; bit-identical output; "
-                             "single-stream steps only (at four streams it was 3-4 % slower). Off by default: measured 1.01x exact at one stream "
-                             "(1.09x with a perfect predictor)")
+                             "single-stream steps only (at four streams it was 3-4 % slower). Off by default: on the scaled checkpoint 1.02-1.04x exact at one stream "
+                             "with 2 slots (recall 0.3: synthetic routing), 1.17x with a perfect predictor, 1.22x with 8 slots and GLM53_PREFETCH_LEAD")
     prefetch_slots: int = setting(_number(int, 1, 16), 2, "VRAM slots of the prefetch pool (taken from the expert cache's), the most experts copied ahead per layer")
     prefetch_extra: int = setting(_number(int, 0, 56), 0, "experts predicted per token beyond the router's top-k (candidates when the top-k are resident)")
     prefetch_lead: bool = setting(BOOL, False, "with GLM53_PREFETCH, also copy the first MoE layer's likely picks when a decode step starts, in the "

@@ -131,13 +131,14 @@ def test_prefetch_takes_its_slots_from_the_cache_and_runs_without_the_cpu_tier(s
     seen, tmp_path = steps
     monkeypatch.setattr(start.patches, "routers", lambda layers_: [("gate a", None), ("gate b", None)])
 
-    def prefetcher(kernels, cache, routers, slots, extra_, top_k, device, policy):
-        seen.append(("prefetch", routers, slots, extra_, top_k))
+    def prefetcher(kernels, cache, routers, slots, extra_, top_k, device, policy, lead):
+        seen.append(("prefetch", routers, slots, extra_, top_k, lead))
         return "the prefetcher"
 
     monkeypatch.setattr(start, "Prefetcher", prefetcher)
-    settings = settings_for(tmp_path, mode, "--prefetch", "1", "--prefetch-slots", "2", "--prefetch-extra", "1", *extra)
+    settings = settings_for(tmp_path, mode, "--prefetch", "1", "--prefetch-slots", "2", "--prefetch-extra", "1",
+                            "--prefetch-lead", "1", *extra)
     offload = start.start_offload(settings, "the model", lambda: None, lambda: None)
     assert [s for s in seen if s[0] == "fill"][0][2] == 3 - 2  # the budget's 3 slots less the pool's 2
-    assert ([s for s in seen if s[0] == "prefetch"] == [("prefetch", [("gate a", None), ("gate b", None)], 2, 1, 2)]) == made
+    assert ([s for s in seen if s[0] == "prefetch"] == [("prefetch", [("gate a", None), ("gate b", None)], 2, 1, 2, True)]) == made
     assert offload.prefetch == ("the prefetcher" if made else None)
