@@ -16,8 +16,9 @@ Per decode forward, on the compute stream C and a side stream P, for MoE layer `
 0. ``lead(rows)``, before a decode forward's first module (``lead``): the first MoE layer has no layer before it, but
    the link's longest idle window: the embedding, the dense layers and that layer's attention (1.7 ms a step on the
    scaled checkpoint, ``bench.moe_profile``'s ``lead_us``). Its prediction is the previous step's picks of that
-   layer (the same stream's last token: consecutive tokens share experts; the oracle: the true picks), copied on P
-   at once; step 1 waits for it as for any plan.
+   layer (the same stream's last token, on the bet that consecutive tokens share experts, which a synthetic
+   checkpoint's do only by chance; the oracle: the true picks), copied on P at once; step 1 waits for it as for any
+   plan. Off by default (``GLM53_PREFETCH_LEAD``).
 
 Only where bytes are read from changes: the output is bit-identical (``tests/gpu/test_offload_exact.py``). A wrong
 prediction costs link time that was idle. Not in prefill (staging reads every expert there), not in steps of
