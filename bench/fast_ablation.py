@@ -10,6 +10,8 @@ of the tier's per-step hooks timed around every step:
 - ``tier``: fast mode as it runs (its own decisions: split, rest, probes, refreshes);
 - ``no-rest``: the same, but the hooks' host time is not counted as a cost (``HOOK_WEIGHT`` 0): the tier takes part
   whenever its table sends the CPU anything, which tells whether resting for the hooks' sake pays;
+- ``gpu-worth``: the same, with the hooks charged their time on the GPU's clock instead of the host's
+  (``HOOK_COST`` "gpu"), the rule that would replace today's if ``no-rest`` beats ``tier``;
 - ``no-probes``: no probe steps (``PROBE_STEPS`` out of reach) while it rests;
 - ``no-refresh``: no probes, no timed layers and no cost refreshes either;
 - ``inert``: the tier paused (every expert on the GPU) and its step hooks not called: what is left is the hooks'
@@ -41,7 +43,7 @@ from bench.decode_kl import ModelPath, check_one_engine_args, one_engine_args, p
 from bench.output import emit_json
 
 EXACT_RUNS = ("exact", "exact-one-thread", "exact-one-cpu")
-FAST_RUNS = ("tier", "no-rest", "no-probes", "no-refresh", "inert")
+FAST_RUNS = ("tier", "no-rest", "gpu-worth", "no-probes", "no-refresh", "inert")
 WARMUP_TOKENS = 64  # enough steps for the tier's first refreshes (and its rest, if it rests)
 
 
@@ -133,7 +135,7 @@ def run_engine(mode: str, args, runs: Sequence[str]) -> dict:
         path.reset()
         for name in runs:
             never = 1 << 40
-            constants = {"tier": {}, "no-rest": {"HOOK_WEIGHT": 0.0}, "no-probes": {"PROBE_STEPS": never},
+            constants = {"tier": {}, "no-rest": {"HOOK_WEIGHT": 0.0}, "gpu-worth": {"HOOK_COST": "gpu"}, "no-probes": {"PROBE_STEPS": never},
                          "no-refresh": {"PROBE_STEPS": never, "REFRESH_STEPS": never, "SAMPLE_STEPS": never}}.get(name, {})
             inert = name == "inert"
             threads, cpus = torch.get_num_threads(), os.sched_getaffinity(0)
@@ -146,7 +148,7 @@ def run_engine(mode: str, args, runs: Sequence[str]) -> dict:
                     fast.paused() if inert else contextlib.nullcontext():
                 if inert:
                     fast.worker.rest()
-                if name == "no-rest" and fast is not None:
+                if name in ("no-rest", "gpu-worth") and fast is not None:
                     fast.worth.resting = False  # a rest begun in an earlier run would otherwise last until a probe
                 ids, seconds = decode(path, prompt, args.tokens, timer)
             path.reset()

@@ -87,8 +87,11 @@ LAYER_SAMPLES = 768  # the latest sampled layers' (tokens, hits, misses) the spl
 # the hooks' parts, timed on the host for /stats (where a layer's host time goes: bench/fast_ablation.py)
 HOOK_PARTS = ("split_publish", "collect", "fallback_plan", "fallback_launch")
 HOOK_MARGIN = 1.25  # resting for its hooks' cost, the tier comes back once its predicted saving is this much higher
-HOOK_WEIGHT = 1.0  # the share of the hooks' host time per layer counted against the split's saving (bench.fast_ablation's
-# no-rest run sets 0: is that host time a cost at all while the thread feeding the GPU runs milliseconds ahead of it?)
+HOOK_WEIGHT = 1.0  # the share of the hooks' cost per layer counted against the split's saving (bench.fast_ablation's
+# no-rest run sets 0: is that cost real at all while the thread feeding the GPU runs milliseconds ahead of it?)
+HOOK_COST = "host"  # what the hooks cost, for Worth: "host", the feeding thread's time in them; "gpu", their time on the
+# GPU's clock in sampled layers that sent the CPU nothing (the split, and the collect to the fallback's launch), the
+# currency of the split's own table (bench.fast_ablation's gpu-worth run)
 
 
 class Worth:
@@ -99,11 +102,14 @@ class Worth:
     predicted saving of a layer, averaged over sampled layers (their tokens, hits and misses, the table's ``k``),
     is set against the hooks' measured host time per layer: below it the tier RESTS (no launches, as in exact
     mode, but for probe steps); it comes back once the saving is ``HOOK_MARGIN`` times the hooks' cost. Never with a
-    check's forced costs (``split.every_miss_to_the_cpu``)."""
+    check's forced costs (``split.every_miss_to_the_cpu``). The hooks' cost is their host time, or with ``HOOK_COST``
+    "gpu" their time on the GPU's clock in sampled layers (the split table's currency: host time costs the step
+    nothing while the feeding thread runs ahead of the GPU, which it did by ~10 ms a step on the H200 host)."""
 
     def __init__(self):
         self.samples = Window(LAYER_SAMPLES, 3)  # (tokens, hits, misses)
         self.hook_s: float | None = None  # the hooks' host seconds per layer, over the latest window that had any
+        self.gpu_samples = Window(LAYER_SAMPLES, 1)  # the hooks' GPU seconds in sampled layers that sent the CPU nothing
         self.saving_s: float | None = None  # the split's predicted saving per layer
         self.resting = False
         self._sum, self._layers = 0.0, 0
@@ -115,6 +121,19 @@ class Worth:
 
     def sampled(self, tokens: int, hits: int, misses: int) -> None:
         self.samples.append(tokens, hits, misses)
+
+    def gpu_hooked(self, seconds: float) -> None:
+        """A sampled layer's hooks took this long on the GPU's clock."""
+        self.gpu_samples.append(seconds)
+
+    @property
+    def hook_gpu_s(self) -> float | None:
+        return float(self.gpu_samples.columns()[0].mean()) if len(self.gpu_samples) else None
+
+    def hook_cost_s(self) -> float | None:
+        """What the hooks cost a layer, in ``HOOK_COST``'s currency (the GPU's, before any layer was timed: the host's)."""
+        gpu = self.hook_gpu_s if HOOK_COST == "gpu" else None
+        return gpu if gpu is not None else self.hook_s
 
     def predicted_saving(self, costs: Costs, table) -> float | None:
         """The split's mean saving per sampled layer under ``costs`` (``table``: their split table), in seconds; None
@@ -133,16 +152,18 @@ class Worth:
         if costs.forced:  # a check of the CPU path (every miss to the CPU): it must keep running
             self.resting = False
             return before != self.resting
-        if self.hook_s is None or not len(self.samples):
+        cost = self.hook_cost_s()
+        if cost is None or not len(self.samples):
             return False
         self.saving_s = self.predicted_saving(costs, table)
-        self.resting = self.saving_s < HOOK_WEIGHT * self.hook_s * (HOOK_MARGIN if self.resting else 1.0)
+        self.resting = self.saving_s < HOOK_WEIGHT * cost * (HOOK_MARGIN if self.resting else 1.0)
         return self.resting != before
 
     def stats(self) -> dict:
         us = {k: None if v is None else round(v * 1e6, 1) for k, v in (("hooks_us_per_layer", self.hook_s),
+                                                                       ("hooks_gpu_us_per_layer", self.hook_gpu_s),
                                                                        ("saving_us_per_layer", self.saving_s))}
-        return {**us, "resting": self.resting, "layers_sampled": len(self.samples)}
+        return {**us, "hook_cost": HOOK_COST, "resting": self.resting, "layers_sampled": len(self.samples)}
 
 
 class FeedingThread:
@@ -229,9 +250,10 @@ class FastTier:
         self.hooked_layers = 0
         self._probe_link_s = self.costs.link_expert_s  # the start-up probe's figure, a live line's sanity range
         self._sampling = False  # this step's layers are timed
-        # (layer row, start, split counts, tokens)
-        self._open_sample: tuple[int, torch.cuda.Event, torch.Tensor, int] | None = None
-        self._step_samples: list[tuple[torch.cuda.Event, torch.cuda.Event, torch.Tensor, int]] = []
+        # (layer row, before the split, after it, split counts, tokens)
+        self._open_sample: tuple[int, torch.cuda.Event, torch.cuda.Event, torch.Tensor, int] | None = None
+        # [before the split, after it, before the collect, after the fallback's launch (None: no collect), counts, tokens]
+        self._step_samples: list[list] = []
         self._gpu_samples = Window(GPU_SAMPLES, 2)  # (GPU misses, seconds)
         self.deadline_s = settings.ct_deadline_ms / 1000.0
         self.sent = torch.zeros(4, dtype=torch.int64, device=device)  # hits, misses, experts, picks sent (decode steps)
@@ -325,6 +347,10 @@ class FastTier:
             self.skipped += 1
             return
         y = z.view(T, self.hidden)  # the experts see the router's input (checked at start)
+        pre = None
+        if self._sampling:
+            pre = self._event()
+            pre.record()
         status, info, record = self.producer.split_publish(row, selected, weights, y, self.cache.slot_of[row],
                                                            self.cache.freq[row], self.cube,
                                                            PROBE_EXPERTS if self._probing else 0)
@@ -334,17 +360,20 @@ class FastTier:
         if self._sampling:
             start = self._event()
             start.record()
-            self._open_sample = (row, start, info, T)
+            self._open_sample = (row, pre, start, info, T)
         self._hook_s = time.perf_counter() - t0
         if not self._probing:
             self.hook_parts[0] += self._hook_s
 
     def on_routed_sum(self, row: int, final_hidden_states: torch.Tensor) -> torch.Tensor:
         """The layer's fp32 routed sum: the CPU's partial is added in place."""
+        sample = None
         if self._open_sample is not None and self._open_sample[0] == row:
             end = self._event()
             end.record()  # before the wait for the CPU: the GPU's own part of the layer (a probe step's too)
-            self._step_samples.append((self._open_sample[1], end, self._open_sample[2], self._open_sample[3]))
+            _, pre, start, info, tokens = self._open_sample
+            sample = [pre, start, end, None, info, tokens]
+            self._step_samples.append(sample)
             self._open_sample = None
         if self._pending is None or self._pending[0] != row:
             return final_hidden_states
@@ -362,6 +391,9 @@ class FastTier:
                                                                          self.store.num_experts)
         t2 = time.perf_counter()
         self.fallbacks[row](y, acc[:T], count, token_sorted, weight_sorted)
+        if sample is not None:
+            sample[3] = self._event()
+            sample[3].record()  # the collect and the fallback: with no job, all of it is the hooks' own GPU time
         t3 = time.perf_counter()
         self.hook_parts[1:] += (t1 - t0, t2 - t1, t3 - t2)
         self.hooked_layers += 1
@@ -427,7 +459,7 @@ class FastTier:
         saving = self.worth.predicted_saving(live, table)
         if saving is None:
             return bool(table.any())
-        hook = self.worth.hook_s
+        hook = self.worth.hook_cost_s()
         return saving > 0 and (hook is None or saving >= PROBE_NEAR * hook)
 
     @staticmethod
@@ -437,10 +469,12 @@ class FastTier:
     def _read_samples(self) -> None:
         """The timed layers of the step just synchronised: (the misses the GPU computed, its seconds)."""
         if self._step_samples:
-            counts = torch.stack([info for _, _, info, _ in self._step_samples]).tolist()  # one transfer for the step
-            for (start, end, _, tokens), (hits, misses, cpu_experts, _) in zip(self._step_samples, counts):
+            counts = torch.stack([sample[4] for sample in self._step_samples]).tolist()  # one transfer for the step
+            for (pre, start, end, post, _, tokens), (hits, misses, cpu_experts, _) in zip(self._step_samples, counts):
                 self._gpu_samples.append(misses - cpu_experts, start.elapsed_time(end) / 1000.0)
                 self.worth.sampled(tokens, hits, misses)
+                if post is not None and cpu_experts == 0:  # no job to wait for: the split, collect and fallback alone
+                    self.worth.gpu_hooked((pre.elapsed_time(start) + end.elapsed_time(post)) / 1000.0)
         self._step_samples.clear()
         self._open_sample = None
 
@@ -475,8 +509,9 @@ class FastTier:
         if fresh is not self.costs:
             self._adopt(fresh)
         if self.worth.decide(self.costs, self._table):
-            log.info("CPU tier %s: its split saves %.0f us a layer, its hooks cost %.0f us of host time a layer",
-                     "resting" if self.worth.resting else "back", self.worth.saving_s * 1e6, self.worth.hook_s * 1e6)
+            log.info("CPU tier %s: its split saves %.0f us a layer, its hooks cost %.0f us a layer (%s time)",
+                     "resting" if self.worth.resting else "back", self.worth.saving_s * 1e6, self.worth.hook_cost_s() * 1e6,
+                     "GPU" if HOOK_COST == "gpu" and self.worth.hook_gpu_s is not None else "host")
 
     def stats(self) -> dict:
         hits, misses, experts, picks = self.sent.tolist()

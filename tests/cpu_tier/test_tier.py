@@ -165,7 +165,8 @@ def test_while_the_table_sends_the_cpu_nothing_one_step_in_probe_steps_publishes
         assert not t._probing
     t.after_step()
     assert t._probing
-    FakeEvent.clock[:] = [1.0, 1.001]  # the probe step is a sampled step too (the GPU computes all its misses)
+    # the probe step is a sampled step too (the GPU computes all its misses): before and after the split, at the sum
+    FakeEvent.clock[:] = [1.0, 1.00002, 1.001]
     t.on_routing(0, *routing(T=1))
     assert t.producer.published[-1][-1] == PROBE_EXPERTS and t._pending is None  # a shadow job is never collected
     routed = torch.zeros((1, 1, H), dtype=torch.float32)
@@ -419,7 +420,8 @@ def test_the_gpu_part_of_sampled_steps_sets_the_link_and_fixed_costs():
         if t._sampling:
             for row, gpu_misses in ((0, 2), (1, 5)) * 6:  # 12 layers; the fake split sends no expert to the CPU
                 t.producer.next_info = torch.tensor([1, gpu_misses, 0, 0], dtype=torch.int32)
-                FakeEvent.clock[:] = [1.0, 1.0 + 75e-6 + gpu_misses * 198e-6]
+                own = 75e-6 + gpu_misses * 198e-6  # between the split and the collect: the GPU's own part
+                FakeEvent.clock[:] = [1.0 - 20e-6, 1.0, 1.0 + own, 1.0 + own + 30e-6]
                 t.on_routing(row, *routing(T=1))
                 t.on_routed_sum(row, x)
                 timed += 1
@@ -428,6 +430,29 @@ def test_the_gpu_part_of_sampled_steps_sets_the_link_and_fixed_costs():
     assert t.costs.link_expert_s == pytest.approx(198e-6) and t.costs.gpu_fixed_s == pytest.approx(75e-6)
     assert "live" in t.costs.sources["link_expert_s"] and t.stats()["costs"]["gpu_fixed_us"] == 75.0
     assert torch.equal(t.cube, torch.from_numpy(t.costs.table(8, 64)))
+    # the same layers sent the CPU nothing: 20 us in the split and 30 from the collect to the fallback's launch
+    assert t.worth.hook_gpu_s == pytest.approx(50e-6) and t.stats()["worth"]["hooks_gpu_us_per_layer"] == 50.0
+
+
+def test_worth_charges_the_hooks_their_gpu_time_under_hook_cost_gpu(monkeypatch):
+    costs = Costs({1: 1e-4}, 1e-5, 2e-4, 1e-6, sources={"cpu_expert_s": "test"})
+    table = costs.table(8, 64)
+    w = ft.Worth()
+    for _ in range(10):
+        w.sampled(1, 0, 1)  # the split saves 90 us a layer
+        w.hooked(100e-6)  # 100 us of host time
+        w.gpu_hooked(40e-6)  # 40 on the GPU's clock
+    assert w.decide(costs, table) and w.resting and w.hook_cost_s() == pytest.approx(100e-6)  # "host": it rests
+    monkeypatch.setattr(ft, "HOOK_COST", "gpu")
+    w.hooked(100e-6)
+    assert w.hook_cost_s() == pytest.approx(40e-6)
+    assert w.decide(costs, table) and not w.resting  # 90 us saved against 1.25 x 40: it takes part
+    assert w.stats()["hook_cost"] == "gpu" and w.stats()["hooks_gpu_us_per_layer"] == 40.0
+    fresh = ft.Worth()  # no layer timed on the GPU yet: the host's figure stands in
+    fresh.hooked(100e-6)
+    fresh.sampled(1, 0, 1)
+    assert fresh.hook_cost_s() is None  # no window closed yet
+    assert fresh.decide(costs, table) and fresh.resting and fresh.hook_cost_s() == pytest.approx(100e-6)
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
@@ -542,7 +567,8 @@ def test_the_tier_rests_while_its_split_saves_less_than_its_hooks_cost_and_comes
     for _ in range(10):
         w.sampled(1, 0, 10)  # ten misses a layer: 1,290 us saved (7 on the CPU)
     assert w.decide(costs, table) and not w.resting and w.saving_s == pytest.approx((90e-6 + 1290e-6) / 2)
-    assert w.stats() == {"hooks_us_per_layer": 80.0, "saving_us_per_layer": 690.0, "resting": False, "layers_sampled": 20}
+    assert w.stats() == {"hooks_us_per_layer": 80.0, "hooks_gpu_us_per_layer": None, "saving_us_per_layer": 690.0,
+                         "hook_cost": "host", "resting": False, "layers_sampled": 20}
     w.hooked(10.0)  # hooks dearer than any saving: it rests...
     assert w.decide(costs, table) and w.resting
     forced = every_miss_to_the_cpu(costs)  # ...but not under a check's costs, which must keep the CPU path running

@@ -142,7 +142,7 @@ def test_fast_ablation_runs_every_arm_and_the_inert_tier_decodes_as_exact_mode(t
                     "--prompt-tokens", "16", "--engine-args", "--ec-cache-experts 0 --ct-enable 1", "--out", str(out)],
                    cwd=REPO, check=True, timeout=600)
     result = json.loads(out.read_text())
-    assert set(result["runs"]) == {"exact", "exact-one-thread", "exact-one-cpu", "tier", "no-rest", "no-probes", "no-refresh", "inert"}
+    assert set(result["runs"]) == {"exact", "exact-one-thread", "exact-one-cpu", "tier", "no-rest", "gpu-worth", "no-probes", "no-refresh", "inert"}
     assert result["runs"]["exact-one-thread"]["torch_threads"] == 1 and result["same_tokens_as_exact"]["exact-one-thread"]
     assert result["same_tokens_as_exact"]["inert"], result["same_tokens_as_exact"]
     assert all(r["decode_tok_s"] > 0 and r["after_step_us"]["mean"] is not None for r in result["runs"].values())
