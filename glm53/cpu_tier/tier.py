@@ -451,8 +451,8 @@ class FastTier:
 
     def _near_paying(self, live: Costs | None) -> bool:
         """Whether these live figures, taken outright, would have the split save at least ``PROBE_NEAR`` of the hooks'
-        host time per layer over the sampled layers (the hooks not yet timed: save anything; no layer sampled yet:
-        send the CPU anything)."""
+        cost per layer (``Worth.hook_cost_s``) over the sampled layers (the hooks not yet timed: save anything; no
+        layer sampled yet: send the CPU anything)."""
         if live is None:
             return False
         table = live.table(MAX_TOKENS, self.max_experts)

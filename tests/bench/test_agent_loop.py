@@ -4,22 +4,11 @@ GPU engine's do: tests/gpu/test_agent_reuse.py.)"""
 
 from __future__ import annotations
 
-import pytest
-
-from tests.server.servers import Server
-
 from .tools import run_tool
 
 
-@pytest.fixture(scope="module")
-def server():
-    s = Server(["serve", "--engine", "tiny", "-cs", "4096", "--max-batch-size", "2"]).wait_ready()
-    yield s
-    s.stop()
-
-
-def test_every_api_and_turn_gets_its_row(server, tmp_path):
-    rc, result, log = run_tool("agent_loop.py", tmp_path / "loop.json", "--url", server.url, "--turns", "2", "--system-words", "60",
+def test_every_api_and_turn_gets_its_row(demo_server, tmp_path):
+    rc, result, log = run_tool("agent_loop.py", tmp_path / "loop.json", "--url", demo_server.url, "--turns", "2", "--system-words", "60",
                                "--turn-words", "20", "--max-tokens", "8", timeout=300)
     assert rc == 1 and result is not None, log  # rows for every turn; the demo caches nothing, so reuse fails
     assert set(result["turns"]) == {"chat", "messages", "responses"} and result["passed"] is False
@@ -31,8 +20,8 @@ def test_every_api_and_turn_gets_its_row(server, tmp_path):
         assert second["fresh_ttft_s"] > 0
 
 
-def test_a_conversation_past_the_context_stops_before_its_first_turn(server, tmp_path):
-    rc, result, log = run_tool("agent_loop.py", tmp_path / "loop.json", "--url", server.url, "--turns", "3", "--system-words", "5000",
+def test_a_conversation_past_the_context_stops_before_its_first_turn(demo_server, tmp_path):
+    rc, result, log = run_tool("agent_loop.py", tmp_path / "loop.json", "--url", demo_server.url, "--turns", "3", "--system-words", "5000",
                                "--turn-words", "20", "--max-tokens", "8", timeout=120)
     assert rc == 2 and result is None, log
     assert "past its 4096-token context" in log and "tokens a word on this server" in log and "--system-words" in log

@@ -2,22 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
-
-from tests.server.servers import Server
-
 from .tools import run_tool
 
 
-@pytest.fixture(scope="module")
-def server():
-    s = Server(["serve", "--engine", "tiny", "-cs", "4096", "--max-batch-size", "4"]).wait_ready()
-    yield s
-    s.stop()
-
-
-def test_the_overhead_report(server, tmp_path):
-    rc, result, log = run_tool("constrained_overhead.py", tmp_path / "overhead.json", "--url", server.url, "--streams", "1", "2",
+def test_the_overhead_report(demo_server, tmp_path):
+    rc, result, log = run_tool("constrained_overhead.py", tmp_path / "overhead.json", "--url", demo_server.url, "--streams", "1", "2",
                                "--items", "3", "--repeats", "1", timeout=300)
     assert rc == 0, log
     assert [r["streams"] for r in result["results"]] == [1, 2] and result["server_info"]["model"]["name"] == "glm53-tiny"
