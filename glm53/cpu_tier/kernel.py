@@ -13,8 +13,12 @@ Codebook values (``codebook``, :data:`CODEBOOKS`):
   ``(byte sum - 510) * fp16(0x1eee)`` of ``models/synth/exl3_reference.mul1_values`` and exllamav3's own CPU
   kernel, plus their fp16 rounding;
 - ``fma``: that fused multiply-add before its rounding to fp16 (relative RMS 2.1e-4 from the fp16 weights, without
-  bias), which spares the rounding's three of the ten vector operations a weight costs at one token: the CPU
-  tier's choice (``GLM53_CT_CODEBOOK``).
+  bias), which spares the rounding's three of the ten vector operations a weight costs at one token;
+- ``int16``: the ``fma`` weights against each projection's input rounded to 16 bits per 128 (one scale a block),
+  the products summed exactly in integers per block (per expert output 4e-5 to 5e-5 relative RMS from ``fma``'s result; on AVX-512
+  with VNNI a third fewer vector operations at one token, half at four).
+
+The CPU tier's choice is ``GLM53_CT_CODEBOOK``.
 
 ``native/cpu_expert/format.h`` has the derivation; :func:`mul1_values` exposes the values.
 
@@ -42,7 +46,7 @@ NativeBuildError = libraries.NativeBuildError  # what library() raises when it f
 NATIVE = libraries.SOURCE
 LIBRARY = NATIVE / "build" / libraries.CPU_LIBRARY  # where `make -C native` puts it
 ISAS = ("scalar", "avx2", "avx512", "avx512vbmi")  # ids 0.. of cpu_expert.h
-CODEBOOKS = ("fp16", "fma")  # ids 0.. of cpu_expert.h (GLM53_CE_CODEBOOK_*)
+CODEBOOKS = ("fp16", "fma", "int16")  # ids 0.. of cpu_expert.h (GLM53_CE_CODEBOOK_*)
 MAX_ROWS = 8
 SYS_CPU = Path("/sys/devices/system/cpu")
 F16, F32, I16, U16 = (np.dtype(t) for t in (np.float16, np.float32, np.int16, np.uint16))

@@ -116,24 +116,48 @@ std::string check_linear(const glm53_ce_linear& l, const std::string& name)
     return "";
 }
 
-// The ISA's operations, and whether the codebook is FP16 (else FMA); an unknown codebook is refused.
-int resolve_kernel(int isa, int codebook, const IsaOps** ops, bool* fp16_codebook)
+// The ISA's operations for a known codebook; an unknown codebook is refused.
+int resolve_kernel(int isa, int codebook, const IsaOps** ops)
 {
     if (codebook < 0 || codebook >= GLM53_CE_CODEBOOK_COUNT)
-        return fail(GLM53_CE_EINVAL, "codebook must be GLM53_CE_CODEBOOK_FP16 (0) or GLM53_CE_CODEBOOK_FMA (1), got " +
+        return fail(GLM53_CE_EINVAL, "codebook must be GLM53_CE_CODEBOOK_FP16 (0), _FMA (1) or _INT16 (2), got " +
                                          std::to_string(codebook));
-    *fp16_codebook = codebook == GLM53_CE_CODEBOOK_FP16;
     return resolve_isa(isa, ops);
 }
 
 // Span `span` of l's output columns, BAND_TILES / spans_per_block tiles each, written to acc (rows of acc_stride)
 // at those columns.
-BandArgs span_args(const glm53_ce_linear& l, int span, int spans_per_block, const float* x, int rows, float* acc,
-                   int acc_stride, bool fp16_codebook)
+// (xq: the input rows rounded, for INT16).
+BandArgs span_args(const glm53_ce_linear& l, int span, int spans_per_block, const float* x, const QuantizedRows& xq,
+                   int rows, float* acc, int acc_stride, int codebook)
 {
     const int tiles = BAND_TILES / spans_per_block;
     return BandArgs{reinterpret_cast<const uint8_t*>(l.trellis), l.bits, l.in_features / 16, l.out_features / 16,
-                    span * tiles, tiles, x, l.in_features, rows, acc + span * tiles * 16, acc_stride, fp16_codebook};
+                    span * tiles, tiles, x, l.in_features, rows, acc + span * tiles * 16, acc_stride, codebook, xq};
+}
+
+// INT16 scratch for `rows` rows of width n, carved from floats at `next` (advanced): the rounded values and the
+// blocks' figures.
+QuantizedRows carve_quantized(float*& next, int rows, int n)
+{
+    const size_t blocks = static_cast<size_t>(rows) * (n / QUANT_BLOCK);
+    QuantizedRows q{reinterpret_cast<int16_t*>(next), next + static_cast<size_t>(rows) * n / 2, nullptr, nullptr};
+    q.offset = q.k + blocks;
+    q.sum = reinterpret_cast<int32_t*>(q.offset + blocks);
+    next = reinterpret_cast<float*>(q.sum + blocks);
+    return q;
+}
+
+size_t quantized_floats(int rows, int n) { return static_cast<size_t>(rows) * (n / 2 + 3 * (n / QUANT_BLOCK)); }
+
+// Row i's blocks from column `col` on, `n` values, rounded (INT16); `width` is the row's full width.
+void quantize_row(const IsaOps* ops, const float* v, const QuantizedRows& q, int i, int width, int col, int n)
+{
+    const size_t blocks = static_cast<size_t>(width / QUANT_BLOCK);
+    for (int c = col; c < col + n; c += QUANT_BLOCK) {
+        const size_t b = i * blocks + c / QUANT_BLOCK;
+        ops->quantize(v + c, q.q + static_cast<size_t>(i) * width + c, q.k + b, q.offset + b, q.sum + b);
+    }
 }
 
 // Spans per 128-column block (1, 2 or 4) for a projection phase of `blocks` blocks: the fewest that give every
@@ -157,6 +181,7 @@ struct Slot {
     float* gate_up[2];  // gate and up band sums [rows][intermediate]
     float* act;         // down input [rows][intermediate]
     float* y;           // down output [rows][hidden]
+    QuantizedRows rotated_q[2], act_q;  // INT16: rotated and act rounded
 };
 
 constexpr int SCRATCH_ROWS_HIDDEN = 3;  // rotated[2], y
@@ -164,7 +189,7 @@ constexpr int SCRATCH_ROWS_INTER = 3;   // gate_up[2], act
 
 struct Call {
     const IsaOps* ops;
-    bool fp16_codebook;  // the GPU's fp16 weights, else its FMA unrounded
+    int codebook;  // GLM53_CE_CODEBOOK_*
     std::vector<Slot> slots;
     const uint8_t* x;
     int x_fp16;
@@ -181,9 +206,12 @@ void rotate_unit(void* ctx, int unit)
     const Call& call = *static_cast<const Call*>(ctx);
     const Slot& s = call.slots[unit / 2];
     const glm53_ce_linear& lin = unit % 2 ? s.expert->up : s.expert->gate;
-    for (int i = 0; i < s.rows; ++i)
-        call.ops->rotate(call.x + s.token[i] * call.x_row_bytes, call.x_fp16, call.hidden, lin.suh,
-                         s.rotated[unit % 2] + static_cast<size_t>(i) * call.hidden);
+    for (int i = 0; i < s.rows; ++i) {
+        float* rotated = s.rotated[unit % 2] + static_cast<size_t>(i) * call.hidden;
+        call.ops->rotate(call.x + s.token[i] * call.x_row_bytes, call.x_fp16, call.hidden, lin.suh, rotated);
+        if (call.codebook == GLM53_CE_CODEBOOK_INT16)
+            quantize_row(call.ops, rotated, s.rotated_q[unit % 2], i, call.hidden, 0, call.hidden);
+    }
 }
 
 void band_unit(void* ctx, int unit)
@@ -193,8 +221,8 @@ void band_unit(void* ctx, int unit)
     const Slot& s = call.slots[unit / (2 * spans)];
     const int p = unit / spans % 2;
     const glm53_ce_linear& lin = p ? s.expert->up : s.expert->gate;
-    call.ops->band(span_args(lin, unit % spans, call.spans, s.rotated[p], s.rows, s.gate_up[p], call.inter,
-                             call.fp16_codebook));
+    call.ops->band(span_args(lin, unit % spans, call.spans, s.rotated[p], s.rotated_q[p], s.rows, s.gate_up[p],
+                             call.inter, call.codebook));
 }
 
 void act_unit(void* ctx, int unit)
@@ -208,6 +236,8 @@ void act_unit(void* ctx, int unit)
         const size_t row = static_cast<size_t>(i) * call.inter + col;
         call.ops->gate_up_block(s.gate_up[0] + row, s.gate_up[1] + row, e.gate.svh + col, e.up.svh + col,
                                 e.down.suh + col, call.limit, s.act + row);
+        if (call.codebook == GLM53_CE_CODEBOOK_INT16)
+            quantize_row(call.ops, s.act + static_cast<size_t>(i) * call.inter, s.act_q, i, call.inter, col, 128);
     }
 }
 
@@ -216,8 +246,8 @@ void down_unit(void* ctx, int unit)
     const Call& call = *static_cast<const Call*>(ctx);
     const int spans = call.hidden / 128 * call.spans;
     const Slot& s = call.slots[unit / spans];
-    call.ops->band(span_args(s.expert->down, unit % spans, call.spans, s.act, s.rows, s.y, call.hidden,
-                             call.fp16_codebook));
+    call.ops->band(span_args(s.expert->down, unit % spans, call.spans, s.act, s.act_q, s.rows, s.y, call.hidden,
+                             call.codebook));
 }
 
 void sum_unit(void* ctx, int block)
@@ -328,6 +358,7 @@ int32_t glm53_ce_abi(const char* name, int64_t* value)
         GLM53_ABI_VALUE("isa.count", GLM53_CE_ISA_COUNT),
         GLM53_ABI_VALUE("codebook.fp16", GLM53_CE_CODEBOOK_FP16),
         GLM53_ABI_VALUE("codebook.fma", GLM53_CE_CODEBOOK_FMA),
+        GLM53_ABI_VALUE("codebook.int16", GLM53_CE_CODEBOOK_INT16),
         GLM53_ABI_VALUE("codebook.count", GLM53_CE_CODEBOOK_COUNT),
         GLM53_ABI_VALUE("limit.max_rows", GLM53_CE_MAX_ROWS),
     };
@@ -389,9 +420,11 @@ int32_t glm53_ce_experts(glm53_ce_pool* pool, const glm53_ce_expert* experts, in
     if (!problem.empty())
         return fail(GLM53_CE_EINVAL, problem);
     Call call;
-    const int rc = resolve_kernel(isa, codebook, &call.ops, &call.fp16_codebook);
+    const int rc = resolve_kernel(isa, codebook, &call.ops);
     if (rc != GLM53_CE_OK)
         return rc;
+    call.codebook = codebook;
+    const bool quantized = codebook == GLM53_CE_CODEBOOK_INT16;
     call.hidden = experts[0].gate.in_features;
     call.inter = experts[0].gate.out_features;
     call.x = static_cast<const uint8_t*>(x);
@@ -412,6 +445,8 @@ int32_t glm53_ce_experts(glm53_ce_pool* pool, const glm53_ce_expert* experts, in
         if (s.rows) {
             call.slots.push_back(s);
             floats += static_cast<size_t>(s.rows) * (SCRATCH_ROWS_HIDDEN * call.hidden + SCRATCH_ROWS_INTER * call.inter);
+            if (quantized)
+                floats += 2 * quantized_floats(s.rows, call.hidden) + quantized_floats(s.rows, call.inter);
         }
     }
     if (call.slots.empty())
@@ -429,6 +464,11 @@ int32_t glm53_ce_experts(glm53_ce_pool* pool, const glm53_ce_expert* experts, in
         next += SCRATCH_ROWS_HIDDEN * hidden_rows;
         s.gate_up[0] = next, s.gate_up[1] = next + inter_rows, s.act = next + 2 * inter_rows;
         next += SCRATCH_ROWS_INTER * inter_rows;
+        if (quantized) {
+            s.rotated_q[0] = carve_quantized(next, s.rows, call.hidden);
+            s.rotated_q[1] = carve_quantized(next, s.rows, call.hidden);
+            s.act_q = carve_quantized(next, s.rows, call.inter);
+        }
     }
     const int n = static_cast<int>(call.slots.size());
     const int inter_blocks = call.inter / 128, hidden_blocks = call.hidden / 128;
@@ -451,19 +491,26 @@ int32_t glm53_ce_linear_forward(const glm53_ce_linear* linear, const float* x, i
     if (!problem.empty())
         return fail(GLM53_CE_EINVAL, problem);
     const IsaOps* ops = nullptr;
-    bool fp16 = true;
-    const int rc = resolve_kernel(isa, codebook, &ops, &fp16);
+    const int rc = resolve_kernel(isa, codebook, &ops);
     if (rc != GLM53_CE_OK)
         return rc;
     const int n_in = linear->in_features, n_out = linear->out_features;
-    float* rotated = scratch(local_scratch, static_cast<size_t>(GLM53_CE_MAX_ROWS) * n_in);
+    const bool quantized = codebook == GLM53_CE_CODEBOOK_INT16;
+    const size_t rotated_floats = static_cast<size_t>(GLM53_CE_MAX_ROWS) * n_in;
+    float* rotated = scratch(local_scratch, rotated_floats + (quantized ? quantized_floats(GLM53_CE_MAX_ROWS, n_in) : 0));
+    float* next = rotated + rotated_floats;
+    const QuantizedRows xq = quantized ? carve_quantized(next, GLM53_CE_MAX_ROWS, n_in) : QuantizedRows{};
     for (int r0 = 0; r0 < rows; r0 += GLM53_CE_MAX_ROWS) {
         const int n = rows - r0 < GLM53_CE_MAX_ROWS ? rows - r0 : GLM53_CE_MAX_ROWS;
         float* yr = y + static_cast<size_t>(r0) * n_out;
-        for (int i = 0; i < n; ++i)
-            ops->rotate(x + static_cast<size_t>(r0 + i) * n_in, 0, n_in, linear->suh, rotated + static_cast<size_t>(i) * n_in);
+        for (int i = 0; i < n; ++i) {
+            float* row = rotated + static_cast<size_t>(i) * n_in;
+            ops->rotate(x + static_cast<size_t>(r0 + i) * n_in, 0, n_in, linear->suh, row);
+            if (quantized)
+                quantize_row(ops, row, xq, i, n_in, 0, n_in);
+        }
         for (int block = 0; block < n_out / 128; ++block) {
-            ops->band(span_args(*linear, block, 1, rotated, n, yr, n_out, fp16));
+            ops->band(span_args(*linear, block, 1, rotated, xq, n, yr, n_out, codebook));
             for (int i = 0; i < n; ++i)
                 ops->out_block(yr + static_cast<size_t>(i) * n_out + block * 128, linear->svh + block * 128);
         }
@@ -476,10 +523,10 @@ int32_t glm53_ce_mul1_values(const uint16_t* states, int32_t n, float* out, int3
     if (!states || !out || n < 0)
         return fail(GLM53_CE_EINVAL, "mul1_values: need non-null states and out and n >= 0");
     const IsaOps* ops = nullptr;
-    bool fp16 = true;
-    const int rc = resolve_kernel(isa, codebook, &ops, &fp16);
+    const int rc = resolve_kernel(isa, codebook, &ops);
     if (rc != GLM53_CE_OK)
         return rc;
+    const bool fp16 = codebook == GLM53_CE_CODEBOOK_FP16;  // INT16's weights are FMA's
     constexpr int CHUNK = 256;  // a multiple of every variant's vector width
     uint16_t in[CHUNK];
     float values[CHUNK];

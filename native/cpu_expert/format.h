@@ -56,10 +56,24 @@ constexpr int32_t MUL1_N_OFFSET = -905216;  // N = 1774 s + MUL1_N_OFFSET
 // to nearest with ties to even on every one of the 1021 values (tests/native check all 65536 states on every
 // path). The scalar path reads a table built by mul1_gpu_weight (FP16) or converts N. fp16 conversions (vcvtps2ph, vcvtph2ps) do the same
 // rounding but measured slower on Zen 4.
+//
+// INT16 keeps FMA's W = N and rounds the projection's input instead, per 128-block b of it (QUANT_BLOCK): q = the
+// nearest integer to v * (32767 / m) with m the block's largest |v|, scale = m / 32767. With N = 1774 (s - 510) -
+// 476 (MUL1_CENTERED_OFFSET), a column's product over the block is
+//     sum_r N_r v_r ~ scale (1774 I_b - 476 Q_b),   I_b = sum_r (s_r - 510) q_r,  Q_b = sum_r q_r,
+// where I_b is exact in int32 (|s - 510| <= 510, |q| <= 32767, 128 rows: at most 2.14e9 < 2^31). Every path forms
+// I_b exactly (any order, even through int32 wrap-around, gives the same value), then adds I_b * (1774 scale) to
+// its fp32 total with one fused multiply-add, blocks in input order, and finally the column-independent
+// sum_b -476 scale Q_b, summed in block order. The rounding of v moves a projection by 2.3e-5 to 3.2e-5 relative RMS (normal inputs).
 constexpr int32_t MUL1_SUM_BITS = 0x4B000000;  // the float 2^23
 constexpr float MUL1_SUM_OFFSET = -(8388608.0f * 1774.0f) + static_cast<float>(MUL1_N_OFFSET);
 static_assert(static_cast<double>(MUL1_SUM_OFFSET) == -(8388608.0 * 1774.0 + 905216.0), "not exact in fp32");
 constexpr float MUL1_SPLIT = 8193.0f;  // 2^(24 - 11) + 1
+constexpr int MUL1_CENTER = 510;             // s - 510: the exact codebook's zero
+constexpr int32_t MUL1_CENTERED_OFFSET = -476;  // N = 1774 (s - 510) + MUL1_CENTERED_OFFSET
+static_assert(MUL1_CENTERED_OFFSET == 1774 * MUL1_CENTER + MUL1_N_OFFSET, "N's two forms differ");
+constexpr int QUANT_BLOCK = 128;             // INT16: inputs rounded with one scale per 128
+constexpr float QUANT_MAX = 32767.0f;
 constexpr float MUL1_W_SCALE = 1.0f / 262144.0f;  // w = W / 2^18
 constexpr float HAD_SCALE = 0.0883883476483184405f;  // 1/sqrt(128), rounded to fp32
 constexpr int BAND_TILES = 8;              // 128 output columns: one Hadamard block

@@ -5,13 +5,25 @@
 
 #include <stdint.h>
 
+#include "cpu_expert.h"
+
 namespace glm53ce {
 
+// A projection's input rows rounded for the INT16 codebook (format.h): row t's values at q + t * n and its
+// 128-blocks' figures at k, offset and sum + t * (n / QUANT_BLOCK), n the projection's input width.
+struct QuantizedRows {
+    int16_t* q;
+    float* k;        // 1774 scale
+    float* offset;   // -476 scale Q_b
+    int32_t* sum;    // Q_b
+};
+
 // A span of a projection: `tiles` tiles (an even number up to 8) of output columns from 16 * first_tile on, over
-// all input tiles, for 1..8 rows. A column's sum does not depend on the span it is computed in. acc gets, per row and column, the sum over the input of x * W, W = 2^18 w with w the codebook
-// value (format.h: the GPU's fp16 weight, or with fp16 false its fused multiply-add before that rounding): the
-// product with W_hat before its 2^-18 scale. Each 16-row tile is summed from zero
-// with one fused multiply-add per weight, in row order, and added to the running total, tiles in input order.
+// all input tiles, for 1..8 rows. A column's sum does not depend on the span it is computed in. acc gets, per
+// row and column, the sum over the input of x * W, W = 2^18 w with w the codebook value (format.h: the GPU's fp16
+// weight, or its fused multiply-add before that rounding): the product with W_hat before its 2^-18 scale.
+// FP16 and FMA: each 16-row tile is summed from zero with one fused multiply-add per weight, in row order, and
+// added to the running total, tiles in input order. INT16: the product with the rounded input xq (format.h).
 struct BandArgs {
     const uint8_t* trellis;  // tile (0, 0)
     int bits;
@@ -19,12 +31,13 @@ struct BandArgs {
     int tiles_n;             // out_features / 16
     int first_tile;          // output tile column
     int tiles;               // 2, 4, 6 or 8
-    const float* x;          // rotated input rows [rows][x_stride]
-    int x_stride;
+    const float* x;          // rotated input rows [rows][x_stride] (FP16, FMA)
+    int x_stride;            // in_features
     int rows;
     float* acc;              // row 0, column 0 of the span in a [rows][acc_stride] buffer; 16 * tiles columns a row written
     int acc_stride;
-    bool fp16_codebook;      // the codebook: GLM53_CE_CODEBOOK_FP16 (true) or GLM53_CE_CODEBOOK_FMA
+    int codebook;            // GLM53_CE_CODEBOOK_*
+    QuantizedRows xq;        // the input rows rounded (INT16)
 };
 
 struct IsaOps {
@@ -39,6 +52,8 @@ struct IsaOps {
     void (*out_block)(float* y, const uint16_t* svh);
     // W = 2^18 w of n states (n a multiple of 16) as band computes it with that codebook, for tests.
     void (*mul1_values)(const uint16_t* states, int n, bool fp16, float* dst);
+    // One QUANT_BLOCK of a projection's input rounded for INT16 (format.h): q, and the block's k, offset and sum.
+    void (*quantize)(const float* v, int16_t* q, float* k, float* offset, int32_t* sum);
 };
 
 extern const IsaOps OPS_SCALAR;

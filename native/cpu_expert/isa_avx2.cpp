@@ -32,6 +32,13 @@ namespace {
 constexpr int MAX_ROWS = 8;
 constexpr int PREFETCH_ROWS = 4;  // input tiles ahead
 
+// A span's tiles of one input tile row, into L1 ahead of use.
+inline void prefetch_span(const uint8_t* row, int bytes)
+{
+    for (int off = 0; off < bytes; off += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(row + off), _MM_HINT_T0);
+}
+
 template <int Q>
 inline __m256i rotate_lanes(__m256i v)
 {
@@ -132,8 +139,7 @@ void band_kt(const BandArgs& b)
     for (int kt = 0; kt < b.tiles_k; ++kt) {
         const uint8_t* row = first + kt * row_stride;
         if (kt + PREFETCH_ROWS < b.tiles_k)
-            for (int off = 0; off < b.tiles * bytes; off += 64)
-                _mm_prefetch(reinterpret_cast<const char*>(row + PREFETCH_ROWS * row_stride + off), _MM_HINT_T0);
+            prefetch_span(row + PREFETCH_ROWS * row_stride, b.tiles * bytes);
         const float* x = b.x + kt * 16;
         for (int j = 0; j < b.tiles; ++j) {
             __m256i planes[K];
@@ -145,29 +151,113 @@ void band_kt(const BandArgs& b)
     }
 }
 
+// INT16 (format.h). A row's byte-pair sums (two 16-bit lanes a column) times the rounded input in both lanes is
+// s q in one multiply-add of 16-bit pairs; a block's sums of s q, less 510 Q_b (exact through the wrap-around),
+// are I_b. Tiles add into `sums` in memory, flushed into the fp32 total at the end of every block.
+template <int K, int T, int H0, int HI, int R>
+inline void int_rows(const __m256i* planes, const int16_t* q, int q_stride, __m256i (*sums)[T])
+{
+    if constexpr (R < 16) {
+        for (int h = 0; h < HI; ++h) {
+            const __m256i states = h == 0 ? row_states<K, R, H0>(planes) : row_states<K, R, 1>(planes);
+            const __m256i x = _mm256_mullo_epi32(states, _mm256_set1_epi32(static_cast<int>(MUL1_MULT)));
+            const __m256i pairs = _mm256_maddubs_epi16(x, _mm256_set1_epi8(1));
+            for (int t = 0; t < T; ++t)
+                sums[h][t] = _mm256_add_epi32(sums[h][t], _mm256_madd_epi16(pairs, _mm256_set1_epi16(q[t * q_stride + R])));
+        }
+        int_rows<K, T, H0, HI, R + 1>(planes, q, q_stride, sums);
+    }
+}
+
+template <int K, int T, int H0, int HI>
+inline void int_half_tile(const __m256i* planes, const int16_t* q, int q_stride, int32_t* sums_mem, int sums_stride)
+{
+    __m256i sums[HI][T];
+    for (int h = 0; h < HI; ++h)
+        for (int t = 0; t < T; ++t)
+            sums[h][t] = _mm256_setzero_si256();
+    int_rows<K, T, H0, HI, 0>(planes, q, q_stride, sums);
+    for (int h = 0; h < HI; ++h)
+        for (int t = 0; t < T; ++t) {
+            __m256i* total = reinterpret_cast<__m256i*>(sums_mem + t * sums_stride + 8 * (H0 + h));
+            _mm256_storeu_si256(total, _mm256_add_epi32(_mm256_loadu_si256(total), sums[h][t]));
+        }
+}
+
+template <int K, int T>
+void band_int16_kt(const BandArgs& b)
+{
+    constexpr int bytes = tile_bytes(K);
+    constexpr int HI = halves_interleaved<T>();
+    constexpr int SUMS_STRIDE = 16 * BAND_TILES;
+    const size_t row_stride = static_cast<size_t>(b.tiles_n) * bytes;
+    const uint8_t* first = b.trellis + static_cast<size_t>(b.first_tile) * bytes;
+    const int blocks = b.tiles_k * 16 / QUANT_BLOCK, tiles_per_block = QUANT_BLOCK / 16;
+    alignas(32) int32_t sums[T][SUMS_STRIDE] = {};
+    for (int t = 0; t < T; ++t)
+        for (int c = 0; c < 16 * b.tiles; c += 8)
+            _mm256_storeu_ps(b.acc + t * b.acc_stride + c, _mm256_setzero_ps());
+    for (int kt = 0; kt < b.tiles_k; ++kt) {
+        const uint8_t* row = first + kt * row_stride;
+        if (kt + PREFETCH_ROWS < b.tiles_k)
+            prefetch_span(row + PREFETCH_ROWS * row_stride, b.tiles * bytes);
+        const int16_t* q = b.xq.q + kt * 16;
+        for (int j = 0; j < b.tiles; ++j) {
+            __m256i planes[K];
+            load_planes<K>(row + j * bytes, planes);
+            int_half_tile<K, T, 0, HI>(planes, q, b.x_stride, sums[0] + j * 16, SUMS_STRIDE);
+            if constexpr (HI == 1)
+                int_half_tile<K, T, 1, 1>(planes, q, b.x_stride, sums[0] + j * 16, SUMS_STRIDE);
+        }
+        if (kt % tiles_per_block == tiles_per_block - 1) {
+            const int kb = kt / tiles_per_block;
+            for (int t = 0; t < T; ++t) {
+                const __m256i centre = _mm256_set1_epi32(MUL1_CENTER * b.xq.sum[t * blocks + kb]);
+                const __m256 k = _mm256_set1_ps(b.xq.k[t * blocks + kb]);
+                for (int c = 0; c < 16 * b.tiles; c += 8) {
+                    __m256i* block = reinterpret_cast<__m256i*>(sums[t] + c);
+                    float* total = b.acc + t * b.acc_stride + c;
+                    const __m256 exact = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_load_si256(block), centre));
+                    _mm256_storeu_ps(total, _mm256_fmadd_ps(exact, k, _mm256_loadu_ps(total)));
+                    _mm256_store_si256(block, _mm256_setzero_si256());
+                }
+            }
+        }
+    }
+    for (int t = 0; t < T; ++t) {
+        const float offset = quantized_offset(b, t);
+        for (int c = 0; c < 16 * b.tiles; c += 8) {
+            float* total = b.acc + t * b.acc_stride + c;
+            _mm256_storeu_ps(total, _mm256_add_ps(_mm256_loadu_ps(total), _mm256_set1_ps(offset)));
+        }
+    }
+}
+
 using BandFn = void (*)(const BandArgs&);
 
 template <int K, int T = 1>
-BandFn pick_rows(int rows, bool fp16)
+BandFn pick_rows(int rows, int codebook)
 {
     if constexpr (T > MAX_ROWS)
         return nullptr;
     else if (rows != T)
-        return pick_rows<K, T + 1>(rows, fp16);
+        return pick_rows<K, T + 1>(rows, codebook);
     else
-        return fp16 ? &band_kt<K, T, true> : &band_kt<K, T, false>;
+        return codebook == GLM53_CE_CODEBOOK_INT16 ? &band_int16_kt<K, T>
+               : codebook == GLM53_CE_CODEBOOK_FP16 ? &band_kt<K, T, true>
+                                                    : &band_kt<K, T, false>;
 }
 
 template <int K = 1>
-BandFn pick(int bits, int rows, bool fp16)
+BandFn pick(int bits, int rows, int codebook)
 {
     if constexpr (K > 8)
         return nullptr;
     else
-        return bits == K ? pick_rows<K>(rows, fp16) : pick<K + 1>(bits, rows, fp16);
+        return bits == K ? pick_rows<K>(rows, codebook) : pick<K + 1>(bits, rows, codebook);
 }
 
-void band(const BandArgs& b) { pick(b.bits, b.rows, b.fp16_codebook)(b); }
+void band(const BandArgs& b) { pick(b.bits, b.rows, b.codebook)(b); }
 
 void mul1_values(const uint16_t* states, int n, bool fp16, float* dst)
 {
@@ -179,6 +269,6 @@ void mul1_values(const uint16_t* states, int n, bool fp16, float* dst)
 
 }  // namespace
 
-extern const IsaOps OPS_AVX2 = {band, rotate, gate_up_block, out_block, mul1_values};
+extern const IsaOps OPS_AVX2 = {band, rotate, gate_up_block, out_block, mul1_values, quantize};
 
 }  // namespace glm53ce

@@ -33,6 +33,13 @@ namespace {
 constexpr int MAX_ROWS = 8;
 constexpr int PREFETCH_ROWS = 4;  // input tiles ahead
 
+// A span's tiles of one input tile row, into L1 ahead of use.
+inline void prefetch_span(const uint8_t* row, int bytes)
+{
+    for (int off = 0; off < bytes; off += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(row + off), _MM_HINT_T0);
+}
+
 #if GLM53_VBMI
 
 // Every dword lane takes three ring bytes (the window's, in stream order from the high byte down) and a zero
@@ -45,6 +52,28 @@ struct ByteTables {
     uint64_t low[16];   // bytes from ring bytes 0..127 (K > 4 only)
     uint64_t high[16];  // bytes from ring bytes 128..255
 };
+
+// The lanes of a 64-byte permute index that `keep` keeps, split by the ring register pair they read (K > 4).
+constexpr void split_ring_halves(const uint8_t* index, uint64_t keep, uint64_t& low, uint64_t& high)
+{
+    for (int i = 0; i < 64; ++i)
+        if ((keep >> i) & 1)
+            (index[i] < 128 ? low : high) |= uint64_t(1) << i;
+}
+
+// The ring's bytes at `index` (zero where `keep` is clear): one permute for K <= 4 (a ring of up to 128 bytes),
+// two for larger rings.
+template <int K>
+inline __m512i ring_bytes(const __m512i* ring, __m512i index, uint64_t keep, uint64_t low, uint64_t high)
+{
+    if constexpr (K <= 2)
+        return _mm512_maskz_permutexvar_epi8(keep, index, ring[0]);
+    else if constexpr (K <= 4)
+        return _mm512_maskz_permutex2var_epi8(keep, ring[0], index, ring[1]);
+    else
+        return _mm512_or_si512(_mm512_maskz_permutex2var_epi8(low, ring[0], index, ring[1]),
+                               _mm512_maskz_permutex2var_epi8(high, ring[2], index, ring[3]));
+}
 
 constexpr ByteTables make_tables(int bits)
 {
@@ -62,9 +91,7 @@ constexpr ByteTables make_tables(int bits)
             control[1] = static_cast<uint8_t>(base + 16 - offset);
             control[2] = control[3] = static_cast<uint8_t>(base + 24);
         }
-        for (int i = 0; i < 64; ++i)
-            if ((KEEP >> i) & 1)
-                (tab.index[r][i] < 128 ? tab.low[r] : tab.high[r]) |= uint64_t(1) << i;
+        split_ring_halves(tab.index[r], KEEP, tab.low[r], tab.high[r]);
     }
     return tab;
 }
@@ -78,16 +105,62 @@ template <int K>
 inline __m512i row_states(const __m512i* ring, int R)
 {
     const ByteTables& tab = Tables<K>::tab;
-    const __m512i index = _mm512_load_si512(tab.index[R]);
-    __m512i bytes;
-    if constexpr (K <= 2)
-        bytes = _mm512_maskz_permutexvar_epi8(KEEP, index, ring[0]);
-    else if constexpr (K <= 4)
-        bytes = _mm512_maskz_permutex2var_epi8(KEEP, ring[0], index, ring[1]);
-    else
-        bytes = _mm512_or_si512(_mm512_maskz_permutex2var_epi8(tab.low[R], ring[0], index, ring[1]),
-                                _mm512_maskz_permutex2var_epi8(tab.high[R], ring[2], index, ring[3]));
+    const __m512i bytes = ring_bytes<K>(ring, _mm512_load_si512(tab.index[R]), KEEP, tab.low[R], tab.high[R]);
     return _mm512_multishift_epi64_epi8(_mm512_load_si512(tab.control[R]), bytes);
+}
+
+// INT16: rows 2p and 2p + 1 of a column are windows K bits apart, both inside the four ring bytes from the first
+// one's first byte. One byte permute gathers those four bytes a column, and two multishifts (the high bytes
+// masked off) cut out the two states.
+struct PairTables {
+    alignas(64) uint8_t index[8][64];
+    alignas(64) uint8_t control[8][2][64];
+    uint64_t low[8];   // bytes from ring bytes 0..127 (K > 4 only)
+    uint64_t high[8];  // bytes from ring bytes 128..255
+};
+
+constexpr uint64_t STATE_BYTES = 0x3333333333333333ull;  // bytes 0 and 1 of every dword
+
+constexpr PairTables make_pair_tables(int bits)
+{
+    PairTables tab{};
+    for (int p = 0; p < 8; ++p) {
+        for (int c = 0; c < 16; ++c) {
+            const int start = state_end(bits, state_of(2 * p, c)) - 16;
+            const int first = start >> 3, offset = start & 7, base = 32 * (c & 1);
+            for (int i = 0; i < 4; ++i)  // the dword is the four bytes in stream order from the high byte down
+                tab.index[p][4 * c + i] = static_cast<uint8_t>(stream_byte(bits, first + 3 - i));
+            for (int h = 0; h < 2; ++h) {
+                uint8_t* control = tab.control[p][h] + 4 * c;
+                control[0] = static_cast<uint8_t>(base + 16 - offset - h * bits);
+                control[1] = static_cast<uint8_t>(base + 24 - offset - h * bits);
+            }
+        }
+        split_ring_halves(tab.index[p], ~uint64_t(0), tab.low[p], tab.high[p]);
+    }
+    return tab;
+}
+
+template <int K>
+struct PairTablesOf {
+    static constexpr PairTables tab = make_pair_tables(K);
+};
+
+// s - 510 of rows 2p and 2p + 1, as 16-bit pairs (row 2p low): vpdpbusd from -510 sums the bytes of each hash.
+template <int K>
+inline __m512i row_pair_centered(const __m512i* ring, int p)
+{
+    const PairTables& tab = PairTablesOf<K>::tab;
+    const __m512i bytes = ring_bytes<K>(ring, _mm512_load_si512(tab.index[p]), ~uint64_t(0), tab.low[p], tab.high[p]);
+    __m512i centered[2];
+    for (int h = 0; h < 2; ++h) {
+        const __m512i states = _mm512_maskz_multishift_epi64_epi8(STATE_BYTES, _mm512_load_si512(tab.control[p][h]), bytes);
+        const __m512i x = _mm512_mullo_epi32(states, _mm512_set1_epi32(static_cast<int>(MUL1_MULT)));
+        centered[h] = _mm512_dpbusd_epi32(_mm512_set1_epi32(-MUL1_CENTER), x, _mm512_set1_epi8(1));
+    }
+    const __m512i interleave = _mm512_set_epi16(62, 30, 60, 28, 58, 26, 56, 24, 54, 22, 52, 20, 50, 18, 48, 16,
+                                                46, 14, 44, 12, 42, 10, 40, 8, 38, 6, 36, 4, 34, 2, 32, 0);
+    return _mm512_permutex2var_epi16(centered[0], interleave, centered[1]);
 }
 
 // N = 1774 s - 905216 (format.h): the byte sum s as the float 2^23 + s, then one exact fused multiply-add
@@ -207,8 +280,7 @@ void band_kt(const BandArgs& b)
     for (int kt = 0; kt < b.tiles_k; ++kt) {
         const uint8_t* row = first + kt * row_stride;
         if (kt + PREFETCH_ROWS < b.tiles_k)
-            for (int off = 0; off < b.tiles * bytes; off += 64)
-                _mm_prefetch(reinterpret_cast<const char*>(row + PREFETCH_ROWS * row_stride + off), _MM_HINT_T0);
+            prefetch_span(row + PREFETCH_ROWS * row_stride, b.tiles * bytes);
         const float* x = b.x + kt * 16;
         for (int j = 0; j < b.tiles; j += G) {
             __m512i ring[G][4];
@@ -234,29 +306,116 @@ void band_kt(const BandArgs& b)
     }
 }
 
+// INT16 (format.h). Tiles add into `sums` in memory, flushed into the fp32 total at the end of every block.
+// VBMI: a row pair's s - 510 as 16-bit pairs against the two rows' rounded inputs (one dword), one vpdpwssd a
+// pair and token. Otherwise a row's byte-pair sums against its input in both 16-bit lanes, one multiply-add of
+// 16-bit pairs a row and token; less 510 Q_b at the flush (exact through the wrap-around).
+template <int K, int T>
+void band_int16_kt(const BandArgs& b)
+{
+    constexpr int bytes = tile_bytes(K);
+    constexpr int G = tile_group<T>();
+    constexpr int SUMS_STRIDE = 16 * BAND_TILES;
+    const size_t row_stride = static_cast<size_t>(b.tiles_n) * bytes;
+    const uint8_t* first = b.trellis + static_cast<size_t>(b.first_tile) * bytes;
+    const int blocks = b.tiles_k * 16 / QUANT_BLOCK, tiles_per_block = QUANT_BLOCK / 16;
+    alignas(64) int32_t sums[T][SUMS_STRIDE] = {};
+    for (int t = 0; t < T; ++t)
+        for (int c = 0; c < 16 * b.tiles; c += 16)
+            _mm512_storeu_ps(b.acc + t * b.acc_stride + c, _mm512_setzero_ps());
+    for (int kt = 0; kt < b.tiles_k; ++kt) {
+        const uint8_t* row = first + kt * row_stride;
+        if (kt + PREFETCH_ROWS < b.tiles_k)
+            prefetch_span(row + PREFETCH_ROWS * row_stride, b.tiles * bytes);
+        const int16_t* q = b.xq.q + kt * 16;
+        for (int j = 0; j < b.tiles; j += G) {
+            __m512i ring[G][4];
+            __m512i tile_sums[G][T];
+            for (int g = 0; g < G; ++g) {
+                load_ring<K>(row + (j + g) * bytes, ring[g]);
+                for (int t = 0; t < T; ++t)
+                    tile_sums[g][t] = _mm512_setzero_si512();
+            }
+#if GLM53_VBMI
+#pragma GCC unroll 2
+            for (int p = 0; p < 8; ++p)
+                for (int g = 0; g < G; ++g) {
+                    const __m512i pair = row_pair_centered<K>(ring[g], p);
+                    for (int t = 0; t < T; ++t) {
+                        int32_t inputs;
+                        memcpy(&inputs, q + t * b.x_stride + 2 * p, sizeof inputs);
+                        tile_sums[g][t] = _mm512_dpwssd_epi32(tile_sums[g][t], pair, _mm512_set1_epi32(inputs));
+                    }
+                }
+#else
+#pragma GCC unroll 2
+            for (int r = 0; r < 16; ++r)
+                for (int g = 0; g < G; ++g) {
+                    const __m512i x = _mm512_mullo_epi32(row_states<K>(ring[g], r), _mm512_set1_epi32(static_cast<int>(MUL1_MULT)));
+                    const __m512i pairs = _mm512_maddubs_epi16(x, _mm512_set1_epi8(1));
+                    for (int t = 0; t < T; ++t)
+                        tile_sums[g][t] = _mm512_add_epi32(tile_sums[g][t],
+                                                           _mm512_madd_epi16(pairs, _mm512_set1_epi16(q[t * b.x_stride + r])));
+                }
+#endif
+            for (int g = 0; g < G; ++g)
+                for (int t = 0; t < T; ++t) {
+                    int32_t* total = sums[t] + (j + g) * 16;
+                    _mm512_store_si512(total, _mm512_add_epi32(_mm512_load_si512(total), tile_sums[g][t]));
+                }
+        }
+        if (kt % tiles_per_block == tiles_per_block - 1) {
+            const int kb = kt / tiles_per_block;
+            for (int t = 0; t < T; ++t) {
+#if GLM53_VBMI
+                const __m512i centre = _mm512_setzero_si512();  // summed centred
+#else
+                const __m512i centre = _mm512_set1_epi32(MUL1_CENTER * b.xq.sum[t * blocks + kb]);
+#endif
+                const __m512 k = _mm512_set1_ps(b.xq.k[t * blocks + kb]);
+                for (int c = 0; c < 16 * b.tiles; c += 16) {
+                    float* total = b.acc + t * b.acc_stride + c;
+                    const __m512 exact = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_load_si512(sums[t] + c), centre));
+                    _mm512_storeu_ps(total, _mm512_fmadd_ps(exact, k, _mm512_loadu_ps(total)));
+                    _mm512_store_si512(sums[t] + c, _mm512_setzero_si512());
+                }
+            }
+        }
+    }
+    for (int t = 0; t < T; ++t) {
+        const float offset = quantized_offset(b, t);
+        for (int c = 0; c < 16 * b.tiles; c += 16) {
+            float* total = b.acc + t * b.acc_stride + c;
+            _mm512_storeu_ps(total, _mm512_add_ps(_mm512_loadu_ps(total), _mm512_set1_ps(offset)));
+        }
+    }
+}
+
 using BandFn = void (*)(const BandArgs&);
 
 template <int K, int T = 1>
-BandFn pick_rows(int rows, bool fp16)
+BandFn pick_rows(int rows, int codebook)
 {
     if constexpr (T > MAX_ROWS)
         return nullptr;
     else if (rows != T)
-        return pick_rows<K, T + 1>(rows, fp16);
+        return pick_rows<K, T + 1>(rows, codebook);
     else
-        return fp16 ? &band_kt<K, T, true> : &band_kt<K, T, false>;
+        return codebook == GLM53_CE_CODEBOOK_INT16 ? &band_int16_kt<K, T>
+               : codebook == GLM53_CE_CODEBOOK_FP16 ? &band_kt<K, T, true>
+                                                    : &band_kt<K, T, false>;
 }
 
 template <int K = 1>
-BandFn pick(int bits, int rows, bool fp16)
+BandFn pick(int bits, int rows, int codebook)
 {
     if constexpr (K > 8)
         return nullptr;
     else
-        return bits == K ? pick_rows<K>(rows, fp16) : pick<K + 1>(bits, rows, fp16);
+        return bits == K ? pick_rows<K>(rows, codebook) : pick<K + 1>(bits, rows, codebook);
 }
 
-void band(const BandArgs& b) { pick(b.bits, b.rows, b.fp16_codebook)(b); }
+void band(const BandArgs& b) { pick(b.bits, b.rows, b.codebook)(b); }
 
 void mul1_values(const uint16_t* states, int n, bool fp16, float* dst)
 {
@@ -269,9 +428,9 @@ void mul1_values(const uint16_t* states, int n, bool fp16, float* dst)
 }  // namespace
 
 #if GLM53_VBMI
-extern const IsaOps OPS_AVX512VBMI = {band, rotate, gate_up_block, out_block, mul1_values};
+extern const IsaOps OPS_AVX512VBMI = {band, rotate, gate_up_block, out_block, mul1_values, quantize};
 #else
-extern const IsaOps OPS_AVX512 = {band, rotate, gate_up_block, out_block, mul1_values};
+extern const IsaOps OPS_AVX512 = {band, rotate, gate_up_block, out_block, mul1_values, quantize};
 #endif
 
 }  // namespace glm53ce

@@ -52,8 +52,50 @@ inline float codebook(uint32_t state, bool fp16)
     return fp16 ? MUL1_TABLE.weight[s] : static_cast<float>(1774 * s + MUL1_N_OFFSET);  // exact: |N| < 2^20
 }
 
+// INT16 (format.h): per 128-row block, I_b = sum (s - 510) q exactly, then total = fma(I_b, k_b, total), blocks in
+// order, and the offsets' sum (in block order) added last.
+void band_int16(const BandArgs& b)
+{
+    const int bytes = tile_bytes(b.bits);
+    const size_t row_stride = static_cast<size_t>(b.tiles_n) * bytes;
+    const uint8_t* first = b.trellis + static_cast<size_t>(b.first_tile) * bytes;
+    const int blocks = b.tiles_k * 16 / QUANT_BLOCK, tiles_per_block = QUANT_BLOCK / 16;
+    for (int t = 0; t < b.rows; ++t)
+        for (int c = 0; c < 16 * b.tiles; ++c)
+            b.acc[t * b.acc_stride + c] = 0.0f;
+    for (int kb = 0; kb < blocks; ++kb)
+        for (int j = 0; j < b.tiles; ++j) {
+            int32_t sums[GLM53_CE_MAX_ROWS][16] = {};
+            for (int kt = kb * tiles_per_block; kt < (kb + 1) * tiles_per_block; ++kt) {
+                uint32_t ring[8 * 8];
+                memcpy(ring, first + kt * row_stride + j * bytes, bytes);
+                for (int r = 0; r < 16; ++r)
+                    for (int c = 0; c < 16; ++c) {
+                        const int32_t centered = mul1_sum(state_at(ring, b.bits, state_of(r, c))) - MUL1_CENTER;
+                        for (int t = 0; t < b.rows; ++t)
+                            sums[t][c] += centered * b.xq.q[static_cast<size_t>(t) * b.x_stride + kt * 16 + r];
+                    }
+            }
+            for (int t = 0; t < b.rows; ++t) {
+                const float k = b.xq.k[t * blocks + kb];
+                float* acc = b.acc + t * b.acc_stride + j * 16;
+                for (int c = 0; c < 16; ++c)
+                    acc[c] = __builtin_fmaf(static_cast<float>(sums[t][c]), k, acc[c]);
+            }
+        }
+    for (int t = 0; t < b.rows; ++t) {
+        const float offset = quantized_offset(b, t);
+        for (int c = 0; c < 16 * b.tiles; ++c)
+            b.acc[t * b.acc_stride + c] = b.acc[t * b.acc_stride + c] + offset;
+    }
+}
+
 void band(const BandArgs& b)
 {
+    if (b.codebook == GLM53_CE_CODEBOOK_INT16) {
+        band_int16(b);
+        return;
+    }
     const int bytes = tile_bytes(b.bits);
     const size_t row_stride = static_cast<size_t>(b.tiles_n) * bytes;
     const uint8_t* first = b.trellis + static_cast<size_t>(b.first_tile) * bytes;
@@ -67,7 +109,7 @@ void band(const BandArgs& b)
             float w[256];
             for (int r = 0; r < 16; ++r)
                 for (int c = 0; c < 16; ++c)
-                    w[r * 16 + c] = codebook(state_at(ring, b.bits, state_of(r, c)), b.fp16_codebook);
+                    w[r * 16 + c] = codebook(state_at(ring, b.bits, state_of(r, c)), b.codebook == GLM53_CE_CODEBOOK_FP16);
             for (int t = 0; t < b.rows; ++t) {
                 float tile[16] = {};
                 for (int r = 0; r < 16; ++r) {
@@ -90,6 +132,6 @@ void mul1_values(const uint16_t* states, int n, bool fp16, float* dst)
 
 }  // namespace
 
-extern const IsaOps OPS_SCALAR = {band, rotate, gate_up_block, out_block, mul1_values};
+extern const IsaOps OPS_SCALAR = {band, rotate, gate_up_block, out_block, mul1_values, quantize};
 
 }  // namespace glm53ce

@@ -116,5 +116,45 @@ void gate_up_block(float* g, float* u, const uint16_t* g_svh, const uint16_t* u_
 
 void out_block(float* y, const uint16_t* svh) { output_transform(y, svh); }
 
+// INT16: the column-independent term of row t of a band, sum_b -476 scale Q_b, summed in block order (every
+// variant adds it last).
+inline float quantized_offset(const BandArgs& b, int t)
+{
+    const int blocks = b.tiles_k * 16 / QUANT_BLOCK;
+    float offset = 0.0f;
+    for (int kb = 0; kb < blocks; ++kb)
+        offset = offset + b.xq.offset[t * blocks + kb];
+    return offset;
+}
+
+// format.h's INT16 rounding of one block. The nearest integer by the 1.5 * 2^23 trick (ties to even, |v * inv| <=
+// 32767), so that every variant rounds alike. A block with a non-finite value gives NaN figures (the output is
+// NaN, as the float paths' would be).
+void quantize(const float* v, int16_t* q, float* k, float* offset, int32_t* sum)
+{
+    float m = 0.0f;
+    for (int i = 0; i < QUANT_BLOCK; ++i) {
+        const float a = v[i] < 0.0f ? -v[i] : v[i];
+        m = a > m || a != a ? a : m;
+    }
+    if (!(m <= 3.4028234663852886e38f)) {  // inf or NaN
+        memset(q, 0, sizeof(int16_t) * QUANT_BLOCK);
+        *k = *offset = __builtin_nanf("");
+        *sum = 0;
+        return;
+    }
+    const float inv = m > 0.0f ? QUANT_MAX / m : 0.0f, scale = m / QUANT_MAX;
+    const float round_bias = 12582912.0f;
+    int32_t total = 0;
+    for (int i = 0; i < QUANT_BLOCK; ++i) {
+        const float r = max_f(min_f((v[i] * inv + round_bias) - round_bias, QUANT_MAX), -QUANT_MAX);
+        q[i] = static_cast<int16_t>(r);
+        total += q[i];
+    }
+    *k = 1774.0f * scale;
+    *offset = (static_cast<float>(total) * scale) * static_cast<float>(MUL1_CENTERED_OFFSET);
+    *sum = total;
+}
+
 }  // namespace
 }  // namespace glm53ce

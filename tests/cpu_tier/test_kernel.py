@@ -109,8 +109,16 @@ def test_fma_codebook_is_the_gpus_multiply_add_before_its_rounding(isa):
     assert abs(np.mean(got - gpu)) / rms < 1e-5
 
 
+@pytest.mark.parametrize("isa", ce.ISAS)
+def test_int16_weights_are_the_fma_ones(isa):
+    """``int16`` rounds the inputs, not the weights: its codebook values are ``fma``'s."""
+    skip_unless(isa)
+    got = ce.mul1_values(ALL_STATES, isa=isa, codebook="int16").astype(np.float64)
+    assert np.array_equal(got, ref.mul1_values_gpu_unrounded(ALL_STATES))
+
+
 def test_an_unknown_codebook_is_refused_by_name():
-    with pytest.raises(ValueError, match="codebook must be one of fp16, fma, got 'bf16'"):
+    with pytest.raises(ValueError, match="codebook must be one of fp16, fma, int16, got 'bf16'"):
         ce.mul1_values(ALL_STATES[:16], codebook="bf16")
 
 
@@ -133,6 +141,60 @@ def test_linear_matches_float64_on_every_isa(rng, n_in, n_out, bits, rows):
         results[isa] = y
     for isa, y in results.items():
         assert np.array_equal(y, results["scalar"]), f"{isa} differs from scalar (seed {SEED})"
+
+
+# INT16 (native/cpu_expert/format.h): fma's weights against the input rounded to 16 bits per 128-block. With normal
+# inputs one projection is 2.3e-5 to 3.2e-5 relative RMS from the float64 fma result (6 shapes, K = 1..8), where
+# fma itself is 1.5e-7 to 3.3e-7 off.
+INT16_TOLERANCE = 1e-4
+LINEAR_CASES = [(*GLM, 3, 3), (256, 384, 2, 1), (384, 256, 4, 8), (128, 128, 1, 2), (256, 128, 5, 11), (128, 256, 8, 4)]
+
+
+def int16_results(x, lin) -> dict[str, np.ndarray]:
+    results = {}
+    for isa in ce.available_isas():
+        y = np.full((x.shape[0], lin.svh.shape[0]), np.nan, np.float32)
+        ce.linear_forward(x, lin, y, isa=isa, codebook="int16")
+        results[isa] = y
+    return results
+
+
+@pytest.mark.parametrize("n_in, n_out, bits, rows", LINEAR_CASES)
+def test_int16_linear_matches_float64_on_every_isa(rng, n_in, n_out, bits, rows):
+    lin = random_linear(rng, n_in, n_out, bits, 1.0)
+    x = rng.normal(size=(rows, n_in)).astype(np.float32)
+    want = Reference(ref.mul1_values_gpu_unrounded).linear(x.astype(np.float64), lin)
+    results = int16_results(x, lin)
+    for isa, y in results.items():
+        assert np.isfinite(y).all(), isa
+        err = rel_rms(y, want).max()
+        assert err < INT16_TOLERANCE, f"{isa}: relative RMS {err:.3g} (seed {SEED})"
+        assert np.array_equal(y, results["scalar"]), f"{isa} differs from scalar (seed {SEED})"
+    fma = np.zeros_like(results["scalar"])
+    ce.linear_forward(x, lin, fma, codebook="fma")
+    assert rel_rms(results["scalar"], want).max() > 10 * rel_rms(fma, want).max(), "int16 did not round its inputs"
+
+
+@pytest.mark.parametrize("bits", [3, 6])
+def test_int16_is_exact_where_the_rounding_is(rng, bits):
+    """An input that rotates to one magnitude in its block rounds to +-32767 exactly: there the integer sums, the
+    block's scale and the -476 offset must give the float64 fma result to fp32 accuracy (a slip in any of them
+    would be orders of magnitude off). The other blocks are all zero, which must add nothing."""
+    lin = random_linear(rng, 384, 256, bits, 1.0)
+    x = np.zeros((3, 384), np.float32)
+    x[0, 0], x[1, 130], x[2, 300] = 1.5, -0.25, 40.0
+    want = Reference(ref.mul1_values_gpu_unrounded).linear(x.astype(np.float64), lin)
+    for isa, y in int16_results(x, lin).items():
+        err = rel_rms(y, want).max()
+        assert err < TOLERANCE, f"{isa}: relative RMS {err:.3g} (seed {SEED})"
+
+
+def test_int16_a_non_finite_input_spoils_only_its_row(rng):
+    lin = random_linear(rng, 256, 128, 3, 1.0)
+    x = rng.normal(size=(3, 256)).astype(np.float32)
+    x[1, 7] = np.inf
+    for isa, y in int16_results(x, lin).items():
+        assert np.isnan(y[1]).all() and np.isfinite(y[[0, 2]]).all(), isa
 
 
 def test_decoder_matches_exl3_reference_dense_weight(rng):
@@ -202,6 +264,24 @@ def test_glm_expert_with_the_fma_codebook(glm_expert, rows):
     assert 5e-5 < moved.max() < 8e-4, f"{moved} (seed {SEED})"
 
 
+@pytest.mark.parametrize("rows", [1, 3, 8])
+def test_glm_expert_with_the_int16_codebook(glm_expert, rows):
+    """The tier's default: against float64 with fma's weights, the inputs' rounding (4.0e-5 to 4.9e-5 relative RMS
+    per token at GLM's shape, 5 seeds); every ISA alike bit for bit."""
+    expert, cases = glm_expert
+    x, w, out0, _, _, _, _ = cases[rows]
+    want = Reference(ref.mul1_values_gpu_unrounded).expert(x, expert, LIMIT)[0]
+    results = {}
+    for isa in ce.available_isas():
+        out = out0.copy()
+        ce.expert_forward(x, *expert, w, out, act_limit=LIMIT, isa=isa, codebook="int16")
+        err = rel_rms(out.astype(np.float64) - out0, w[:, None] * want)
+        assert err.max() < INT16_TOLERANCE, f"{isa}: relative RMS {err.max():.3g} (seed {SEED})"
+        results[isa] = out
+    print(f"int16 against float64 with fma's weights: relative RMS {err.min():.3g} to {err.max():.3g}")
+    assert all(np.array_equal(r, results["scalar"]) for r in results.values()), f"ISAs differ (seed {SEED})"
+
+
 @pytest.mark.parametrize("bits", [2, 4])
 def test_expert_other_bit_widths(rng, bits):
     expert = random_expert(rng, 512, 384, bits)
@@ -255,12 +335,13 @@ def test_several_experts_accumulate_in_order(rng):
 # ---- the thread pool
 
 
-def test_pool_results_do_not_depend_on_threads(rng):
+@pytest.mark.parametrize("codebook", ["fp16", "int16"])
+def test_pool_results_do_not_depend_on_threads(rng, codebook):
     experts = [random_expert(rng, 1024, 512, 3) for _ in range(2)]
     x = rng.normal(size=(3, 1024)).astype(np.float16)
     weights = rng.uniform(0.05, 1.0, (2, 3)).astype(np.float32)
     alone = np.zeros((3, 1024), np.float32)
-    ce.experts_forward(x, experts, weights, alone, act_limit=LIMIT)
+    ce.experts_forward(x, experts, weights, alone, act_limit=LIMIT, codebook=codebook)
     cpus = sorted(os.sched_getaffinity(0))
     # spin_us=0: workers and caller sleep on the futex between every phase, the path an idle tier takes; from
     # 5 threads on the projections run in half (and from 9 in quarter) blocks, which must change nothing either
@@ -268,7 +349,7 @@ def test_pool_results_do_not_depend_on_threads(rng):
         with ce.Pool(cpus, threads, spin_us=spin_us) as pool:
             for _ in range(5):
                 out = np.zeros((3, 1024), np.float32)
-                ce.experts_forward(x, experts, weights, out, act_limit=LIMIT, pool=pool)
+                ce.experts_forward(x, experts, weights, out, act_limit=LIMIT, pool=pool, codebook=codebook)
                 assert np.array_equal(out, alone), f"{threads} threads, spin {spin_us} us"
 
 
