@@ -151,8 +151,8 @@ void band_kt(const BandArgs& b)
     }
 }
 
-// INT16 (format.h). A row's byte-pair sums (two 16-bit lanes a column) times the rounded input in both lanes is
-// s q in one multiply-add of 16-bit pairs; a block's sums of s q, less 510 Q_b (exact through the wrap-around),
+// INT16 (format.h). Up to two rows: a row's byte-pair sums (two 16-bit lanes a column) times the rounded input in
+// both lanes is s q in one multiply-add of 16-bit pairs; a block's sums of s q, less 510 Q_b (exact through the wrap-around),
 // are I_b. Tiles add into `sums` in memory, flushed into the fp32 total at the end of every block.
 template <int K, int T, int H0, int HI, int R>
 inline void int_rows(const __m256i* planes, const int16_t* q, int q_stride, __m256i (*sums)[T])
@@ -169,6 +169,33 @@ inline void int_rows(const __m256i* planes, const int16_t* q, int q_stride, __m2
     }
 }
 
+// From three rows on, rows R and R + 1 go together: their byte sums s (at most 1020) packed as 16-bit pairs cost
+// three operations, and then one multiply-add of pairs serves both rows of a token.
+template <int K, int R, int H>
+inline __m256i byte_sum(const __m256i* planes)
+{
+    const __m256i x = _mm256_mullo_epi32(row_states<K, R, H>(planes), _mm256_set1_epi32(static_cast<int>(MUL1_MULT)));
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(x, _mm256_set1_epi8(1)), _mm256_set1_epi16(1));
+}
+
+template <int K, int T, int H0, int HI, int R>
+inline void int_row_pairs(const __m256i* planes, const int16_t* q, int q_stride, __m256i (*sums)[T])
+{
+    if constexpr (R < 16) {
+        for (int h = 0; h < HI; ++h) {
+            const __m256i low = h == 0 ? byte_sum<K, R, H0>(planes) : byte_sum<K, R, 1>(planes);
+            const __m256i high = h == 0 ? byte_sum<K, R + 1, H0>(planes) : byte_sum<K, R + 1, 1>(planes);
+            const __m256i pair = _mm256_or_si256(low, _mm256_slli_epi32(high, 16));
+            for (int t = 0; t < T; ++t) {
+                int32_t inputs;  // q[R] low, q[R + 1] high
+                memcpy(&inputs, q + t * q_stride + R, sizeof inputs);
+                sums[h][t] = _mm256_add_epi32(sums[h][t], _mm256_madd_epi16(pair, _mm256_set1_epi32(inputs)));
+            }
+        }
+        int_row_pairs<K, T, H0, HI, R + 2>(planes, q, q_stride, sums);
+    }
+}
+
 template <int K, int T, int H0, int HI>
 inline void int_half_tile(const __m256i* planes, const int16_t* q, int q_stride, int32_t* sums_mem, int sums_stride)
 {
@@ -176,7 +203,10 @@ inline void int_half_tile(const __m256i* planes, const int16_t* q, int q_stride,
     for (int h = 0; h < HI; ++h)
         for (int t = 0; t < T; ++t)
             sums[h][t] = _mm256_setzero_si256();
-    int_rows<K, T, H0, HI, 0>(planes, q, q_stride, sums);
+    if constexpr (T >= 3)
+        int_row_pairs<K, T, H0, HI, 0>(planes, q, q_stride, sums);
+    else
+        int_rows<K, T, H0, HI, 0>(planes, q, q_stride, sums);
     for (int h = 0; h < HI; ++h)
         for (int t = 0; t < T; ++t) {
             __m256i* total = reinterpret_cast<__m256i*>(sums_mem + t * sums_stride + 8 * (H0 + h));

@@ -226,6 +226,19 @@ inline __m512i row_states(const __m512i* ring, int R)
     return _mm512_ternarylogic_epi32(right, left, _mm512_set1_epi32(0xFFFF), 0xA8);  // (right | left) & 0xFFFF
 }
 
+// INT16: a row's state hashes, and their byte sums s (at most 1020, one dword a column).
+template <int K>
+inline __m512i hash(const __m512i* ring, int R)
+{
+    return _mm512_mullo_epi32(row_states<K>(ring, R), _mm512_set1_epi32(static_cast<int>(MUL1_MULT)));
+}
+
+template <int K>
+inline __m512i byte_sum(const __m512i* ring, int R)
+{
+    return _mm512_madd_epi16(_mm512_maddubs_epi16(hash<K>(ring, R), _mm512_set1_epi8(1)), _mm512_set1_epi16(1));
+}
+
 // N = 1774 s - 905216 (format.h): the byte sum's last step multiplies by 1774, then add and convert (exact)
 inline __m512 exact_n(__m512i states)
 {
@@ -308,8 +321,9 @@ void band_kt(const BandArgs& b)
 
 // INT16 (format.h). Tiles add into `sums` in memory, flushed into the fp32 total at the end of every block.
 // VBMI: a row pair's s - 510 as 16-bit pairs against the two rows' rounded inputs (one dword), one vpdpwssd a
-// pair and token. Otherwise a row's byte-pair sums against its input in both 16-bit lanes, one multiply-add of
-// 16-bit pairs a row and token; less 510 Q_b at the flush (exact through the wrap-around).
+// pair and token. Otherwise, up to two rows, a row's byte-pair sums against its input in both 16-bit lanes, one
+// multiply-add of 16-bit pairs a row and token; from three rows on, two rows' byte sums packed as 16-bit pairs, one
+// multiply-add a row pair and token; less 510 Q_b at the flush (exact through the wrap-around).
 template <int K, int T>
 void band_int16_kt(const BandArgs& b)
 {
@@ -348,15 +362,28 @@ void band_int16_kt(const BandArgs& b)
                     }
                 }
 #else
+            if constexpr (T >= 3) {
+                // rows r and r + 1 together: their byte sums packed as 16-bit pairs, one multiply-add a token
 #pragma GCC unroll 2
-            for (int r = 0; r < 16; ++r)
-                for (int g = 0; g < G; ++g) {
-                    const __m512i x = _mm512_mullo_epi32(row_states<K>(ring[g], r), _mm512_set1_epi32(static_cast<int>(MUL1_MULT)));
-                    const __m512i pairs = _mm512_maddubs_epi16(x, _mm512_set1_epi8(1));
-                    for (int t = 0; t < T; ++t)
-                        tile_sums[g][t] = _mm512_add_epi32(tile_sums[g][t],
-                                                           _mm512_madd_epi16(pairs, _mm512_set1_epi16(q[t * b.x_stride + r])));
-                }
+                for (int r = 0; r < 16; r += 2)
+                    for (int g = 0; g < G; ++g) {
+                        const __m512i pair = _mm512_or_si512(byte_sum<K>(ring[g], r), _mm512_slli_epi32(byte_sum<K>(ring[g], r + 1), 16));
+                        for (int t = 0; t < T; ++t) {
+                            int32_t inputs;  // q[r] low, q[r + 1] high
+                            memcpy(&inputs, q + t * b.x_stride + r, sizeof inputs);
+                            tile_sums[g][t] = _mm512_add_epi32(tile_sums[g][t], _mm512_madd_epi16(pair, _mm512_set1_epi32(inputs)));
+                        }
+                    }
+            } else {
+#pragma GCC unroll 2
+                for (int r = 0; r < 16; ++r)
+                    for (int g = 0; g < G; ++g) {
+                        const __m512i pairs = _mm512_maddubs_epi16(hash<K>(ring[g], r), _mm512_set1_epi8(1));
+                        for (int t = 0; t < T; ++t)
+                            tile_sums[g][t] = _mm512_add_epi32(tile_sums[g][t],
+                                                               _mm512_madd_epi16(pairs, _mm512_set1_epi16(q[t * b.x_stride + r])));
+                    }
+            }
 #endif
             for (int g = 0; g < G; ++g)
                 for (int t = 0; t < T; ++t) {

@@ -12,7 +12,7 @@
   x @ W, and the bound is 3x that. Against exllamav3's GEMM (``LinearEXL3.forward``) the bound stays loose: at
   m <= 8 and K <= 6 on Hopper that is the int8-activation GEMV (EXL3_INT8_GEMV=2, the CUDA default, about 0.9 %
   output RMS deviation by its own account).
-- One expert: against exllamav3's composition of it (gate and up ``forward``, ``ext.silu_mul`` with act_limit,
+- One expert, with the kernel's fp16 codebook and with the tier's int16 one: against exllamav3's composition of it (gate and up ``forward``, ``ext.silu_mul`` with act_limit,
   down ``forward``) at GLM's limit 10, and at a limit of 1, where clamping the gate after SiLU (exllamav3, and
   the kernel) and before it differ on many elements.
 
@@ -109,15 +109,16 @@ def test_projection_matches_exllamav3(rng, bits):
     assert err_gemm < 1.5e-2
 
 
+@pytest.mark.parametrize("codebook", ["fp16", "int16"])  # the kernel's own default, and the tier's
 @pytest.mark.parametrize("limit", [10.0, 1.0])
-def test_expert_matches_exllamav3(rng, limit):
+def test_expert_matches_exllamav3(rng, limit, codebook):
     from exllamav3.ext import exllamav3_ext as ext
 
     expert = random_expert(rng, HIDDEN, INTER, 3)
     x = rng.normal(size=(3, HIDDEN)).astype(np.float16)
     w = rng.uniform(0.1, 1.0, 3).astype(np.float32)
     out = np.zeros((3, HIDDEN), np.float32)
-    ce.expert_forward(x, *expert, w, out, act_limit=limit)
+    ce.expert_forward(x, *expert, w, out, act_limit=limit, codebook=codebook)
 
     gate, up, down = (exl3_linear(lin) for lin in expert)
     xg = torch.from_numpy(x).cuda()
@@ -130,7 +131,7 @@ def test_expert_matches_exllamav3(rng, limit):
     err = rel_rms(out, want).max()
     gate_first, _, _ = Reference().expert(x, expert, limit, clamp_gate_first=True)
     err_gate_first = rel_rms(w[:, None] * gate_first, want).max()
-    print(f"limit {limit}: kernel vs exllamav3 {err:.2e}; clamping the gate before SiLU instead: {err_gate_first:.2e}")
+    print(f"limit {limit}, {codebook}: kernel vs exllamav3 {err:.2e}; clamping the gate before SiLU instead: {err_gate_first:.2e}")
     assert err < 2e-2
     if limit == 1.0:
         assert err_gate_first > 10 * err, "the clamp order cannot be told apart"
