@@ -1,8 +1,10 @@
 // The C API: argument checks, ISA choice, and an expert call as five parallel phases over independent units:
 //
 //   rotate   (expert, gate|up)                       x rows * suh, Hadamard: the projections' rotated inputs
+//                                                    (INT16: also rounded, format.h)
 //   bands    (expert, gate|up, span of I)            the gate and up products with W_hat
 //   act      (expert, 128-block of I)                output rotations, clamped SwiGLU, down's input rotation
+//                                                    (INT16: and its rounding, the block being the rounding's)
 //   down     (expert, span of the hidden)            the down product
 //   sum      (128-block of the hidden)               down's output rotation, out += w * y, experts in list order
 //
