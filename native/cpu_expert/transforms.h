@@ -143,7 +143,8 @@ void quantize(const float* v, int16_t* q, float* k, float* offset, int32_t* sum)
         *sum = 0;
         return;
     }
-    const float inv = m > 0.0f ? QUANT_MAX / m : 0.0f, scale = m / QUANT_MAX;
+    // below 1e-30 the block rounds to zero (and its 1 / m would overflow): at most 1e-30 off an element
+    const float inv = m > 1e-30f ? QUANT_MAX / m : 0.0f, scale = m / QUANT_MAX;
     const float round_bias = 12582912.0f;
     int32_t total = 0;
     for (int i = 0; i < QUANT_BLOCK; ++i) {

@@ -189,6 +189,18 @@ def test_int16_is_exact_where_the_rounding_is(rng, bits):
         assert err < TOLERANCE, f"{isa}: relative RMS {err:.3g} (seed {SEED})"
 
 
+def test_int16_blocks_of_zeros_and_of_tiny_values_add_nothing(rng):
+    """A block whose largest value is below 1e-30 (whose 1 / max would overflow) rounds to zero, as a zero block."""
+    lin = random_linear(rng, 256, 128, 3, 1.0)
+    x = rng.normal(size=(3, 256)).astype(np.float32)
+    x[0] = 0.0
+    x[1] = 1e-38 * np.sign(x[1])  # rotates to subnormals
+    results = int16_results(x, lin)
+    for isa, y in results.items():
+        assert np.array_equal(y[:2], np.zeros((2, 128), np.float32)), isa
+        assert np.isfinite(y[2]).all() and np.abs(y[2]).max() > 0, isa
+
+
 def test_int16_a_non_finite_input_spoils_only_its_row(rng):
     lin = random_linear(rng, 256, 128, 3, 1.0)
     x = rng.normal(size=(3, 256)).astype(np.float32)
