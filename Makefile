@@ -38,7 +38,7 @@ $(NPM_STAMP):
 
 # The CPU tier's kernel library, native/build/libglm53_cpu_expert.so (g++; tests/cpu_tier/test_kernel.py checks it).
 native:
-	$(MAKE) -C native
+	$(MAKE) -C native -j$$(nproc)
 
 # The offline Nix checks (flake.lock, golden tests of nix/lib, PyPI pins). They use a Nix >= 2.18 on PATH, else
 # (as root on Debian) a cached trixie chroot with Nix 2.26; elsewhere they say they did not run, and with CI=true

@@ -4,8 +4,10 @@
 #pragma once
 
 #include <stdint.h>
+#include <xmmintrin.h>
 
 #include "cpu_expert.h"
+#include "format.h"
 
 namespace glm53ce {
 
@@ -39,6 +41,28 @@ struct BandArgs {
     int codebook;            // GLM53_CE_CODEBOOK_*
     QuantizedRows xq;        // the input rows rounded (INT16)
 };
+
+namespace {
+
+// A span's tiles of one input tile row, into L1 ahead of use (the vector variants' bands).
+inline void prefetch_span(const uint8_t* row, int bytes)
+{
+    for (int off = 0; off < bytes; off += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(row + off), _MM_HINT_T0);
+}
+
+// INT16: the column-independent term of row t of a band, sum_b -476 scale Q_b, summed in block order (every
+// variant adds it last).
+inline float quantized_offset(const BandArgs& b, int t)
+{
+    const int blocks = b.tiles_k * 16 / QUANT_BLOCK;
+    float offset = 0.0f;
+    for (int kb = 0; kb < blocks; ++kb)
+        offset = offset + b.xq.offset[t * blocks + kb];
+    return offset;
+}
+
+}  // namespace
 
 struct IsaOps {
     void (*band)(const BandArgs& args);

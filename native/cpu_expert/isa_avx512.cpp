@@ -33,13 +33,6 @@ namespace {
 constexpr int MAX_ROWS = 8;
 constexpr int PREFETCH_ROWS = 4;  // input tiles ahead
 
-// A span's tiles of one input tile row, into L1 ahead of use.
-inline void prefetch_span(const uint8_t* row, int bytes)
-{
-    for (int off = 0; off < bytes; off += 64)
-        _mm_prefetch(reinterpret_cast<const char*>(row + off), _MM_HINT_T0);
-}
-
 #if GLM53_VBMI
 
 // Every dword lane takes three ring bytes (the window's, in stream order from the high byte down) and a zero

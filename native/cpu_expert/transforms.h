@@ -116,17 +116,6 @@ void gate_up_block(float* g, float* u, const uint16_t* g_svh, const uint16_t* u_
 
 void out_block(float* y, const uint16_t* svh) { output_transform(y, svh); }
 
-// INT16: the column-independent term of row t of a band, sum_b -476 scale Q_b, summed in block order (every
-// variant adds it last).
-inline float quantized_offset(const BandArgs& b, int t)
-{
-    const int blocks = b.tiles_k * 16 / QUANT_BLOCK;
-    float offset = 0.0f;
-    for (int kb = 0; kb < blocks; ++kb)
-        offset = offset + b.xq.offset[t * blocks + kb];
-    return offset;
-}
-
 // format.h's INT16 rounding of one block. The nearest integer by the 1.5 * 2^23 trick (ties to even, |v * inv| <=
 // 32767), so that every variant rounds alike. A block with a non-finite value gives NaN figures (the output is
 // NaN, as the float paths' would be).
