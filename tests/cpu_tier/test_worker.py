@@ -80,7 +80,7 @@ def random_job(rng, tokens: int | None = None, picks: int | None = None):
     return int(rng.integers(0, LAYERS)), x, [tuple(p) for p in out]
 
 
-def reference(experts, layer, x, picks) -> np.ndarray:
+def reference(experts, layer, x, picks, codebook: str = "fp16") -> np.ndarray:
     """kernel.expert_forward once per pick, one token at a time, in the documented sum order: the job's
     distinct experts in order of first appearance in the pick list, each added into a zeroed fp32 out."""
     out = np.zeros((x.shape[0], HIDDEN), np.float32)
@@ -89,7 +89,8 @@ def reference(experts, layer, x, picks) -> np.ndarray:
         gate, up, down = experts[(layer, e)]
         for t, pe, w in picks:
             if pe == e:
-                ce.expert_forward(x[t : t + 1], gate, up, down, np.array([w], np.float32), out[t : t + 1], act_limit=LIMIT)
+                ce.expert_forward(x[t : t + 1], gate, up, down, np.array([w], np.float32), out[t : t + 1], act_limit=LIMIT,
+                                  codebook=codebook)
     return out
 
 
@@ -112,18 +113,19 @@ def test_layout_is_aligned_and_documented():
         ct.ring_layout(4, 200)
 
 
-def test_jobs_of_1_to_8_tokens_and_picks_give_the_kernels_sum_bit_for_bit(tier, pool):
+@pytest.mark.parametrize("codebook", ["fp16", "int16"])  # the kernel's default, and the tier's
+def test_jobs_of_1_to_8_tokens_and_picks_give_the_kernels_sum_bit_for_bit(tier, pool, codebook):
     _, table, experts = tier
     rng = np.random.default_rng([SEED, 1])
     ring = ct.Ring(slots=4, hidden=HIDDEN)
     producer = HostProducer(ring)
     jobs = [random_job(rng, tokens=t, picks=k) for t in (1, 8) for k in (1, 8)] + [random_job(rng) for _ in range(12)]
-    with ct.Worker(ring, table, act_limit=LIMIT, pool=pool) as worker:
+    with ct.Worker(ring, table, act_limit=LIMIT, pool=pool, codebook=codebook) as worker:
         for layer, x, picks in jobs:
             seq = producer.publish(layer, x, picks)
             assert producer.wait(seq, None) == Outcome("done")
             got = producer.result(seq)
-            np.testing.assert_array_equal(got, reference(experts, layer, x, picks))
+            np.testing.assert_array_equal(got, reference(experts, layer, x, picks, codebook))
             assert np.abs(got).max() > 0
         c = worker.counters()
     assert (c["jobs"], c["done"], c["failed"]) == (len(jobs), len(jobs), 0)
