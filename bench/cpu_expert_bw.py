@@ -71,7 +71,7 @@ def expert_rate(experts, pool: ce.Pool | None, isa: str, tokens: int, per_call: 
     x = rng.normal(size=(tokens, HIDDEN)).astype(np.float16)
     out = np.zeros((tokens, HIDDEN), np.float32)
     weights = np.ones((per_call, tokens), np.float32)
-    calls = [experts[i:i + per_call] for i in range(0, len(experts) - per_call + 1, per_call)]
+    calls = [ce.ExpertTable(experts[i:i + per_call]) for i in range(0, len(experts) - per_call + 1, per_call)]  # laid out once
 
     def one_pass():
         for group in calls:

@@ -199,12 +199,29 @@ def _call(rc: int) -> None:
         raise KernelError(library().glm53_ce_error().decode())
 
 
-def experts_forward(x, experts: Sequence[tuple[Linear, Linear, Linear]], weights, out, *, act_limit: float,
-                    isa: str | None = None, pool: Pool | None = None, codebook: str = "fp16") -> None:
+class ExpertTable:
+    """Experts checked and laid out as the kernel's C table once, for calls that repeat on the same experts: a timing
+    loop must not count the per-call checks and layout (about 25 us an expert, which the tier's native worker never
+    pays)."""
+
+    def __init__(self, experts: Sequence[tuple[Linear, Linear, Linear]]) -> None:
+        self._keep: list = []  # the arrays the table points into
+        self.table = (_CExpert * len(experts))()
+        for i, (gate, up, down) in enumerate(experts):
+            self.table[i] = _CExpert(_c_linear(gate, f"experts[{i}].gate", self._keep),
+                                     _c_linear(up, f"experts[{i}].up", self._keep),
+                                     _c_linear(down, f"experts[{i}].down", self._keep))
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+
+def experts_forward(x, experts: Sequence[tuple[Linear, Linear, Linear]] | ExpertTable, weights, out, *,
+                    act_limit: float, isa: str | None = None, pool: Pool | None = None, codebook: str = "fp16") -> None:
     """``out[t] += sum_e weights[e, t] * expert_e(x[t])``; a zero weight skips that token for that expert.
 
     :param x: fp16 or fp32 ``[T, hidden]``, T in 1..8.
-    :param experts: (gate, up, down) per expert, all of the same shape.
+    :param experts: (gate, up, down) per expert, all of the same shape, or an :class:`ExpertTable` of them.
     :param weights: fp32 ``[E, T]`` router weights.
     :param out: fp32 ``[T, hidden]``, accumulated into.
     :param act_limit: GLM's ``swiglu_limit``; 0 for no clamp.
@@ -219,13 +236,9 @@ def experts_forward(x, experts: Sequence[tuple[Linear, Linear, Linear]], weights
     rows, hidden = xa.shape
     w = _checked(weights, "weights", (F32,), (len(experts), rows))
     o = _checked(out, "out", (F32,), (rows, hidden), writable=True)
-    keep: list = [xa, w, o]
-    table = (_CExpert * len(experts))()
-    for i, (gate, up, down) in enumerate(experts):
-        table[i] = _CExpert(_c_linear(gate, f"experts[{i}].gate", keep), _c_linear(up, f"experts[{i}].up", keep),
-                            _c_linear(down, f"experts[{i}].down", keep))
+    table = experts if isinstance(experts, ExpertTable) else ExpertTable(experts)
     handle = pool.handle if pool is not None else None
-    _call(library().glm53_ce_experts(handle, table, len(experts), xa.ctypes.data, int(xa.dtype == F16), rows,
+    _call(library().glm53_ce_experts(handle, table.table, len(table), xa.ctypes.data, int(xa.dtype == F16), rows,
                                      w.ctypes.data, float(act_limit), o.ctypes.data, _isa_id(isa), codebook_id(codebook)))
 
 

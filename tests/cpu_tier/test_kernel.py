@@ -344,6 +344,24 @@ def test_several_experts_accumulate_in_order(rng):
     assert np.array_equal(out, one_by_one, equal_nan=True)
 
 
+def test_an_expert_table_is_the_same_call_laid_out_once(rng):
+    """ExpertTable (what timing loops pass, so that they time the kernel and not Python's marshalling) gives the
+    list's result bit for bit and is checked like it."""
+    experts = [random_expert(rng, 256, 384, 3) for _ in range(2)]
+    x = rng.normal(size=(2, 256)).astype(np.float16)
+    weights = rng.uniform(0.05, 1.0, (2, 2)).astype(np.float32)
+    from_list, from_table = np.zeros((2, 256), np.float32), np.zeros((2, 256), np.float32)
+    ce.experts_forward(x, experts, weights, from_list, act_limit=LIMIT, codebook="int16")
+    table = ce.ExpertTable(experts)
+    ce.experts_forward(x, table, weights, from_table, act_limit=LIMIT, codebook="int16")
+    assert len(table) == 2 and np.array_equal(from_list, from_table) and np.abs(from_table).max() > 0
+    with pytest.raises(ValueError, match=r"weights must have shape \(2, 2\)"):
+        ce.experts_forward(x, table, weights[:1], from_table, act_limit=LIMIT)
+    bad = (experts[0][0], ce.Linear(experts[0][1].trellis, experts[0][1].suh.astype(np.float32), experts[0][1].svh), experts[0][2])
+    with pytest.raises(ValueError, match=r"experts\[0\].up.suh must be float16"):
+        ce.ExpertTable([bad])
+
+
 # ---- the thread pool
 
 
