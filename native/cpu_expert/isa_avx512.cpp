@@ -139,21 +139,22 @@ struct PairTablesOf {
     static constexpr PairTables tab = make_pair_tables(K);
 };
 
-// s - 510 of rows 2p and 2p + 1, as 16-bit pairs (row 2p low): vpdpbusd from -510 sums the bytes of each hash.
+// s of rows 2p and 2p + 1, as 16-bit pairs (row 2p low): vpdpbusd from zero (a free zero idiom, where a start
+// at -510 would cost a register copy each) sums the bytes of each hash.
 template <int K>
-inline __m512i row_pair_centered(const __m512i* ring, int p)
+inline __m512i row_pair_sums(const __m512i* ring, int p)
 {
     const PairTables& tab = PairTablesOf<K>::tab;
     const __m512i bytes = ring_bytes<K>(ring, _mm512_load_si512(tab.index[p]), ~uint64_t(0), tab.low[p], tab.high[p]);
-    __m512i centered[2];
+    __m512i sums[2];
     for (int h = 0; h < 2; ++h) {
         const __m512i states = _mm512_maskz_multishift_epi64_epi8(STATE_BYTES, _mm512_load_si512(tab.control[p][h]), bytes);
         const __m512i x = _mm512_mullo_epi32(states, _mm512_set1_epi32(static_cast<int>(MUL1_MULT)));
-        centered[h] = _mm512_dpbusd_epi32(_mm512_set1_epi32(-MUL1_CENTER), x, _mm512_set1_epi8(1));
+        sums[h] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), x, _mm512_set1_epi8(1));
     }
     const __m512i interleave = _mm512_set_epi16(62, 30, 60, 28, 58, 26, 56, 24, 54, 22, 52, 20, 50, 18, 48, 16,
                                                 46, 14, 44, 12, 42, 10, 40, 8, 38, 6, 36, 4, 34, 2, 32, 0);
-    return _mm512_permutex2var_epi16(centered[0], interleave, centered[1]);
+    return _mm512_permutex2var_epi16(sums[0], interleave, sums[1]);
 }
 
 // N = 1774 s - 905216 (format.h): the byte sum s as the float 2^23 + s, then one exact fused multiply-add
@@ -312,11 +313,11 @@ void band_kt(const BandArgs& b)
     }
 }
 
-// INT16 (format.h). Tiles add into `sums` in memory, flushed into the fp32 total at the end of every block.
-// VBMI: a row pair's s - 510 as 16-bit pairs against the two rows' rounded inputs (one dword), one vpdpwssd a
-// pair and token. Otherwise, up to two rows, a row's byte-pair sums against its input in both 16-bit lanes, one
-// multiply-add of 16-bit pairs a row and token; from three rows on, two rows' byte sums packed as 16-bit pairs, one
-// multiply-add a row pair and token; less 510 Q_b at the flush (exact through the wrap-around).
+// INT16 (format.h). Tiles add into `sums` in memory, flushed into the fp32 total at the end of every block, less
+// 510 Q_b there (exact through the int32 wrap-around). VBMI: a row pair's s as 16-bit pairs against the two rows'
+// rounded inputs (one dword), one vpdpwssd a pair and token. Otherwise, up to two rows, a row's byte-pair sums
+// against its input in both 16-bit lanes, one multiply-add of 16-bit pairs a row and token; from three rows on,
+// two rows' byte sums packed as 16-bit pairs, one multiply-add a row pair and token.
 template <int K, int T>
 void band_int16_kt(const BandArgs& b)
 {
@@ -347,12 +348,10 @@ void band_int16_kt(const BandArgs& b)
 #pragma GCC unroll 2
             for (int p = 0; p < 8; ++p)
                 for (int g = 0; g < G; ++g) {
-                    const __m512i pair = row_pair_centered<K>(ring[g], p);
-                    for (int t = 0; t < T; ++t) {
-                        int32_t inputs;
-                        memcpy(&inputs, q + t * b.x_stride + 2 * p, sizeof inputs);
-                        tile_sums[g][t] = _mm512_dpwssd_epi32(tile_sums[g][t], pair, _mm512_set1_epi32(inputs));
-                    }
+                    const __m512i pair = row_pair_sums<K>(ring[g], p);
+                    for (int t = 0; t < T; ++t)  // the two rows' inputs, one dword broadcast from memory
+                        tile_sums[g][t] = _mm512_dpwssd_epi32(tile_sums[g][t], pair,
+                                                              _mm512_broadcastd_epi32(_mm_loadu_si32(q + t * b.x_stride + 2 * p)));
                 }
 #else
             if constexpr (T >= 3) {
@@ -387,11 +386,7 @@ void band_int16_kt(const BandArgs& b)
         if (kt % tiles_per_block == tiles_per_block - 1) {
             const int kb = kt / tiles_per_block;
             for (int t = 0; t < T; ++t) {
-#if GLM53_VBMI
-                const __m512i centre = _mm512_setzero_si512();  // summed centred
-#else
                 const __m512i centre = _mm512_set1_epi32(MUL1_CENTER * b.xq.sum[t * blocks + kb]);
-#endif
                 const __m512 k = _mm512_set1_ps(b.xq.k[t * blocks + kb]);
                 for (int c = 0; c < 16 * b.tiles; c += 16) {
                     float* total = b.acc + t * b.acc_stride + c;
