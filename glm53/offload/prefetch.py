@@ -119,10 +119,7 @@ class Prefetcher:
         step's true picks)."""
         if not self.leads or rows > self.max_rows:
             return
-        if self._oracle is not None:
-            predicted = self._oracle[self._calls] if self._calls < len(self._oracle) else None
-        else:
-            predicted = self._last_first
+        predicted = self._oracle_picks() if self._oracle is not None else self._last_first
         if predicted is None or predicted.shape[0] != rows:
             return
         self.stream.wait_stream(torch.cuda.current_stream())  # after the last step's picks were copied and the pool released
@@ -136,7 +133,7 @@ class Prefetcher:
         """Layer ``row``'s prediction from the previous layer's router input ``z``, made on P (the oracle's: the
         recorded true picks of this routing call, nothing to compute)."""
         if self._oracle is not None:
-            return self._oracle[self._calls] if self._calls < len(self._oracle) else None
+            return self._oracle_picks()
         main = torch.cuda.current_stream()
         z = z.clone()  # exllamav3 may reuse the router input's buffer in the next layer, while P still reads it
         self.stream.wait_stream(main)  # after z was made
@@ -144,6 +141,10 @@ class Prefetcher:
             predicted = self._router_prediction(row, z)
         z.record_stream(self.stream)  # the compute stream may reuse z's memory only once P has read it
         return predicted
+
+    def _oracle_picks(self) -> torch.Tensor | None:
+        """The recorded true picks of the next routing call (None past the recorded run)."""
+        return self._oracle[self._calls] if self._calls < len(self._oracle) else None
 
     def after_layer(self, row: int) -> None:
         """Once layer ``row``'s experts are launched (any forward: nothing happens where ``routed`` was not called)."""

@@ -128,8 +128,7 @@ int resolve_kernel(int isa, int codebook, const IsaOps** ops)
 }
 
 // Span `span` of l's output columns, BAND_TILES / spans_per_block tiles each, written to acc (rows of acc_stride)
-// at those columns.
-// (xq: the input rows rounded, for INT16).
+// at those columns; xq: the input rows rounded (INT16).
 BandArgs span_args(const glm53_ce_linear& l, int span, int spans_per_block, const float* x, const QuantizedRows& xq,
                    int rows, float* acc, int acc_stride, int codebook)
 {

@@ -139,8 +139,8 @@ struct PairTablesOf {
     static constexpr PairTables tab = make_pair_tables(K);
 };
 
-// s of rows 2p and 2p + 1, as 16-bit pairs (row 2p low): vpdpbusd from zero (a free zero idiom, where a start
-// at -510 would cost a register copy each) sums the bytes of each hash.
+// s of rows 2p and 2p + 1, as 16-bit pairs (row 2p low): vpdpbusd from zero sums the bytes of each hash (510 Q_b
+// comes off at the flush, as on every path).
 template <int K>
 inline __m512i row_pair_sums(const __m512i* ring, int p)
 {
