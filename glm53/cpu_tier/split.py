@@ -130,30 +130,28 @@ class Costs:
 
     def refreshed(self, busy_s: float, experts: int, tokens: int, jobs: int = 0, weight: float = 0.5,
                   ease: float | None = None) -> Costs:
-        """The per-expert CPU figure for ``tokens`` from a live measurement: the worker's busy time since the last
-        refresh, less the measured per-job part of its ``jobs`` jobs (of about ``tokens`` tokens), over the
-        ``experts`` it computed; averaged in by ``weight``, taken outright when it is more than ``JUMP`` times the
-        model (other processes took the host's cores or memory bus), and lowering the model by at most ``EASE`` a
-        refresh (a host that seems free again is trusted step by step: a wrong guess costs late jobs; ``ease``
-        overrides that factor, ``weight=1, ease=inf`` gives the live figure outright). Every measured token count
-        moves by the same factor: a busy host is slower at every size. Pinned figures (``cpu_pinned``) stay."""
+        """Every CPU figure (per job and per expert, at every token count) scaled by a live measurement: the worker's
+        busy time since the last refresh over what the model predicts for its ``jobs`` jobs (of about ``tokens``
+        tokens) and the ``experts`` they computed. The ratio is averaged in by ``weight``, taken outright when it is
+        more than ``JUMP`` (other processes took the host's cores or memory bus), and lowers the model by at most
+        ``EASE`` a refresh (a host that seems free again is trusted step by step: a wrong guess costs late jobs;
+        ``ease`` overrides that factor, ``weight=1, ease=inf`` gives the live ratio outright). A busy host is slower
+        at every size, and the fixed and per-expert parts move together: figures raised by late jobs (:meth:`slower`)
+        come back down the same way, whatever part they were raised in. Pinned figures (``cpu_pinned``) stay."""
         if experts <= 0 or busy_s <= 0 or self.cpu_pinned:
             return self
-        bucket = _measured_at(self.cpu_expert_s, tokens)
-        live = max(busy_s - jobs * self.cpu_per_job(tokens), 0.1 * busy_s) / experts
-        old = self.cpu_expert_s[bucket]
-        new = live if live > old * self.JUMP else max((1 - weight) * old + weight * live, old / (ease or self.EASE))
-        return self._scaled(new / old, "measured at start, refreshed from the worker")
+        live = busy_s / (jobs * self.cpu_per_job(tokens) + experts * self.cpu_per_expert(tokens))
+        factor = live if live > self.JUMP else max((1 - weight) + weight * live, 1 / (ease or self.EASE))
+        return self._scaled(factor, "measured at start, refreshed from the worker")
 
     def slower(self, factor: float) -> Costs:
         """Every CPU figure (per expert and per job) times ``factor``: jobs came late, whatever the busy time said.
         Pinned figures stay."""
-        return self if self.cpu_pinned else self._scaled(factor, "raised: jobs came late", jobs_too=True)
+        return self if self.cpu_pinned else self._scaled(factor, "raised: jobs came late")
 
-    def _scaled(self, factor: float, source: str, jobs_too: bool = False) -> Costs:
+    def _scaled(self, factor: float, source: str) -> Costs:
         return replace(self, cpu_expert_s={t: v * factor for t, v in self.cpu_expert_s.items()},
-                       cpu_job_s={t: v * factor for t, v in self.cpu_job_s.items()} if jobs_too else self.cpu_job_s,
-                       sources={**self.sources, "cpu_expert_s": source})
+                       cpu_job_s={t: v * factor for t, v in self.cpu_job_s.items()}, sources={**self.sources, "cpu_expert_s": source})
 
     def starved(self, max_misses: int = 64) -> Costs:
         """Costs under which the split sends the CPU nothing (its jobs were not even claimed in time): every CPU
@@ -165,7 +163,7 @@ class Costs:
         gpu = self.gpu_fixed_s + max_misses * self.link_expert_s
         # handoff + factor * (job + expert) just over the GPU's time, at every measured token count
         factor = max(1.0, max((1.001 * gpu - self.handoff_s) / (self.cpu_per_job(t) + self.cpu_per_expert(t)) for t in self.cpu_expert_s))
-        return self._scaled(factor, "starved: jobs not claimed in time", jobs_too=True)
+        return self._scaled(factor, "starved: jobs not claimed in time")
 
     def with_gpu_line(self, fixed_s: float, per_miss_s: float) -> Costs:
         """The GPU's figures from a live line (:func:`fit_gpu_line`): ``per_miss_s`` becomes the link's cost of an

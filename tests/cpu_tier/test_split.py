@@ -131,10 +131,26 @@ def PCIE4_like(costs: Costs, job: float) -> Costs:
     return replace(costs, cpu_job_s={1: job})
 
 
-def test_a_live_refresh_takes_the_jobs_fixed_part_out_first():
+def test_a_live_refresh_scales_the_jobs_fixed_part_and_its_experts_alike():
     c = Costs({1: 200 * US}, 0.0, 1e-4, 0.0, cpu_job_s={1: 100 * US})
-    fresh = c.refreshed(busy_s=10 * 400 * US, experts=10, tokens=1, jobs=10, weight=1.0)  # 400 us a job of 1
-    assert fresh.cpu_expert_s[1] == pytest.approx(300 * US)
+    fresh = c.refreshed(busy_s=10 * 400 * US, experts=10, tokens=1, jobs=10, weight=1.0)  # 400 us a job of 1, not 300
+    assert fresh.cpu_seconds(1, 1) == pytest.approx(400 * US)
+    assert fresh.cpu_expert_s[1] == pytest.approx(200 * US * 4 / 3) and fresh.cpu_job_s[1] == pytest.approx(100 * US * 4 / 3)
+
+
+def test_figures_raised_by_late_jobs_come_back_to_what_the_worker_shows():
+    """A burst of late windows raises the fixed and the per-expert parts (2x each time); clean windows then bring both
+    back down, at most 1.25x a refresh, to the live figures: one burst never keeps the tier off for good (on the H200
+    host the per-job part, raised with the rest and never refreshed, held a one-expert job at 18x its start-up time)."""
+    c = Costs({1: 263 * US, 4: 400 * US}, 10 * US, 190 * US, 1 * US, cpu_job_s={1: 312 * US, 4: 330 * US})
+    raised = c
+    for _ in range(4):
+        raised = raised.slower(2.0)
+    assert raised.cpu_seconds(1, 1) == pytest.approx(10 * US + 16 * 575 * US)
+    for refresh in range(30):  # each window: 40 one-expert jobs as fast as at start
+        raised = raised.refreshed(busy_s=40 * 575 * US, experts=40, tokens=1, jobs=40)
+    assert raised.cpu_expert_s[1] == pytest.approx(263 * US, rel=1e-3) and raised.cpu_job_s[1] == pytest.approx(312 * US, rel=1e-3)
+    assert raised.cpu_expert_s[4] == pytest.approx(400 * US, rel=1e-3)
 
 
 def test_the_split_sends_the_coldest_missed_experts_and_zeroes_only_their_weights():
