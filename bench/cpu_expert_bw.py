@@ -101,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--codebook", action="append", choices=ce.CODEBOOKS,
                     help="codebook (repeatable; default both: fp16, the GPU's weights, and fma, the CPU tier's)")
     ap.add_argument("--per-call", type=int, default=8, help="experts per call (default 8)")
+    ap.add_argument("--cores", type=int, nargs="+", help="core counts to measure, each the first N of --cpus (default: 1 and all)")
+    ap.add_argument("--units-per-thread", type=int, nargs="+", default=[ce.UNITS_PER_THREAD],
+                    help=f"the pool's projection units per thread, each in turn (default {ce.UNITS_PER_THREAD}, the tier's)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--out", type=Path, help="write the results as JSON here")
     args = ap.parse_args(argv)
@@ -119,20 +122,22 @@ def main(argv: list[str] | None = None) -> int:
 
     os.sched_setaffinity(0, {cpus[0]})  # this (calling) thread
     rows, dram = [], {}
-    for cores in sorted({1, len(cpus)}):
-        pool = ce.Pool(cpus[1:cores], cores - 1).start() if cores > 1 else None
+    for cores, units in itertools.product(sorted(set(args.cores or (1, len(cpus)))), args.units_per_thread):
+        if not 1 <= cores <= len(cpus):
+            ap.error(f"--cores {cores}: there are {len(cpus)} CPUs to use")
+        pool = ce.Pool(cpus[1:cores], cores - 1, units_per_thread=units).start() if cores > 1 else None
         try:
-            dram[cores] = dram_rate(buf, pool, args.reps + 2)
+            dram.setdefault(cores, dram_rate(buf, pool, args.reps + 2))
             for isa, codebook, tokens in itertools.product(isas, codebooks, (1, 4)):
                 gbs = expert_rate(experts, pool, isa, tokens, args.per_call, args.reps, codebook)
-                rows.append({"isa": isa, "codebook": codebook, "cores": cores, "tokens": tokens,
+                rows.append({"isa": isa, "codebook": codebook, "cores": cores, "units_per_thread": units, "tokens": tokens,
                              "experts_per_call": args.per_call, "gbs": gbs, "gbs_per_core": gbs / cores,
                              "ms_per_expert": EXPERT_BYTES / gbs / 1e6, "dram_gbs": dram[cores],
                              "ratio_to_dram": gbs / dram[cores]})
                 r = rows[-1]
-                print(f"{isa:11s} {codebook:4s} cores {cores:3d} tokens {tokens}: {gbs:6.2f} GB/s ({r['gbs_per_core']:5.2f} "
-                      f"per core, {r['ms_per_expert']:5.2f} ms per expert), {100 * r['ratio_to_dram']:5.1f} % of DRAM "
-                      f"read {dram[cores]:.1f} GB/s", flush=True)
+                print(f"{isa:11s} {codebook:5s} cores {cores:3d} units {units:2d} tokens {tokens}: {gbs:6.2f} GB/s "
+                      f"({r['gbs_per_core']:5.2f} per core, {r['ms_per_expert']:5.3f} ms per expert), {100 * r['ratio_to_dram']:5.1f} % "
+                      f"of DRAM read {dram[cores]:.1f} GB/s", flush=True)
         finally:
             if pool is not None:
                 pool.stop()

@@ -48,6 +48,9 @@ LIBRARY = NATIVE / "build" / libraries.CPU_LIBRARY  # where `make -C native` put
 ISAS = ("scalar", "avx2", "avx512", "avx512vbmi")  # ids 0.. of cpu_expert.h
 CODEBOOKS = ("fp16", "fma", "int16")  # ids 0.. of cpu_expert.h (GLM53_CE_CODEBOOK_*)
 MAX_ROWS = 8
+# a call's projection units per thread, at least: 4 was the rule the kernel was built with (a one-expert job on the
+# H200 host's 16 CPUs cost 312 us beyond its expert's 263: bench/cpu_expert_bw.py --units-per-thread measures others)
+UNITS_PER_THREAD = 4
 SYS_CPU = Path("/sys/devices/system/cpu")
 F16, F32, I16, U16 = (np.dtype(t) for t in (np.float16, np.float32, np.int16, np.uint16))
 
@@ -122,7 +125,7 @@ def library() -> ctypes.CDLL:
         "glm53_ce_error": (ctypes.c_char_p, []),
         "glm53_ce_isa_supported": (i32, [i32]),
         "glm53_ce_isa_best": (i32, []),
-        "glm53_ce_pool_start": (ptr, [ptr, i32, i32, i32]),
+        "glm53_ce_pool_start": (ptr, [ptr, i32, i32, i32, i32]),
         "glm53_ce_pool_stop": (None, [ptr]),
         "glm53_ce_pool_threads": (i32, [ptr]),
         "glm53_ce_experts": (i32, [ptr, ptr, i32, ptr, i32, i32, ptr, ctypes.c_float, ptr, i32, i32]),
@@ -281,13 +284,17 @@ class Pool:
     A thread that calls a kernel with the pool takes part in the work, so it should have a core of its own
     (:meth:`for_caller` gives it one); a caller sharing a worker's core slows both. Idle
     workers, and a caller waiting for the last units, spin ``spin_us`` microseconds, then sleep. One call at a
-    time runs on a pool; calls from several threads queue. Use ``with Pool(...) as pool:`` or ``start()``/``stop()``.
+    time runs on a pool; calls from several threads queue. A call's projection phases are cut into at least
+    ``units_per_thread`` units a thread where the columns allow (``UNITS_PER_THREAD``; no bit changes). Use ``with
+    Pool(...) as pool:`` or ``start()``/``stop()``.
     """
 
-    def __init__(self, cpus: Sequence[int] | None = None, threads: int | None = None, spin_us: int = 100) -> None:
+    def __init__(self, cpus: Sequence[int] | None = None, threads: int | None = None, spin_us: int = 100,
+                 units_per_thread: int = UNITS_PER_THREAD) -> None:
         self.cpus = tuple(cpus or ())
         self.threads = threads or len(self.cpus) or 1
         self.spin_us = spin_us
+        self.units_per_thread = units_per_thread
         self.handle: int | None = None
 
     @classmethod
@@ -305,7 +312,7 @@ class Pool:
         """:raise KernelError: a thread could not be started or pinned (e.g. a CPU outside this process's set)."""
         if self.handle is None:
             cpus = (ctypes.c_int32 * len(self.cpus))(*self.cpus)
-            handle = library().glm53_ce_pool_start(cpus, len(self.cpus), self.threads, self.spin_us)
+            handle = library().glm53_ce_pool_start(cpus, len(self.cpus), self.threads, self.spin_us, self.units_per_thread)
             if not handle:
                 raise KernelError(library().glm53_ce_error().decode())
             self.handle = handle

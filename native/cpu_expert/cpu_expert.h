@@ -72,8 +72,11 @@ GLM53_CE_API int32_t glm53_ce_isa_best(void);
 
 /* Worker threads, thread i pinned to cpus[i % n_cpus] (no pinning when n_cpus is 0). Idle workers spin for
  * spin_us microseconds after their last job, then sleep on a futex. A thread that calls into the pool takes
- * part in the work and waits the same way. NULL on failure. */
-GLM53_CE_API glm53_ce_pool* glm53_ce_pool_start(const int32_t* cpus, int32_t n_cpus, int32_t threads, int32_t spin_us);
+ * part in the work and waits the same way. A call's projection phases are cut into at least units_per_thread
+ * units a thread where the columns allow (finer units: a shorter wait for the slowest thread, more claims; no bit
+ * changes). NULL on failure. */
+GLM53_CE_API glm53_ce_pool* glm53_ce_pool_start(const int32_t* cpus, int32_t n_cpus, int32_t threads, int32_t spin_us,
+                                                int32_t units_per_thread);
 GLM53_CE_API void glm53_ce_pool_stop(glm53_ce_pool* pool);
 GLM53_CE_API int32_t glm53_ce_pool_threads(const glm53_ce_pool* pool);
 

@@ -1,6 +1,6 @@
 // The C API: argument checks, ISA choice, and an expert call as five parallel phases over independent units:
 //
-//   rotate   (expert, gate|up)                       x rows * suh, Hadamard: the projections' rotated inputs
+//   rotate   (expert, gate|up, 128-block of hidden)  x rows * suh, Hadamard: the projections' rotated inputs
 //                                                    (INT16: also rounded, format.h)
 //   bands    (expert, gate|up, span of I)            the gate and up products with W_hat
 //   act      (expert, 128-block of I)                output rotations, clamped SwiGLU, down's input rotation
@@ -161,13 +161,14 @@ void quantize_row(const IsaOps* ops, const float* v, const QuantizedRows& q, int
     }
 }
 
-// Spans per 128-column block (1, 2 or 4) for a projection phase of `blocks` blocks: the fewest that give every
-// thread four units (a phase waits for its slowest thread; a quarter block of a 4096-input projection still
-// holds 48 kB of 3-bit weights).
-int spans_per_block(int blocks, int threads)
+// Spans per 128-column block (1, 2, 4 or 8 of its 16-column tiles) for a projection phase of `blocks` blocks: the
+// fewest that give every thread `units` units (a phase waits for its slowest thread, and a thread that shares its
+// core runs at about half speed, so a coarse last unit holds the whole job: a quarter block of a 4096-input
+// projection holds 48 kB of 3-bit weights, an eighth 24 kB).
+int spans_per_block(int blocks, int threads, int units)
 {
     int spans = 1;
-    while (spans < 4 && blocks * spans < 4 * threads)
+    while (spans < BAND_TILES && blocks * spans < units * threads)
         spans *= 2;
     return spans;
 }
@@ -202,16 +203,21 @@ struct Call {
     int spans;  // per 128-column block in the bands and down phases (spans_per_block)
 };
 
+// Unit (expert, gate|up, 128-block of the hidden): the rotation and its rounding are per block, so a one-expert
+// call spreads over every thread instead of two.
 void rotate_unit(void* ctx, int unit)
 {
     const Call& call = *static_cast<const Call*>(ctx);
-    const Slot& s = call.slots[unit / 2];
-    const glm53_ce_linear& lin = unit % 2 ? s.expert->up : s.expert->gate;
+    const int blocks = call.hidden / 128;
+    const Slot& s = call.slots[unit / (2 * blocks)];
+    const int p = unit / blocks % 2, col = unit % blocks * 128;
+    const glm53_ce_linear& lin = p ? s.expert->up : s.expert->gate;
+    const size_t x_col_bytes = static_cast<size_t>(col) * (call.x_fp16 ? 2 : 4);
     for (int i = 0; i < s.rows; ++i) {
-        float* rotated = s.rotated[unit % 2] + static_cast<size_t>(i) * call.hidden;
-        call.ops->rotate(call.x + s.token[i] * call.x_row_bytes, call.x_fp16, call.hidden, lin.suh, rotated);
+        float* rotated = s.rotated[p] + static_cast<size_t>(i) * call.hidden;
+        call.ops->rotate(call.x + s.token[i] * call.x_row_bytes + x_col_bytes, call.x_fp16, 128, lin.suh + col, rotated + col);
         if (call.codebook == GLM53_CE_CODEBOOK_INT16)
-            quantize_row(call.ops, rotated, s.rotated_q[unit % 2], i, call.hidden, 0, call.hidden);
+            quantize_row(call.ops, rotated, s.rotated_q[p], i, call.hidden, col, 128);
     }
 }
 
@@ -375,10 +381,11 @@ int32_t glm53_ce_isa_supported(int32_t isa) { return isa_supported(isa) ? 1 : 0;
 
 int32_t glm53_ce_isa_best(void) { return best_isa(); }
 
-glm53_ce_pool* glm53_ce_pool_start(const int32_t* cpus, int32_t n_cpus, int32_t threads, int32_t spin_us)
+glm53_ce_pool* glm53_ce_pool_start(const int32_t* cpus, int32_t n_cpus, int32_t threads, int32_t spin_us,
+                                   int32_t units_per_thread)
 {
-    if (threads < 1 || n_cpus < 0 || (n_cpus > 0 && !cpus) || spin_us < 0) {
-        fail(GLM53_CE_EINVAL, "pool: threads must be >= 1, n_cpus and spin_us >= 0");
+    if (threads < 1 || n_cpus < 0 || (n_cpus > 0 && !cpus) || spin_us < 0 || units_per_thread < 1) {
+        fail(GLM53_CE_EINVAL, "pool: threads and units_per_thread must be >= 1, n_cpus and spin_us >= 0");
         return nullptr;
     }
     std::vector<int> cpu_list(cpus, cpus + n_cpus);
@@ -393,6 +400,7 @@ glm53_ce_pool* glm53_ce_pool_start(const int32_t* cpus, int32_t n_cpus, int32_t 
         fail(GLM53_CE_ECPU, error);
         return nullptr;
     }
+    pool->units_per_thread = units_per_thread;
     return new glm53_ce_pool{pool};
 }
 
@@ -474,8 +482,9 @@ int32_t glm53_ce_experts(glm53_ce_pool* pool, const glm53_ce_expert* experts, in
     const int n = static_cast<int>(call.slots.size());
     const int inter_blocks = call.inter / 128, hidden_blocks = call.hidden / 128;
     // the smaller of the two projection phases sets the spans (the caller takes part: threads + 1)
-    call.spans = spans_per_block(std::min(2 * n * inter_blocks, n * hidden_blocks), workers ? workers->threads() + 1 : 1);
-    run_units(workers, 2 * n, rotate_unit, &call);
+    call.spans = spans_per_block(std::min(2 * n * inter_blocks, n * hidden_blocks), workers ? workers->threads() + 1 : 1,
+                                 workers ? workers->units_per_thread : 1);
+    run_units(workers, 2 * n * hidden_blocks, rotate_unit, &call);
     run_units(workers, 2 * n * inter_blocks * call.spans, band_unit, &call);
     run_units(workers, n * inter_blocks, act_unit, &call);
     run_units(workers, n * hidden_blocks * call.spans, down_unit, &call);

@@ -24,6 +24,8 @@ public:
     ~Pool();
 
     int threads() const { return static_cast<int>(workers_.size()); }
+    // The fewest units a thread should get in a call's projection phases (glm53_ce_pool_start's)
+    int units_per_thread = 4;
 
     // Runs fn(ctx, u) for u in 0..units-1 on the workers and the calling thread, and returns when all are done.
     // One job at a time.

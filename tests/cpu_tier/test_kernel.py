@@ -375,12 +375,13 @@ def test_pool_results_do_not_depend_on_threads(rng, codebook):
     cpus = sorted(os.sched_getaffinity(0))
     # spin_us=0: workers and caller sleep on the futex between every phase, the path an idle tier takes; from
     # 5 threads on the projections run in half (and from 9 in quarter) blocks, which must change nothing either
-    for threads, spin_us in ((1, 100), (2, 100), (3, 0), (5, 50), (9, 50)):
-        with ce.Pool(cpus, threads, spin_us=spin_us) as pool:
+    # units_per_thread 16: down to single 16-column tiles
+    for threads, spin_us, units in ((1, 100, 4), (2, 100, 4), (3, 0, 4), (5, 50, 4), (9, 50, 4), (3, 50, 16), (9, 50, 1)):
+        with ce.Pool(cpus, threads, spin_us=spin_us, units_per_thread=units) as pool:
             for _ in range(5):
                 out = np.zeros((3, 1024), np.float32)
                 ce.experts_forward(x, experts, weights, out, act_limit=LIMIT, pool=pool, codebook=codebook)
-                assert np.array_equal(out, alone), f"{threads} threads, spin {spin_us} us"
+                assert np.array_equal(out, alone), f"{threads} threads, spin {spin_us} us, {units} units a thread"
 
 
 def test_pool_refuses_a_cpu_it_cannot_use():
