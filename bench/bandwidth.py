@@ -9,12 +9,18 @@ in a fresh process of its own):
 
 Each figure is the best of a few repetitions (bandwidth is a capacity; the best run is the least disturbed).
 
-    python3 -m bench.bandwidth [--gib 1] [--out bw.json]
+With ``--link-emulate-gbs``, the offload's in-band emulation of a slower link (``glm53.offload.link``) is checked on the
+same kind of memory: for each target, a full grid's zero-copy read, a 64-block one (about what a decode step's
+experts read with) and a copy-engine copy, each through the emulated link, against the target (``link_emulation``:
+each rate and its ratio to the target; the emulation is valid where all are within 5 %).
+
+    python3 -m bench.bandwidth [--gib 1] [--link-emulate-gbs 12.5 25 50] [--out bw.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -73,25 +79,67 @@ def pcie(nbytes: int, reps: int = 5) -> dict:
             "zero_copy_alias": how, "pcie_bytes": nbytes, **host_store_paths(nbytes, reps)}
 
 
+@contextlib.contextmanager
+def registered_host(nbytes: int):
+    """``(host, alias)``: ``nbytes`` of host memory allocated and registered the way the host store's are (anonymous
+    mmap + cudaHostRegister, not torch's pinned allocator), every page written, and its device view; None when the
+    registration fails."""
+    import mmap
+
+    import torch
+
+    mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    host = torch.frombuffer(mm, dtype=torch.uint8)
+    host.fill_(1)
+    if int(torch.cuda.cudart().cudaHostRegister(host.data_ptr(), nbytes, 3)) != 0:
+        yield None
+        return
+    try:
+        yield host, _device_alias(host)[0]
+    finally:
+        torch.cuda.synchronize()
+        torch.cuda.cudart().cudaHostUnregister(host.data_ptr())
+
+
+TOLERANCE = 0.05  # an emulated rate within this share of its target
+
+
+def link_emulation(targets, nbytes: int, reps: int = 5) -> dict:
+    """The emulated link's rates at each target (GB/s), as ``glm53.offload.link.Link`` holds them."""
+    import torch
+
+    from glm53.offload.ec_native import Kernels
+    from glm53.offload.link import Link
+
+    with registered_host(nbytes) as registered:
+        if registered is None:
+            return {"error": "cudaHostRegister failed"}
+        host, alias = registered
+        link = Link(Kernels(), torch.device("cuda", torch.cuda.current_device()), registered)
+        rows = []
+        for target in targets:
+            link.retarget(target)
+            row = {"target_gbs": target, "zero_copy_full_grid_gbs": link.read_rate_gbs(alias, link.sms, reps),
+                   "zero_copy_64_blocks_gbs": link.read_rate_gbs(alias, 64, reps), "copy_gbs": link.copy_rate_gbs(host, reps)}
+            ratios = {k.removesuffix("_gbs") + "_ratio": v / target for k, v in row.items() if k != "target_gbs"}
+            rows.append({**row, **ratios, "valid": all(abs(r - 1) <= TOLERANCE for r in ratios.values())})
+        return {"measured": {"zero_copy_gbs": link.rates.zero_copy_gbs, "copy_gbs": link.rates.copy_gbs}, "tolerance": TOLERANCE,
+                "targets": rows, "valid": all(r["valid"] for r in rows)}
+
+
 def host_store_paths(nbytes: int, reps: int = 5) -> dict:
     """The two ways the offload layer moves expert bytes, on memory allocated and registered the way its host store
     is (anonymous mmap + cudaHostRegister, not torch's pinned allocator): copy-engine DMA (prefill staging, elastic
     restore) and a 16-byte-load kernel reading the mapped memory in place (zero-copy misses, admissions), the latter
     at several grid sizes (its thread blocks are taken from the compute kernels while it runs)."""
-    import mmap
-
     import torch
 
     from glm53.offload.ec_native import Kernels
 
-    mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    host = torch.frombuffer(mm, dtype=torch.uint8)
-    host.fill_(1)
-    err = torch.cuda.cudart().cudaHostRegister(host.data_ptr(), nbytes, 3)
-    if int(err) != 0:
-        return {"host_store_error": f"cudaHostRegister failed ({int(err)})"}
-    try:
-        alias, _ = _device_alias(host)
+    with registered_host(nbytes) as registered:
+        if registered is None:
+            return {"host_store_error": "cudaHostRegister failed"}
+        host, alias = registered
         dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
         out = {"pcie_dma_registered_gbs": nbytes / _timed_cuda(lambda: dev.copy_(host, non_blocking=True), reps) / 1e9}
         kernels = Kernels()
@@ -100,9 +148,6 @@ def host_store_paths(nbytes: int, reps: int = 5) -> dict:
         for blocks in (16, 32, 64, sms, 2 * sms, 4 * sms):
             out[f"pcie_sm_read_gbs_{blocks}_blocks"] = nbytes / _timed_cuda(lambda b=blocks: kernels.read_probe(alias, sink, b), reps) / 1e9
         return out
-    finally:
-        torch.cuda.synchronize()
-        torch.cuda.cudart().cudaHostUnregister(host.data_ptr())
 
 
 def hbm(nbytes: int, reps: int = 5) -> dict:
@@ -147,17 +192,12 @@ def main(argv=None) -> int:
     ap.add_argument("--dram-gib", type=float, default=4.0, help="host buffer for the DRAM read in GiB (default 4)")
     ap.add_argument("--threads", type=int, help="DRAM read threads (default: one per physical core)")
     ap.add_argument("--out", help="write the JSON here (default: print it)")
-    ap.add_argument("--link-limit-gbs", type=float, help="measure beside bench.link_limiter's SM reader, calibrated to leave this "
-                    "zero-copy read rate (its calibration is in the output's link_limiter)")
+    ap.add_argument("--link-emulate-gbs", type=float, nargs="+", help="also check the in-band emulation of a link of these "
+                    "rates (GB/s; output: link_emulation)")
     args = ap.parse_args(argv)
-    if args.link_limit_gbs:
-        from bench.link_limiter import Limited
-
-        with Limited(args.link_limit_gbs) as info:
-            result = measure(args.gib, args.dram_gib, args.threads)
-        result["link_limiter"] = info
-    else:
-        result = measure(args.gib, args.dram_gib, args.threads)
+    result = measure(args.gib, args.dram_gib, args.threads)
+    if args.link_emulate_gbs:
+        result["link_emulation"] = link_emulation(args.link_emulate_gbs, int(args.gib * GIB))
     emit_json(result, args.out)
     return 0
 

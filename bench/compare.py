@@ -93,8 +93,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--arm-timeout", type=float, default=300, help="seconds one arm may take (default 300)")
     ap.add_argument("--budget-s", type=float, default=540, help="seconds the whole run may take (default 540: the device's 600 s less prep.sh)")
     ap.add_argument("--no-bandwidth", action="store_true", help="skip the bandwidth measurements")
-    ap.add_argument("--link-limit-gbs", type=float, help="measure the bandwidths and every arm with bench.link_limiter's SM reader "
-                    "in their process, calibrated to leave about this zero-copy read rate (25: a PCIe 4 x16 card; default: the full link)")
+    ap.add_argument("--link-emulate-gbs", type=float, help="the project arms run with GLM53_LINK_EMULATE_GBS at this rate (the in-band "
+                    "emulation of a slower link: 25 for a PCIe 4 x16 card), checked by the bandwidth measurement; the stock arms "
+                    "are not emulated (their decode reads no expert over the link; default: the full link)")
     ap.add_argument("--cold-triton", action="store_true", help="every arm starts with an empty Triton cache, so its load_seconds "
                     "include compiling the kernels (default: the cache the machine has, e.g. the GPU kit's)")
     ap.add_argument("--cpu-hog", help="run every arm beside a spinning process on each of these CPUs (a CPU list such as 0-7, "
@@ -327,10 +328,10 @@ def run_arm(arm: str, run: int, spec: dict, stats: Path | None, work: Path, logs
     return {"name": arm, "run": run, **result, "seconds": round(seconds, 1), "log": log_path.name}
 
 
-def bandwidth(quick: bool, logs: Path, work: Path, timeout: float, link_limit_gbs: float | None = None) -> dict:
+def bandwidth(quick: bool, logs: Path, work: Path, timeout: float, link_emulate_gbs: float | None = None) -> dict:
     out = work / "bandwidth.json"
     cmd = [sys.executable, "-m", "bench.bandwidth", "--out", str(out)] + (["--gib", "0.25", "--dram-gib", "1"] if quick else []) \
-        + (["--link-limit-gbs", str(link_limit_gbs)] if link_limit_gbs else [])
+        + (["--link-emulate-gbs", str(link_emulate_gbs)] if link_emulate_gbs else [])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO)] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])))
     rc, _ = run_process(cmd, env, logs / "bandwidth.log", timeout)
     if rc == 0 and out.is_file():
@@ -354,7 +355,7 @@ def measurement_spec(args, ckpt: Path) -> dict:
             "decode_tokens": args.decode_tokens, "decode_context": args.decode_context, "decode_reps": args.decode_reps,
             "warmup_tokens": args.warmup_tokens, "prefill_lengths": args.prefill, "prefill_reps": args.prefill_reps,
             "mct": args.mct, "long_context": args.long_context, "streams": args.streams, "project_args": shlex.split(args.project_args),
-            "link_limit_gbs": args.link_limit_gbs}
+            "link_emulate_gbs": args.link_emulate_gbs}
 
 
 def write_results(results: dict, path: Path) -> None:
@@ -408,11 +409,14 @@ def main(argv=None) -> int:
     }
     with contextlib.ExitStack() as stack:
         results["bandwidth"] = NO_BANDWIDTH | {"skipped": True} if args.no_bandwidth else \
-            bandwidth(args.quick, logs, work, 180, args.link_limit_gbs)
+            bandwidth(args.quick, logs, work, 180, args.link_emulate_gbs)
         log("bandwidth: " + ", ".join(f"{k} {v:.1f}" for k, v in results["bandwidth"].items() if k.endswith("_gbs") and v))
-        if args.link_limit_gbs:
-            results["link_limiter"] = results["bandwidth"].get("link_limiter") or {"target_read_gbs": args.link_limit_gbs}
-            log(f"link limiter (bandwidth measurement): {results['link_limiter']}")
+        if args.link_emulate_gbs:
+            check = results["bandwidth"].get("link_emulation") or {}
+            results["link_emulation"] = {"target_gbs": args.link_emulate_gbs, "arms": "project arms (stock arms at the full link)",
+                                         "check": check}
+            log(f"link emulation at {args.link_emulate_gbs} GB/s: bandwidth check {'valid' if check.get('valid') else 'NOT valid'}: "
+                f"{check.get('targets')}")
         if args.cpu_hog:
             from bench.cpu_hog import CpuHog, parse_cpus
 

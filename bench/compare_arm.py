@@ -30,7 +30,6 @@ after the decode jobs: the decode hit rate is the change in hits over the change
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
@@ -170,6 +169,8 @@ def load_project(arm: str, spec: dict) -> Loaded:
         argv += ["--vram-limit-gb", f"{spec['vram_limit_gb']:.2f}"]
     if spec.get("cache_experts") is not None:
         argv += ["--ec-cache-experts", str(spec["cache_experts"])]
+    if spec.get("link_emulate_gbs"):
+        argv += ["--link-emulate-gbs", str(spec["link_emulate_gbs"])]
     argv += spec.get("project_args", [])  # last: they win
     try:
         settings = config.load(argv, {})
@@ -340,16 +341,9 @@ def run_arm(arm: str, spec: dict) -> dict:
         t0 = time.monotonic()
         loaded = (load_stock if arm in STOCK_ARMS else load_project)(arm, spec)
         load_seconds = time.monotonic() - t0
-        with contextlib.ExitStack() as limits:
-            if spec.get("link_limit_gbs"):  # the link this arm's reads share, calibrated in this process
-                from bench.link_limiter import Limited
-
-                limiter = limits.enter_context(Limited(spec["link_limit_gbs"]))
-            result = measure(loaded, spec)
-            if spec.get("long_context") and arm in PROJECT_ARMS:
-                result["long_context"] = long_context_phase(loaded, spec)
-        if spec.get("link_limit_gbs"):
-            result["link_limiter"] = limiter
+        result = measure(loaded, spec)
+        if spec.get("long_context") and arm in PROJECT_ARMS:
+            result["long_context"] = long_context_phase(loaded, spec)
         if loaded.idle is not None:
             result["idle"] = loaded.idle({sampler.native_id})
         steady = procmem.tree_memory(os.getpid())

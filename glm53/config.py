@@ -261,6 +261,11 @@ class Settings:
     ct_codebook: str = setting(_choice("int16", "fma", "fp16"), "int16", "CPU-tier arithmetic: int16, fma's weights against each projection input rounded to 16 bits per 128, summed exactly in integers (4e-5 to 5e-5 relative RMS per expert output from fma's result; 1.2-1.5x its speed on AVX-512 VNNI); fma, exllamav3's GPU codebook before its fp16 rounding against fp32 inputs (2.1e-4 relative RMS from the fp16 weights, ~4e-4 per expert output; a third less vector work than fp16); fp16, the GPU's fp16 weights bit for bit")
     ct_deadline_ms: float = setting(_number(float, 0.1, 10000, " ms"), 2.0, "the longest the GPU waits, once its own part of a layer is done, for a CPU-tier job before taking it back and computing its experts itself (counted in /stats); a job waits less: its experts' link time, at least 0.3 ms")
     ct_b: float | None = setting(_optional(_number(float, 0.0001, None, " ms"), "measured at start"), None, "CPU-tier cost per expert in ms; overrides the value measured at start", show_default="unset (measured)")
+    # --- measurement
+    link_emulate_gbs: float | None = setting(_optional(_number(float, 0.1, None, " GB/s"), "the full link"), None,
+                                             "measurements only: emulate a slower host link of this rate in band: each host-to-GPU "
+                                             "transfer is followed on its own stream by the GPU-side delay the slower link would add "
+                                             "(at most the rate measured at start)", show_default="unset (the full link)")
 
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)  # setting name -> default|env|flag
 

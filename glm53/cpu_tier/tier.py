@@ -54,6 +54,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -206,7 +207,8 @@ class FastTier:
         :param cache: the expert cache (``glm53.offload.cache.ExpertCache``): its ``slot_of`` and ``freq`` device
             tensors tell the split which experts are missed and which are cold.
         :param kernels: the expert cache's kernels (``glm53.offload.ec_native.Kernels``): its library holds the
-            tier's device side too, and its read probe times the link at start.
+            tier's device side too. The link is timed at start through the cache's (``cache.link``: an emulated one's
+            rate, when it emulates).
         :param fallbacks: per MoE layer (in store order), the GPU's fused expert kernel for the picks a job did not
             deliver (``run(y, acc, count, token_sorted, weight_sorted)``, ``glm53.engine.exl3.patches.fused_experts``).
         :param top_k: experts picked per token. :param act_limit: GLM's ``swiglu_limit`` (0: no clamp).
@@ -230,7 +232,7 @@ class FastTier:
                                  park_us=PARK_US, codebook=self.codebook).start()
             self.producer = DeviceProducer(self.ring, device, CtKernels(kernels.path))  # the library of the cache's kernels
             self.max_experts = min(255, MAX_TOKENS * top_k)
-            self.costs = self._measure(settings, experts, act_limit, kernels)
+            self.costs = self._measure(settings, experts, act_limit)
             self._table = self.costs.table(MAX_TOKENS, self.max_experts)  # host side (the worth's predictions)
             self.cube = torch.from_numpy(self._table).to(device)
             self.cpu_off = not bool(self._table.any())  # the table sends the CPU nothing: probe now and then
@@ -270,7 +272,7 @@ class FastTier:
 
     # ---- start-up measurements (the cost model's constants, on this machine)
 
-    def _measure(self, settings, experts, act_limit: float, kernels) -> Costs:
+    def _measure(self, settings, experts, act_limit: float) -> Costs:
         sources = {}
         if settings.ct_b is not None:
             cpu, job, sources["cpu_expert_s"] = pinned_cpu_cost(settings.ct_b), {}, "GLM53_CT_B"
@@ -280,7 +282,7 @@ class FastTier:
                                    codebook=self.codebook)
             sources["cpu_expert_s"] = f"timed on {len(keys)} experts at start, jobs of 1 and {min(8, len(keys))}"
         block = self.store.layout.block_bytes
-        link_gbs = _link_read_gbs(self.store, kernels)
+        link_gbs = _link_read_gbs(self.store, self.cache.link)
         vram_gbs = _vram_read_gbs(self.device)
         one = min(cpu)
         handoff = max(0.0, self._round_trip_s() - cpu[one] - job.get(one, 0.0))
@@ -288,6 +290,16 @@ class FastTier:
                        handoff_s="one-expert round trip less its CPU time")
         return Costs(cpu, handoff_s=handoff, link_expert_s=block / (link_gbs * 1e9), vram_expert_s=block / (vram_gbs * 1e9),
                      sources=sources, cpu_job_s=job, cpu_pinned=settings.ct_b is not None)
+
+    def remeasure_link(self) -> None:
+        """The link's figure timed again through the offload's link, and the GPU's live line started over: after the
+        link changed under a running engine (a measurement tool's ``Link.retarget``), the split follows it from the
+        next step instead of refusing live lines far from the start-up figure."""
+        gbs = _link_read_gbs(self.store, self.cache.link)
+        self._probe_link_s = self.store.layout.block_bytes / (gbs * 1e9)
+        self._gpu_samples = Window(GPU_SAMPLES, 2)
+        self.use_costs(replace(self.costs, link_expert_s=self._probe_link_s, gpu_fixed_s=0.0,
+                               sources={**self.costs.sources, "link_expert_s": f"zero-copy read {gbs:.1f} GB/s (timed again)"}))
 
     def use_costs(self, costs: Costs) -> None:
         """Split by these costs from the next step on (the device's table is rewritten in place, on the stream)."""
@@ -391,6 +403,9 @@ class FastTier:
                                                                          self.store.num_experts)
         t2 = time.perf_counter()
         self.fallbacks[row](y, acc[:T], count, token_sorted, weight_sorted)
+        link = self.cache.link
+        link.tier_io(status, outcome, T * self.hidden * 2, T * self.hidden * 4)
+        link.fallback(self.cache.state, row, count, self.cache.block_bytes)
         if sample is not None:
             sample[3] = self._event()
             sample[3].record()  # the collect and the fallback: with no job, all of it is the hooks' own GPU time
@@ -558,17 +573,11 @@ def start(settings, store, cache, device: torch.device, kernels, fallbacks: Sequ
     return tier, None
 
 
-def _link_read_gbs(store, kernels, max_bytes: int = 1 << 29) -> float:
-    """SM reads of mapped host memory (the zero-copy miss path), 16 blocks, over one layer's arena."""
+def _link_read_gbs(store, link, max_bytes: int = 1 << 29) -> float:
+    """SM reads of mapped host memory (the zero-copy miss path), 16 blocks, over one layer's arena, through the
+    offload's link (an emulated one's rate, when it emulates)."""
     src = store.cuda_arena(0)[: min(max_bytes, store.cuda_arena(0).numel()) // 16 * 16]
-    out = torch.zeros(1, dtype=torch.int32, device=src.device)
-    kernels.read_probe(src, out, 16)  # warm-up
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    kernels.read_probe(src, out, 16)
-    end.record()
-    end.synchronize()
-    return src.numel() / (start.elapsed_time(end) / 1000.0) / 1e9
+    return link.read_rate_gbs(src, 16, reps=1)
 
 
 def _vram_read_gbs(device: torch.device, nbytes: int = 1 << 28) -> float:

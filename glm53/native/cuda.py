@@ -1,5 +1,5 @@
 """The project's CUDA library (``native/ec/expert_cache.cu`` and the headers it includes): the expert cache's
-kernels, the CPU tier's device side and the measurement tools' link reader, in one file per set of GPUs.
+kernels, the CPU tier's device side and the in-band emulation of a slower link, in one file per set of GPUs.
 
 It comes from ``$GLM53_NATIVE_BUILD``, the installed package (built for the GPUs the package was built for) or the
 source tree's ``native/build/`` (compiled there with nvcc for this GPU on first use); ``libraries`` says how. It
@@ -18,7 +18,7 @@ from . import libraries
 from .libraries import NativeBuildError
 
 SOURCE = libraries.SOURCE / "ec" / "expert_cache.cu"
-INCLUDED = ("cpu_tier_device.cuh", "link_load.cuh", "prefetch.cuh", "../abi.h")  # by SOURCE: a library older than any of them is stale
+INCLUDED = ("cpu_tier_device.cuh", "link_emulate.cuh", "prefetch.cuh", "../abi.h")  # by SOURCE: a library older than any of them is stale
 
 
 def sources() -> list[Path]:

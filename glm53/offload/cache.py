@@ -25,6 +25,7 @@ import torch
 from .cache_policy import C_ADMITS, C_EVICTS, C_HITS, C_N, C_PICKS, C_STEPS, placement, warm_scores
 from .ec_native import MAX_ADMIT, MAX_EXPERTS, EcState, Kernels
 from .host_store import HostStore
+from .link import Link
 
 CHUNK_SLOTS = 32  # slots per VRAM allocation; the elastic loan frees and reallocates whole chunks
 
@@ -56,14 +57,18 @@ class ExpertCache:
         top_k: int,
         policy: Policy | None = None,
         profile: np.ndarray | None = None,
+        link: Link | None = None,
     ):
         """
         :param tables: per MoE layer (in store order), exllamav3's gate, up, down (E,) and gate/up (E, 2) tables.
         :param slots: VRAM slots to allocate (at most every expert).
         :param top_k: experts picked per token (scales the warm-start scores like real picks would).
         :param profile: float [layers, experts] picks per expert, for the partition and the warm start.
+        :param link: the host link every part of the offload tells what it moved (default: the full link's, which
+            does nothing); the stager, prefetch and the CPU tier use this one too.
         """
         self.kernels = kernels
+        self.link = link or Link(kernels, device)
         self.store = store
         self.policy = policy or Policy()
         self.device = device
@@ -150,6 +155,8 @@ class ExpertCache:
         ``cache_policy.ReferenceCache.step``, on the device)."""
         admit = self.policy.max_admit if self.num_slots else 0
         self.kernels.step(self.state, layer, selected, self.policy.decay, self.policy.hysteresis, admit, self.block_bytes, self.policy.copy_blocks)
+        if admit:
+            self.link.units(self.num_jobs, self.block_bytes, "admissions", self.policy.copy_blocks)
 
     # ---- the elastic loan (a long prefill borrows cache VRAM for activations and staging)
 
@@ -201,6 +208,7 @@ class ExpertCache:
         entries = [(l, e, s) for l, e, s in self._lent_experts if s // CHUNK_SLOTS in back]
         self.assign(entries)
         self.copy_in(entries)
+        self.link.copied(len(entries) * self.block_bytes)
         self.elastic["exit"] += 1
         self.elastic["restored_experts"] += len(entries)
         self._lent = [c for c in self._lent if c not in back]

@@ -49,6 +49,19 @@ class EcPool(ctypes.Structure):
     ]
 
 
+class LeLink(ctypes.Structure):
+    """Mirror of ``struct LeLink`` (``native/ec/link_emulate.cuh``): a slower link's added time per byte, and where
+    the emulation counts what it held."""
+
+    _fields_ = [
+        ("zero_copy_ns_per_byte", ctypes.c_double),
+        ("copy_ns_per_byte", ctypes.c_double),
+        ("counters", ctypes.c_void_p),
+    ]
+
+
+LINK_KINDS = ("misses", "fallback", "admissions", "prefetch", "tier_io", "copies", "probe")  # the emulation's counters, in order
+
 PF_MAX_SLOTS = 16  # prefetch pool slots the kernels take
 PF_MAX_PREDICTED = 64  # predicted experts per row
 PF_COUNTERS = ("copied", "used", "wasted", "plans")  # per layer, in the kernels' order
@@ -65,13 +78,21 @@ class Kernels:
         abi.check(lib.ec_prefetch_abi, self.path, {"EcPool": EcPool},
                   {"limit.max_slots": PF_MAX_SLOTS, "limit.max_predicted": PF_MAX_PREDICTED, "counter.count": len(PF_COUNTERS),
                    **{f"counter.{name}": i for i, name in enumerate(PF_COUNTERS)}})
+        abi.check(lib.le_abi, self.path, {"LeLink": LeLink},
+                  {"kind.count": len(LINK_KINDS), **{f"kind.{name}": i for i, name in enumerate(LINK_KINDS)}})
         p, i, i64, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
         lib.ec_step.argtypes = [ctypes.POINTER(EcState), i, p, i, f, f, i, i64, i, p]
         lib.ec_assign.argtypes = [ctypes.POINTER(EcState), p, i, p]
         lib.ec_read_probe.argtypes = [p, i64, p, i, p]
         lib.ec_prefetch.argtypes = [ctypes.POINTER(EcState), ctypes.POINTER(EcPool), i, p, i, i, i, i64, i, p]
         lib.ec_prefetch_release.argtypes = [ctypes.POINTER(EcState), ctypes.POINTER(EcPool), i, p, i, p]
-        for fn in (lib.ec_step, lib.ec_assign, lib.ec_read_probe, lib.ec_prefetch, lib.ec_prefetch_release):
+        link = ctypes.POINTER(LeLink)
+        lib.le_picks.argtypes = [link, ctypes.POINTER(EcState), i, p, p, i, i64, i, i, p]
+        lib.le_counts.argtypes = [link, ctypes.POINTER(EcState), i, p, i64, i, i, p]
+        lib.le_units.argtypes = [link, p, i64, i64, i, i, i, p]
+        lib.le_tier_io.argtypes = [link, p, p, i64, i64, i, p]
+        for fn in (lib.ec_step, lib.ec_assign, lib.ec_read_probe, lib.ec_prefetch, lib.ec_prefetch_release, lib.le_picks,
+                   lib.le_counts, lib.le_units, lib.le_tier_io):
             fn.restype = ctypes.c_int
         self._lib = lib
 
@@ -106,3 +127,32 @@ class Kernels:
         stream = torch.cuda.current_stream().cuda_stream
         self._check(self._lib.ec_prefetch_release(ctypes.byref(state), ctypes.byref(pool), layer, sel.data_ptr(), sel.numel(), stream),
                     "ec_prefetch_release")
+
+    # ---- the in-band link emulation (glm53.offload.link), on the current stream
+
+    def link_picks(self, link: LeLink, state: EcState, layer: int, sel: torch.Tensor, rw: torch.Tensor | None, block_bytes: int,
+                   kind: int, blocks: int) -> None:
+        """Hold for the experts of ``layer`` among the picks ``sel`` (int64) that are read from the host store (``rw``:
+        their fp16 weights, a pick of weight 0 unread; None: every pick read)."""
+        stream = torch.cuda.current_stream().cuda_stream
+        self._check(self._lib.le_picks(ctypes.byref(link), ctypes.byref(state), layer, sel.data_ptr(), 0 if rw is None else rw.data_ptr(),
+                                       sel.numel(), block_bytes, kind, blocks, stream), "le_picks")
+
+    def link_counts(self, link: LeLink, state: EcState, layer: int, count: torch.Tensor, block_bytes: int, kind: int, blocks: int) -> None:
+        """Hold for the experts of ``layer`` with picks in ``count`` (int64 [E + 1]) that are read from the host store."""
+        stream = torch.cuda.current_stream().cuda_stream
+        self._check(self._lib.le_counts(ctypes.byref(link), ctypes.byref(state), layer, count.data_ptr(), block_bytes, kind, blocks, stream),
+                    "le_counts")
+
+    def link_units(self, link: LeLink, units: torch.Tensor | None, unit_bytes: int, fixed_bytes: int, copy_engine: bool, kind: int,
+                   blocks: int) -> None:
+        """Hold for ``fixed_bytes`` plus ``units`` (int32 [1] on the device, or None) times ``unit_bytes``."""
+        stream = torch.cuda.current_stream().cuda_stream
+        self._check(self._lib.le_units(ctypes.byref(link), 0 if units is None else units.data_ptr(), unit_bytes, fixed_bytes,
+                                       int(copy_engine), kind, blocks, stream), "le_units")
+
+    def link_tier_io(self, link: LeLink, status: torch.Tensor, outcome: torch.Tensor, in_bytes: int, out_bytes: int) -> None:
+        """Hold for a CPU-tier job's input rows (when it was published) and its partial (when it was delivered)."""
+        stream = torch.cuda.current_stream().cuda_stream
+        self._check(self._lib.le_tier_io(ctypes.byref(link), status.data_ptr(), outcome.data_ptr(), in_bytes, out_bytes, 1, stream),
+                    "le_tier_io")

@@ -125,6 +125,7 @@ class Prefetcher:
         self.stream.wait_stream(torch.cuda.current_stream())  # after the last step's picks were copied and the pool released
         with torch.cuda.stream(self.stream):
             self.kernels.prefetch(self.cache.state, self.state, 0, predicted, self.slots, self.block_bytes, self.policy.copy_blocks)
+            self.cache.link.units(self.num, self.block_bytes, "prefetch", self.policy.copy_blocks)
             self.ready[0].record(self.stream)
         predicted.record_stream(self.stream)
         self.planned[0] = True
@@ -164,6 +165,7 @@ class Prefetcher:
         with torch.cuda.stream(self.stream):  # the prediction was made on this stream: it is ready in stream order
             self.kernels.prefetch(self.cache.state, self.state, nxt, predicted, self.slots, self.block_bytes,
                                   self.policy.copy_blocks)
+            self.cache.link.units(self.num, self.block_bytes, "prefetch", self.policy.copy_blocks)
             self.ready[nxt].record(self.stream)
         self.planned[nxt] = True
 

@@ -82,6 +82,8 @@ class Offload:
             self.cache.on_routing(row, selected)
             if self.fast is not None:
                 self.fast.on_routing(row, selected, weights, z)
+        # last: the tables and the weights now say which experts the layer's kernels read from the host store
+        self.cache.link.misses(self.cache.state, row, selected, weights, self.cache.block_bytes)
 
     def before_layer(self, row: int) -> None:
         if self.stager.active:
@@ -105,6 +107,8 @@ class Offload:
             out["cache"]["profile"] = self.profile_source
             out["vram_budget"] = self.budget
             out["staging"] = self.stager.stats()
+        if self.cache is not None:
+            out["link"] = self.cache.link.stats()
         if self.prefetch is not None:
             out["prefetch"] = self.prefetch.stats()
         if self.fast is not None:

@@ -116,6 +116,7 @@ class PrefillStager:
                 src = self.store.arenas[row][e0 * self.block : e1 * self.block]
                 buf[start:end].view(-1).copy_(src, non_blocking=True)
                 start = end
+            self.cache.link.copied(len(experts) * self.block)
         self.ready[row % 2].record(stream)
         self._timing.append(("dma", began, self._event(stream), len(experts) * self.block))
         self.counters["staged_experts"] += len(experts)

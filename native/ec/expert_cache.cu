@@ -261,5 +261,5 @@ int ec_abi(const char* name, int64_t* value)
 // The CPU tier's handoff, device side (same library)
 #include "cpu_tier_device.cuh"
 
-// The measurement tools' paced SM reader of host memory (same library)
-#include "link_load.cuh"
+// The in-band emulation of a slower host link, for measurements (same library)
+#include "link_emulate.cuh"

@@ -85,16 +85,20 @@ def test_the_fast_bound_adds_the_cpu_tiers_measured_rate_capped_by_dram(results)
     assert goals["fast decode / exact decode (full link)"]["ratio"] == pytest.approx(70.0 / exact)
     assert goals["fast decode / exact decode (full link)"]["target"] == 1.15
     assert goals["fast decode / fast bound (full link)"]["ratio"] == pytest.approx(70.0 / b["tok_s"])
-    assert "fast decode / best stock offload decode (link limited)" not in goals
+    assert not any("best stock offload" in name and "fast" in name for name in goals)
 
 
 def test_the_fast_goals_follow_the_runs_conditions(results):
     r = _with_fast_arm(results, 70.0, 600.0)
-    limited = scoreboard.finish({**copy.deepcopy(r), "link_limiter": {"target_read_gbs": 25.0}})
-    goals = {g["goal"]: g for g in limited["goals"]}
-    assert goals["fast decode / exact decode (link limited)"]["target"] == 1.4
-    assert goals["fast decode / best stock offload decode (link limited)"]["target"] == 2.0
-    assert goals["fast decode / fast bound (link limited)"]["target"] == 0.8
+    emulated = scoreboard.finish({**copy.deepcopy(r), "link_emulation": {"target_gbs": 25.0}})
+    goals = {g["goal"]: g for g in emulated["goals"]}
+    assert goals["fast decode / exact decode (link emulated at 25 GB/s)"]["target"] == 1.4
+    assert goals["fast decode / best stock offload decode (link emulated at 25 GB/s)"]["target"] == 2.0
+    assert goals["fast decode / fast bound (link emulated at 25 GB/s)"]["target"] == 0.8
+    # the bounds are the emulated link's
+    assert emulated["bounds"]["link"] == "emulated" and emulated["bounds"]["link_gbs"] == 25.0
+    slower = scoreboard.finish({**copy.deepcopy(r), "link_emulation": {"target_gbs": 12.5}})
+    assert {g["goal"]: g for g in slower["goals"]}["fast decode / exact decode (link emulated at 12.5 GB/s)"]["target"] == 1.8
     hogged = scoreboard.finish({**copy.deepcopy(r), "cpu_hog": {"cpus": [0, 1]}})
     goals = {g["goal"]: g for g in hogged["goals"]}
     assert goals["fast decode / exact decode (CPU hog)"]["target"] == 0.98

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from glm53.cpu_tier import tier as ft
+from glm53.offload.link import Link
 from glm53.cpu_tier.split import Costs, Window, every_miss_to_the_cpu
 from glm53.cpu_tier.tier import (
     PROBE_EXPERTS,
@@ -70,7 +71,8 @@ def tier():
     t.store = type("Store", (), {"num_experts": 3})()
     t.cpu_off, t._probing, t._seen_device = False, False, t.producer.stats()
     t.cache = type("Cache", (), {"slot_of": torch.tensor([[0, -1, -1], [-1, 1, -1]], dtype=torch.int32),
-                                 "freq": torch.tensor([[3.0, 2.0, 1.0], [1.0, 2.0, 3.0]])})()
+                                 "freq": torch.tensor([[3.0, 2.0, 1.0], [1.0, 2.0, 3.0]]),
+                                 "link": Link(None, torch.device("cpu")), "state": None, "block_bytes": 768})()
     t.cube = torch.zeros((9, 65, 65), dtype=torch.uint8)
     t.sent = torch.zeros(4, dtype=torch.int64)
     t.costs = Costs({1: 1e-4}, 1e-5, 2e-4, 1e-6, sources={"cpu_expert_s": "test"})
@@ -402,6 +404,7 @@ def test_late_jobs_double_the_cpu_figures_and_clean_windows_bring_them_down_slow
     for _ in range(REFRESH_STEPS):
         t.after_step()
     assert t.costs.cpu_expert_s[1] == pytest.approx(200e-6 / 1.25)
+    assert t.costs.cpu_job_s[1] == pytest.approx(100e-6 / 1.25)  # the fixed part raised with it comes down with it
 
 
 def test_the_gpu_part_of_sampled_steps_sets_the_link_and_fixed_costs():

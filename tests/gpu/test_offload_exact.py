@@ -41,6 +41,8 @@ CASES = {
     "cache-11pct-prefetch": ["--ec-cache-experts", "11%", "--prefetch", "1"],
     "cache-0-prefetch-wide": ["--ec-cache-experts", "0", "--prefetch", "1", "--prefetch-slots", "6", "--prefetch-extra", "2",
                               "--prefetch-lead", "1"],  # with the lead too (the first MoE layer's prefetch at a step's start)
+    # a slower link emulated in band (issue 29): every transfer held for longer, the arithmetic untouched
+    "cache-11pct-link-emulated": ["--ec-cache-experts", "11%", "--link-emulate-gbs", "10"],
 }
 
 

@@ -11,12 +11,15 @@ import torch
 from glm53 import config
 from glm53.offload import runtime
 from glm53.offload.cache import Policy
+from glm53.offload.link import Link
 from glm53.offload.runtime import STAGE_MIN_ROWS, Offload
 
 GB = 1000**3
 
 
 class Cache:
+    link, state, block_bytes = Link(None, torch.device("cpu")), None, 768
+
     def __init__(self, log):
         self.log, self.lent = log, False
 

@@ -27,7 +27,7 @@ import torch
 
 from ...config import Settings
 from ...cpu_tier import tier as cpu_tier
-from ...offload import budget, profile
+from ...offload import budget, link, profile
 from ...offload.cache import ExpertCache, Policy
 from ...offload.ec_native import Kernels
 from ...offload.host_store import HostStore, cuda_register
@@ -73,7 +73,8 @@ def start_offload(settings: Settings, model, load: Callable[[], None], warmup: C
     pool = settings.prefetch_slots if settings.prefetch else 0
     slots = max(0, slots - pool)  # the prefetch pool's slots come out of the cache's
     warm, profile_source = profile.warm_start(settings.model_dir, settings.root, store.layer_keys)
-    cache = ExpertCache(kernels, store, layers.tables, slots, device, layers.top_k, policy, warm)  # 6. fill
+    cache = ExpertCache(kernels, store, layers.tables, slots, device, layers.top_k, policy, warm,  # 6. fill
+                        link.start(settings, kernels, store, device))
     stager = PrefillStager(store, cache, layers.tables, device, int(settings.ec_stage_gb * GB), STAGE_MIN_ROWS)  # 7. staging
     fast, off_reason = _cpu_tier(settings, store, cache, layers, device, kernels)              # 8. CPU tier
     prefetch = _prefetch(settings, kernels, cache, layers, device, policy, fast)                # 9. prefetch

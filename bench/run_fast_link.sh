@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Issue 29's measurement set on a GPU machine: fast mode against exact mode and stock exllamav3 where users run it (a
+# slower host link, emulated in band: glm53/offload/link.py), the emulation's own validation, the CPU kernel's
+# per-job cost, and fast mode's quality with the int16 codebook. Each phase fits one device call (10 minutes); `all`
+# runs them in order. Results go to $WORK/<phase>/ and are packed into $OUT/<phase>.tgz (the device sends back a few
+# files only); a step that fails is logged and the next one runs.
+#
+#   source .gpu/prep.sh && bench/run_fast_link.sh check     # GPU tests of the new code, the emulation's rates, the CPU kernel
+#   source .gpu/prep.sh && bench/run_fast_link.sh sweep     # bench.compare at 25 GB/s (1 and 4 streams), bench.link_sweep
+#   source .gpu/prep.sh && bench/run_fast_link.sh quality   # paired decode KL (int16) against the noise floor, fast_ablation
+#   source .gpu/prep.sh && bench/run_fast_link.sh fullsize  # 22 MoE layers on one GPU, then bench.extrapolate --measured
+#
+# GPU_KIT: the device kit (default .gpu); CKPT_ROOT: where checkpoints are written (default /tmp/glm53-compare).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+phase=${1:?usage: bench/run_fast_link.sh check|sweep|quality|fullsize|all}
+OUT=${OUT:-/tmp/glm53-fast-link}
+WORK=${WORK:-/tmp/glm53-fast-link-work}
+KIT=${GPU_KIT:-.gpu}
+CKPT_ROOT=${CKPT_ROOT:-/tmp/glm53-compare}
+# a 24 GB card's share of the scaled checkpoint (32 of 288 experts a layer in VRAM), as every earlier run
+CARD="--ec-cache-experts 384 --vram-limit-gb 15.4"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+step() {  # step NAME SECONDS CMD...: runs CMD with a time limit, logs it, never stops the phase
+	local name=$1 limit=$2
+	shift 2
+	echo "=== $name ($(date -u +%H:%M:%S), limit ${limit}s): $*"
+	local t0=$SECONDS
+	timeout --signal=INT --kill-after=20 "$limit" "$@" >"$dir/$name.log" 2>&1
+	local rc=$?
+	echo "=== $name: exit $rc after $((SECONDS - t0)) s"
+	tail -n 25 "$dir/$name.log"
+	return 0
+}
+
+scaled_checkpoint() {  # the scaled checkpoint bench.compare wrote (or reuses)
+	ls -d "$CKPT_ROOT"/scaled-* 2>/dev/null | head -1
+}
+
+check() {
+	step native-build 240 bash -c 'make -C native -j"$(nproc)" && python3 -c "from glm53.native import cuda; print(cuda.locate())"'
+	step gpu-tests 330 env REPORT_DIR="$dir/gpu-tests" tests/gpu/run.sh tests/gpu/test_link_emulation.py tests/gpu/test_cpu_expert_vs_exl3.py \
+		tests/gpu/test_offload_exact.py tests/gpu/test_fast_tier.py -x
+	step bandwidth 120 python3 -m bench.bandwidth --gib 1 --link-emulate-gbs 12.5 25 50 --out "$dir/bandwidth-link-emulation.json"
+	# a one-expert job against a batch, by threads and unit size (the per-job cost: 312 us on 16 CPUs last round)
+	step cpu-kernel-1 150 python3 bench/cpu_expert_bw.py --cpus 0-15 --cores 4 8 16 --isa avx512vbmi --codebook int16 \
+		--per-call 1 --units-per-thread 4 8 16 --reps 2 --out "$dir/cpu-expert-bw-1-per-call.json"
+	step cpu-kernel-8 120 python3 bench/cpu_expert_bw.py --cpus 0-15 --cores 8 16 --isa avx512vbmi --codebook fma --codebook int16 \
+		--per-call 8 --reps 2 --out "$dir/cpu-expert-bw-8-per-call.json"
+}
+
+sweep() {
+	step compare-25 420 python3 -m bench.compare --arms stock-mcs,exact,fast --streams 4 --decode-reps 2 --decode-tokens 128 \
+		--prefill 512 --prefill-reps 1 --repeat none --link-emulate-gbs 25 --arm-timeout 150 --budget-s 400 \
+		--ckpt-root "$CKPT_ROOT" --out-dir "$dir" --name compare-25
+	local ckpt
+	ckpt=$(scaled_checkpoint)
+	step link-sweep 300 python3 -m bench.link_sweep -m "$ckpt" --gbs full measured 25 12.5 --tokens 96 \
+		--engine-args "$CARD" --out "$dir/link-sweep.json"
+}
+
+quality() {
+	local ckpt
+	ckpt=$(scaled_checkpoint)
+	if [ -z "$ckpt" ]; then
+		step synth 120 python3 -m glm53 synth --preset scaled --seed 1 --out "$CKPT_ROOT/scaled-quality" --force
+		ckpt=$CKPT_ROOT/scaled-quality
+	fi
+	step kl-floor 150 python3 -m bench.decode_kl -m "$ckpt" --a stock --b perturbed:0.001 --tokens 48 --max-prompts 3 \
+		--out "$dir/decode-kl-floor.json"
+	step kl-fast-int16 200 python3 -m bench.decode_kl -m "$ckpt" --a exact --b fast --split all --tokens 48 --max-prompts 3 \
+		--engine-args "$CARD" --out "$dir/decode-kl-fast-int16-all.json"
+	step fast-ablation-25 240 python3 -m bench.fast_ablation -m "$ckpt" --tokens 96 \
+		--engine-args "$CARD --ct-enable 1 --link-emulate-gbs 25" --out "$dir/fast-ablation-25.json"
+}
+
+fullsize() {
+	step compare-22 560 python3 -m bench.compare --moe-layers 22 --arms stock-mcs,exact,fast,stock-vram --streams 4 \
+		--prefill 512 4096 --decode-reps 1 --decode-tokens 96 --repeat none --arm-timeout 140 --budget-s 540 \
+		--ckpt-root "$CKPT_ROOT" --out-dir "$dir" --name compare-22
+}
+
+run_phase() {
+	dir=$WORK/$1
+	mkdir -p "$dir" "$OUT"
+	{
+		echo "phase $1: $(date -u +%Y-%m-%dT%H:%M:%SZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+		nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
+		echo "$(nproc) CPUs: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+	} | tee "$dir/machine.txt"
+	"$1"
+	tar czf "$OUT/$1.tgz" -C "$WORK" "$1" && echo "packed $OUT/$1.tgz ($(du -h "$OUT/$1.tgz" | cut -f1))"
+}
+
+# shellcheck disable=SC1091
+[ -n "${GLM53_SITE:-}" ] || source "$KIT/prep.sh"
+case "$phase" in
+check | sweep | quality | fullsize) run_phase "$phase" ;;
+all) for p in check sweep quality fullsize; do run_phase "$p"; done ;;
+*)
+	echo "unknown phase $phase" >&2
+	exit 2
+	;;
+esac
