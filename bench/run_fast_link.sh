@@ -10,7 +10,8 @@
 #   source .gpu/prep.sh && bench/run_fast_link.sh quality   # paired decode KL (int16) against the noise floor, fast_ablation
 #   source .gpu/prep.sh && bench/run_fast_link.sh fullsize  # 22 MoE layers on one GPU, then bench.extrapolate --measured
 #
-# GPU_KIT: the device kit (default .gpu); CKPT_ROOT: where checkpoints are written (default /tmp/glm53-compare).
+# GPU_KIT: the device kit (default .gpu); CKPT_ROOT: where checkpoints are written (default /tmp/glm53-compare). A CPU
+# library built elsewhere is taken from $GLM53_NATIVE_BUILD (the device kit may carry one: .gpu/native/).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 phase=${1:?usage: bench/run_fast_link.sh check|sweep|quality|fullsize|all}
@@ -39,7 +40,7 @@ scaled_checkpoint() {  # the scaled checkpoint bench.compare wrote (or reuses)
 }
 
 check() {
-	step native-build 240 bash -c 'make -C native -j"$(nproc)" && python3 -c "from glm53.native import cuda; print(cuda.locate())"'
+	step native-build 240 python3 -c 'from glm53.native import cuda; from glm53.cpu_tier import kernel; print(cuda.locate(), kernel.locate())'
 	step gpu-tests 330 env REPORT_DIR="$dir/gpu-tests" tests/gpu/run.sh tests/gpu/test_link_emulation.py tests/gpu/test_cpu_expert_vs_exl3.py \
 		tests/gpu/test_offload_exact.py tests/gpu/test_fast_tier.py -x
 	step bandwidth 120 python3 -m bench.bandwidth --gib 1 --link-emulate-gbs 12.5 25 50 --out "$dir/bandwidth-link-emulation.json"
