@@ -54,7 +54,9 @@ def run_engine(mode: str, args) -> dict:
 
     cache_tokens = pages_for(args.prompt_tokens + max(args.tokens, WARMUP_TOKENS) + 1)
     t0 = time.monotonic()
-    engine = Exl3Backend(config.load(engine_argv(mode, args.model, cache_tokens, args.engine_args), {}), extra_caches=1)
+    # the fast engine starts on the full link, where its tier may not pay: it is kept on, to follow the later links
+    engine_args = ("--ct-enable 1 " if mode == "fast" else "") + args.engine_args
+    engine = Exl3Backend(config.load(engine_argv(mode, args.model, cache_tokens, engine_args), {}), extra_caches=1)
     out = {"load_s": round(time.monotonic() - t0, 1), "runs": {}}
     try:
         offload = engine.offload

@@ -298,6 +298,8 @@ class FastTier:
         gbs = _link_read_gbs(self.store, self.cache.link)
         self._probe_link_s = self.store.layout.block_bytes / (gbs * 1e9)
         self._gpu_samples = Window(GPU_SAMPLES, 2)
+        self.worth = Worth()  # whether the split pays is decided afresh on the new link
+        self._probe_every = self._until_probe = PROBE_STEPS
         self.use_costs(replace(self.costs, link_expert_s=self._probe_link_s, gpu_fixed_s=0.0,
                                sources={**self.costs.sources, "link_expert_s": f"zero-copy read {gbs:.1f} GB/s (timed again)"}))
 

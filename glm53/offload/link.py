@@ -163,8 +163,10 @@ class Link:
         """The link's rates as this link carries them: ``host`` pinned host memory and ``alias`` its device view
         (``PROBE_BYTES`` of them, or all when fewer), read by a full grid and copied."""
         n = min(PROBE_BYTES, host.numel() * host.element_size()) // 16 * 16
-        return Rates(zero_copy_gbs=self.read_rate_gbs(alias.view(torch.uint8)[:n], self.sms),
-                     copy_gbs=self.copy_rate_gbs(host.view(torch.uint8)[:n]))
+        rates = Rates(zero_copy_gbs=self.read_rate_gbs(alias.view(torch.uint8)[:n], self.sms),
+                      copy_gbs=self.copy_rate_gbs(host.view(torch.uint8)[:n]))
+        torch.cuda.empty_cache()  # the copy's target is not kept reserved against the VRAM budget
+        return rates
 
     # ---- reporting
 

@@ -68,13 +68,13 @@ def start_offload(settings: Settings, model, load: Callable[[], None], warmup: C
     warmup()  # before the cache: its VRAM is what is left afterwards
     progress.phase("building the cache")
     kernels = Kernels()
+    host_link = link.start(settings, kernels, store, device)  # measured (when it emulates) before the VRAM is counted
     total = store.num_layers * store.num_experts
     slots, vram = budget.cache_slots(settings, store.layout.block_bytes, total, device)         # 5. size
     pool = settings.prefetch_slots if settings.prefetch else 0
     slots = max(0, slots - pool)  # the prefetch pool's slots come out of the cache's
     warm, profile_source = profile.warm_start(settings.model_dir, settings.root, store.layer_keys)
-    cache = ExpertCache(kernels, store, layers.tables, slots, device, layers.top_k, policy, warm,  # 6. fill
-                        link.start(settings, kernels, store, device))
+    cache = ExpertCache(kernels, store, layers.tables, slots, device, layers.top_k, policy, warm, host_link)  # 6. fill
     stager = PrefillStager(store, cache, layers.tables, device, int(settings.ec_stage_gb * GB), STAGE_MIN_ROWS)  # 7. staging
     fast, off_reason = _cpu_tier(settings, store, cache, layers, device, kernels)              # 8. CPU tier
     prefetch = _prefetch(settings, kernels, cache, layers, device, policy, fast)                # 9. prefetch
