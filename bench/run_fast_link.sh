@@ -1,20 +1,24 @@
 #!/usr/bin/env bash
 # Issue 29's measurement set on a GPU machine: fast mode against exact mode and stock exllamav3 where users run it (a
 # slower host link, emulated in band: glm53/offload/link.py), the emulation's own validation, the CPU kernel's
-# per-job cost, and fast mode's quality with the int16 codebook. Each phase fits one device call (10 minutes); `all`
-# runs them in order. Results go to $WORK/<phase>/ and are packed into $OUT/<phase>.tgz (the device sends back a few
+# per-job cost, and fast mode's quality with the int16 codebook. Each phase fits one device call (10 minutes); several
+# phases may be named, and `all` runs every one in order. Results go to $WORK/<phase>/ and are packed into $OUT/<phase>.tgz (the device sends back a few
 # files only); a step that fails is logged and the next one runs.
 #
-#   source .gpu/prep.sh && bench/run_fast_link.sh check     # GPU tests of the new code, the emulation's rates, the CPU kernel
-#   source .gpu/prep.sh && bench/run_fast_link.sh sweep     # bench.compare at 25 GB/s (1 and 4 streams), bench.link_sweep
-#   source .gpu/prep.sh && bench/run_fast_link.sh quality   # paired decode KL (int16) against the noise floor, fast_ablation
+#   source .gpu/prep.sh && bench/run_fast_link.sh check     # the emulation's rates (bench.bandwidth), the CPU kernel's
+#   source .gpu/prep.sh && bench/run_fast_link.sh tests     # the GPU tests of the emulation, the int16 expert, fast mode
+#   source .gpu/prep.sh && bench/run_fast_link.sh sweep     # bench.compare at 25 GB/s with stock's -mcs, bench.link_sweep
+#   source .gpu/prep.sh && bench/run_fast_link.sh streams   # bench.compare of exact and fast at 25 and 12.5 GB/s, 1 and 4 streams
+#   source .gpu/prep.sh && bench/run_fast_link.sh quality   # paired decode KL (int16) against the noise floor
+#   source .gpu/prep.sh && bench/run_fast_link.sh ablation  # bench.fast_ablation at 25 GB/s (the tier's rules)
 #   source .gpu/prep.sh && bench/run_fast_link.sh fullsize  # 22 MoE layers on one GPU, then bench.extrapolate --measured
 #
 # GPU_KIT: the device kit (default .gpu); CKPT_ROOT: where checkpoints are written (default /tmp/glm53-compare). A CPU
 # library built elsewhere is taken from $GLM53_NATIVE_BUILD (the device kit may carry one: .gpu/native/).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-phase=${1:?usage: bench/run_fast_link.sh check|sweep|quality|fullsize|all}
+PHASES="check tests sweep streams quality ablation fullsize"
+[ $# -gt 0 ] || { echo "usage: bench/run_fast_link.sh PHASE... (of: $PHASES; or all)" >&2; exit 2; }
 OUT=${OUT:-/tmp/glm53-fast-link}
 WORK=${WORK:-/tmp/glm53-fast-link-work}
 KIT=${GPU_KIT:-.gpu}
@@ -39,14 +43,17 @@ scaled_checkpoint() {  # the scaled checkpoint bench.compare wrote (or reuses)
 	ls -d "$CKPT_ROOT"/scaled-* 2>/dev/null | head -1
 }
 
-check() {
-	step native-build 240 python3 -c 'from glm53.native import cuda; from glm53.cpu_tier import kernel; print(cuda.locate(), kernel.locate())'
+tests() {
 	# these files only (tests/gpu/run.sh runs the whole suite, whose constrained-decoding tests need jsonschema, which the
 	# device lacks)
 	export TEST_CHECKPOINT=/tmp/glm53-ckpt/tiny
 	[ -e "$TEST_CHECKPOINT/config.json" ] || python3 -m glm53 synth --preset tiny --out "$TEST_CHECKPOINT" --seed 1 --force >/dev/null
-	step gpu-tests 330 python3 -m pytest -v -rA -p no:cacheprovider tests/gpu/test_link_emulation.py tests/gpu/test_cpu_expert_vs_exl3.py \
-		tests/gpu/test_offload_exact.py tests/gpu/test_fast_tier.py
+	step gpu-tests 400 python3 -m pytest -v -rA -p no:cacheprovider tests/gpu/test_link_emulation.py tests/gpu/test_cpu_expert_vs_exl3.py \
+		tests/gpu/test_fast_tier.py tests/gpu/test_offload_exact.py
+}
+
+check() {
+	step native-build 240 python3 -c 'from glm53.native import cuda; from glm53.cpu_tier import kernel; print(cuda.locate(), kernel.locate())'
 	step bandwidth 120 python3 -m bench.bandwidth --gib 1 --link-emulate-gbs 12.5 25 50 --out "$dir/bandwidth-link-emulation.json"
 	# a one-expert job against a batch, by threads and unit size (the per-job cost: 312 us on 16 CPUs last round)
 	step cpu-kernel-1 150 python3 bench/cpu_expert_bw.py --cpus 0-15 --cores 4 8 16 --isa avx512vbmi --codebook int16 \
@@ -65,6 +72,15 @@ sweep() {
 		--engine-args "$CARD" --out "$dir/link-sweep.json"
 }
 
+streams() {
+	local gbs
+	for gbs in 25 12.5; do
+		step "compare-$gbs" 260 python3 -m bench.compare --arms exact,fast --streams 4 --decode-reps 2 --decode-tokens 128 \
+			--prefill 512 --prefill-reps 1 --repeat none --link-emulate-gbs "$gbs" --arm-timeout 120 --budget-s 250 \
+			--ckpt-root "$CKPT_ROOT" --out-dir "$dir" --name "compare-$gbs"
+	done
+}
+
 quality() {
 	local ckpt
 	ckpt=$(scaled_checkpoint)
@@ -76,7 +92,10 @@ quality() {
 		--out "$dir/decode-kl-floor.json"
 	step kl-fast-int16 200 python3 -m bench.decode_kl -m "$ckpt" --a exact --b fast --split all --tokens 48 --max-prompts 3 \
 		--engine-args "$CARD" --out "$dir/decode-kl-fast-int16-all.json"
-	step fast-ablation-25 240 python3 -m bench.fast_ablation -m "$ckpt" --tokens 96 \
+}
+
+ablation() {  # the tier's rules (rest, probes, the hooks' currency) at 25 GB/s
+	step fast-ablation-25 400 python3 -m bench.fast_ablation -m "$(scaled_checkpoint)" --tokens 96 \
 		--engine-args "$CARD --ct-enable 1 --link-emulate-gbs 25" --out "$dir/fast-ablation-25.json"
 }
 
@@ -100,11 +119,10 @@ run_phase() {
 
 # shellcheck disable=SC1091
 [ -n "${GLM53_SITE:-}" ] || source "$KIT/prep.sh"
-case "$phase" in
-check | sweep | quality | fullsize) run_phase "$phase" ;;
-all) for p in check sweep quality fullsize; do run_phase "$p"; done ;;
-*)
-	echo "unknown phase $phase" >&2
-	exit 2
-	;;
-esac
+[ "$*" = all ] && set -- $PHASES
+for phase in "$@"; do
+	case " $PHASES " in
+	*" $phase "*) run_phase "$phase" ;;
+	*) echo "unknown phase $phase (of: $PHASES)" >&2 ;;
+	esac
+done

@@ -20,8 +20,8 @@ itself (at least ``STOP_LOSS_FLOOR_S``, never over the deadline), so a late job 
 time, not a deadline.
 
 The split follows the host's live rate: the cost table is rebuilt every ``REFRESH_STEPS`` steps from live timings
-(:meth:`after_step`): late jobs (more than ``LATE_SHARE`` of a window's: the CPU figures are doubled; they come
-down again slowly), the worker's busy time per expert (a slower host is seen within a refresh), jobs the worker
+(:meth:`after_step`): late jobs (more than ``LATE_SHARE`` of a window's: the CPU figures become ``SLOWER`` times what
+the window's busy time shows, never compounding; they come down again slowly), the worker's busy time per expert (a slower host is seen within a refresh), jobs the worker
 never claimed (a starved host: its CPU figures rise until the table sends nothing), and the GPU's own time for its
 part of every layer of one step in ``SAMPLE_STEPS`` (two CUDA events a layer, read after the step's
 synchronisation). The refresh runs between two steps, on the thread feeding the GPU, so it is kept to a few hundred
@@ -507,13 +507,18 @@ class FastTier:
         collected = late + device["done"] - seen["done"]
         self._seen, self._seen_device = now, device
         fresh, self._probe_live = self.costs, None
+        live = fresh.refreshed(busy, experts, -(-tokens // jobs), jobs, weight=1.0, ease=float("inf")) if jobs > 0 else None
         if late > max(1, LATE_SHARE * collected):
             # the worker's busy time does not see all of what makes a job late (its threads preempted, its wake-ups):
-            # the split sends fewer until the windows are clean again
-            fresh = fresh.slower(SLOWER)
-        elif jobs > 0:
-            self._probe_live = fresh.refreshed(busy, experts, -(-tokens // jobs), jobs, weight=1.0, ease=float("inf"))
-            fresh = fresh.refreshed(busy, experts, -(-tokens // jobs), jobs)
+            # the split sends fewer until the windows are clean again, at SLOWER times what the window's busy time
+            # shows (never compounding from window to window: a burst of late jobs does not outlast itself)
+            fresh = (live or fresh).slower(SLOWER)
+        elif live is not None:
+            self._probe_live = live
+            # resting, the window's jobs were probes, shadow jobs published to time the host: taken as they are (a
+            # wrong guess costs a few late jobs, which the GPU computes and the next window sees); running, averaged
+            # in and lowered by at most Costs.EASE a refresh
+            fresh = live if self.resting else fresh.refreshed(busy, experts, -(-tokens // jobs), jobs)
         if unclaimed > max(1, STARVED_SHARE * published):
             self._probe_live = None
             # the worker did not even get to many of its jobs by their deadline: the host is starved (one such job

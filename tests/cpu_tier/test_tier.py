@@ -283,6 +283,18 @@ def test_the_live_figures_of_a_refresh_are_kept_apart_from_the_eased_model():
     assert t._probe_live is None
 
 
+def test_resting_a_probes_figures_are_taken_as_they_are():
+    """A resting tier's windows hold only probes, shadow jobs published to time the host: their figures replace the
+    model at once (a host freed after a burst is used again within a probe, not a dozen easing refreshes)."""
+    t = tier()
+    t.costs = Costs({1: 20e-3}, 0.0, 200e-6, 1e-6, sources={"cpu_expert_s": "raised"})  # raised by a burst
+    t.use_costs(t.costs)
+    assert t.resting  # a 20 ms expert never pays against 200 us links, even for 64 misses
+    t.worker.live = {"jobs": 4, "experts": 8, "tokens": 4, "busy_s": 8 * 100e-6}  # the probes: 100 us an expert
+    t._refresh()
+    assert t.costs.cpu_expert_s[1] == pytest.approx(100e-6) and not t.resting
+
+
 def test_a_refresh_that_moves_the_costs_a_little_keeps_the_table():
     t = tier()
     t.costs = Costs({1: 100e-6}, 0.0, 190e-6, 0.0, sources={"cpu_expert_s": "timed"})
@@ -389,18 +401,23 @@ def test_jobs_the_worker_never_claimed_turn_the_cpu_off_until_shadow_jobs_time_i
     assert t.costs.cpu_expert_s[8] == pytest.approx(300e-6, rel=0.01)
 
 
-def test_late_jobs_double_the_cpu_figures_and_clean_windows_bring_them_down_slowly():
+def test_late_jobs_double_what_the_worker_shows_without_compounding_and_clean_windows_bring_it_down_slowly():
     t = tier()
     t.costs = Costs({1: 100e-6}, 0.0, 190e-6, 0.0, sources={"cpu_expert_s": "timed"}, cpu_job_s={1: 50e-6})
     t.use_costs(t.costs)
     t.producer.counters.update(published=20, done=18, fallback_jobs=2)  # 2 of 20 late: over LATE_SHARE
-    t.worker.live = {"jobs": 20, "experts": 20, "tokens": 20, "busy_s": 20 * 100e-6}
+    t.worker.live = {"jobs": 20, "experts": 20, "tokens": 20, "busy_s": 20 * 150e-6}  # the model's 150 us a job
     for _ in range(REFRESH_STEPS):
         t.after_step()
     assert t.costs.cpu_expert_s[1] == pytest.approx(200e-6) and t.costs.cpu_job_s[1] == pytest.approx(100e-6)
     assert "late" in t.costs.sources["cpu_expert_s"]
-    t.producer.counters.update(published=40, done=38)  # a clean window, the worker still at 100 us
-    t.worker.live = {"jobs": 40, "experts": 40, "tokens": 40, "busy_s": 40 * 100e-6}
+    t.producer.counters.update(published=40, done=36, fallback_jobs=4)  # late again, the worker as fast as before
+    t.worker.live = {"jobs": 40, "experts": 40, "tokens": 40, "busy_s": 40 * 150e-6}
+    for _ in range(REFRESH_STEPS):
+        t.after_step()
+    assert t.costs.cpu_expert_s[1] == pytest.approx(200e-6)  # twice what it shows, not twice the last model
+    t.producer.counters.update(published=60, done=56)  # a clean window, the worker still at 150 us a job
+    t.worker.live = {"jobs": 60, "experts": 60, "tokens": 60, "busy_s": 60 * 150e-6}
     for _ in range(REFRESH_STEPS):
         t.after_step()
     assert t.costs.cpu_expert_s[1] == pytest.approx(200e-6 / 1.25)
