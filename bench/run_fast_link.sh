@@ -13,6 +13,7 @@
 #   source .gpu/prep.sh && bench/run_fast_link.sh ablation  # bench.fast_ablation at 25 GB/s (the tier's rules)
 #   source .gpu/prep.sh && bench/run_fast_link.sh fullsize  # 22 MoE layers on one GPU, then bench.extrapolate --measured
 #
+# GPU_TESTS: the test files of `tests` (default: the link emulation's, the CPU expert's, fast mode's, exactness);
 # GPU_KIT: the device kit (default .gpu); CKPT_ROOT: where checkpoints are written (default /tmp/glm53-compare). A CPU
 # library built elsewhere is taken from $GLM53_NATIVE_BUILD (the device kit may carry one: .gpu/native/).
 set -uo pipefail
@@ -48,8 +49,8 @@ tests() {
 	# device lacks)
 	export TEST_CHECKPOINT=/tmp/glm53-ckpt/tiny
 	[ -e "$TEST_CHECKPOINT/config.json" ] || python3 -m glm53 synth --preset tiny --out "$TEST_CHECKPOINT" --seed 1 --force >/dev/null
-	step gpu-tests 400 python3 -m pytest -v -rA -p no:cacheprovider tests/gpu/test_link_emulation.py tests/gpu/test_cpu_expert_vs_exl3.py \
-		tests/gpu/test_fast_tier.py tests/gpu/test_offload_exact.py
+	step gpu-tests 400 python3 -m pytest -v -rA -p no:cacheprovider ${GPU_TESTS:-tests/gpu/test_link_emulation.py \
+		tests/gpu/test_cpu_expert_vs_exl3.py tests/gpu/test_fast_tier.py tests/gpu/test_offload_exact.py}
 }
 
 check() {
@@ -75,8 +76,8 @@ sweep() {
 streams() {
 	local gbs
 	for gbs in 25 12.5; do
-		step "compare-$gbs" 260 python3 -m bench.compare --arms exact,fast --streams 4 --decode-reps 2 --decode-tokens 128 \
-			--prefill 512 --prefill-reps 1 --repeat none --link-emulate-gbs "$gbs" --arm-timeout 120 --budget-s 250 \
+		step "compare-$gbs" 240 python3 -m bench.compare --arms exact,fast --streams 4 --decode-reps 2 --decode-tokens 128 \
+			--prefill 512 --prefill-reps 1 --repeat none --link-emulate-gbs "$gbs" --arm-timeout 110 --budget-s 230 \
 			--ckpt-root "$CKPT_ROOT" --out-dir "$dir" --name "compare-$gbs"
 	done
 }

@@ -28,8 +28,11 @@ TOKENS = 24
 def _backend(ckpt, mode, extra=()):
     from glm53.engine.exl3.backend import Exl3Backend
 
+    # both modes prefill alike (one pass, no prompt-end checkpoint, whose split scan is not stock's arithmetic): the
+    # decode steps then differ by the CPU tier alone
     argv = ["--engine", "exl3", "--mode", mode, "-m", str(ckpt), "-cs", "4096", "--max-batch-size", "1", "-ambs", "1",
-            "-chunk_size", "2048", "--ec-cache-experts", "11%", "--prefill-last-page-split", "0", *extra]
+            "-chunk_size", "2048", "--ec-cache-experts", "11%", "--prefill-last-page-split", "0", "--prompt-end-checkpoints", "0",
+            *extra]
     backend = Exl3Backend(config.load(argv, {}))
     if backend.offload.fast is not None:
         backend.offload.fast.use_costs(every_miss_to_the_cpu(backend.offload.fast.costs))

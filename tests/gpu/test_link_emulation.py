@@ -103,10 +103,12 @@ def test_the_full_link_launches_nothing_and_a_faster_target_is_refused(kernels, 
     assert link.counters.sum().item() == 0
     with pytest.raises(ValueError, match="GLM53_LINK_EMULATE_GBS=60.0 is not accepted: this machine's link was measured at 50.0"):
         link.retarget(60.0)
-    link.retarget(50.0)  # the measured rate: held for nothing more, but counted
+    link.retarget(50.0)  # the zero-copy reads' measured rate: held for nothing more, but counted; copies (55) are slower
+    link.probed(1 << 20, 4)
     link.copied(1 << 20)
     torch.cuda.synchronize(device)
-    assert _held(link)["copies"] == (1 << 20, 0)
+    assert _held(link)["probe"] == (1 << 20, 0)
+    assert _held(link)["copies"] == (1 << 20, _ns(1 << 20, 50.0, RATES.copy_gbs))
 
 
 def test_a_fast_engine_under_emulation_holds_for_its_fallbacks_and_answers_as_without(tiny_checkpoint):
