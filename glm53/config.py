@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 MODES = ("fast", "exact")
+GB = 1000**3  # the unit of every *_gb setting: decimal, as GPU and RAM sizes are quoted
 ENV_PREFIX = "GLM53_"
 # Variables with the prefix that are not settings: the GPU kit's prep.sh exports GLM53_SITE (its wheel dir);
 # GLM53_NATIVE_BUILD is where the native libraries are looked for first (glm53/native/libraries.py).

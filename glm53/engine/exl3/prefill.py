@@ -21,6 +21,7 @@ import textwrap
 
 import torch
 
+from ...config import GB
 from .patches import InternalsChanged
 
 
@@ -248,7 +249,7 @@ def install_prompt_end_checkpoints() -> None:
 def checkpoint_settings(cache_gb: float, page_size: int) -> dict:
     """The Generator's recurrent-checkpoint arguments: the host-RAM budget (exllamav3's LRU counts each checkpoint at
     its size) and a checkpoint at every page boundary of an answer, so the one before its end is always there."""
-    return {"recurrent_cache_size": int(cache_gb * 1000**3), "recurrent_checkpoint_interval": page_size}
+    return {"recurrent_cache_size": int(cache_gb * GB), "recurrent_checkpoint_interval": page_size}
 
 
 def checkpoint_stats(generator, prompt_end: PromptEndCheckpoints | None) -> dict:
