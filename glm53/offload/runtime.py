@@ -22,7 +22,7 @@ from .cache import ExpertCache, Policy
 from .host_store import HostStore, cuda_unregister
 from .staging import PrefillStager
 
-log = logging.getLogger("glm53.offload")
+log = logging.getLogger(__name__)
 
 STAGE_MIN_ROWS = 256  # forwards with at least this many tokens stage experts (below, zero-copy reads suffice)
 

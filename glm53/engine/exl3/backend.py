@@ -44,7 +44,7 @@ from .load import load, page_size
 from .offload import start_offload
 from .tokenizer import HFTokenizer
 
-log = logging.getLogger("glm53.engine.exl3")
+log = logging.getLogger(__name__)
 
 # exllamav3 divides the logits by the temperature: far below this the quotient overflows to inf/NaN, while at it
 # sampling is already argmax in practice (greedy with penalties or a bias also runs at it).

@@ -37,7 +37,7 @@ from ...offload.staging import PrefillStager
 from ...progress import Progress
 from . import patches
 
-log = logging.getLogger("glm53.offload")
+log = logging.getLogger(__name__)
 
 
 def start_offload(settings: Settings, model, load: Callable[[], None], warmup: Callable[[], None],
