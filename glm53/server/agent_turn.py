@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from flask import request
 from pydantic import ValidationError
 
-from ..engine.scheduler import Delta, Finish
+from ..engine.interface import Delta, Finish
 from .blocks import Block, BlockEvent, Blocks, BlockStop
 from .chat import ChatPlan, generation_requests, plan_chat
 from .errors import APIError

@@ -16,10 +16,9 @@ from functools import partial
 from flask import Blueprint, request
 
 from ..engine.constraints import CompiledGrammar
-from ..engine.interface import LogprobRequest
-from ..engine.scheduler import Delta, Finish, GenerationRequest
+from ..engine.interface import Delta, Finish, GenerationRequest, LogprobRequest
+from ..models.chat_template import TemplateError
 from .body import parse_body
-from .chat_template import TemplateError
 from .errors import APIError
 from .jobs import JobGroup, check_model, max_new_tokens, runtime, sampling_params
 from .logprobs import chat_logprobs

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from glm53.server.chat_template import ChatTemplate
+from glm53.models.chat_template import ChatTemplate
 from glm53.server.parsing import (
     ContentText,
     OutputParser,

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from glm53 import cli
-from glm53.engine.exl3 import triton_pin, triton_pin_record
+from glm53.engine.exl3 import triton_pin
 from glm53.engine.exl3.patches import InternalsChanged
 from glm53.engine.exl3.triton_pin_file import (
     ArchitectureMismatch,
@@ -29,6 +29,7 @@ from glm53.engine.exl3.triton_pin_file import (
     load,
     merge,
 )
+from glm53.tools import triton_pin_record
 from tests.engine.exl3 import fake_triton
 
 SCALE = "tests.engine.exl3.fake_kernels:scale_kernel"
