@@ -237,7 +237,7 @@ class Settings:
                                            "off in exact mode, as the split scan is not stock's arithmetic")
     ambs: int = setting(_number(int, 1, 256), 4, "streams decoded together in one batched step (recurrent-state slots)", flags=("-ambs",))
     vram_limit_gb: float | None = setting(_optional(_number(float, 1, None, " GB"), "the whole GPU"), None, "use at most this much VRAM (emulates a smaller card on a larger one)", show_default="unset (whole GPU)")
-    triton_pin: Path | None = setting(_optional(PATH, "autotune"), None, "pin file of Triton autotune choices for the KDA kernels (autotuned picks change rounding)", show_default="unset (autotune)")
+    triton_pin: Path | None = setting(_optional(PATH, "autotune"), None, "pin file of Triton autotune choices for the KDA kernels (autotuned picks change rounding), installed before the model loads", show_default="unset (autotune)")
     # --- offload: GPU expert cache and prefill staging
     ec_reserve_gb: float = setting(_number(float, 0, None, " GB"), {"fast": 1.5, "exact": 1.0}, "VRAM left free after the expert cache takes the rest")
     ec_cache_experts: Any = setting(EXPERT_COUNT, "auto", "most routed experts the VRAM cache holds; auto: as many as fit in the VRAM budget")
