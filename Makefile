@@ -13,7 +13,12 @@ CODEX_CLI   := 0.171.0
 NPM_TOOLS   := .npm-tools
 NPM_STAMP   := $(NPM_TOOLS)/.installed-claude-$(CLAUDE_CODE)-codex-$(CODEX_CLI)
 
-.PHONY: demo test test-nix native agent-clis readme clean
+# exllamav3's own source, for the CPU tests that check the patch points against it (tests/engine/exl3); the version
+# pyproject.toml's gpu extra pins, as PyPI serves it (the wheel carries the Python and CUDA sources; nothing is built)
+EXLLAMAV3 := $(shell sed -n 's/.*"exllamav3==\([^"]*\)".*/\1/p' pyproject.toml)
+EXLLAMAV3_WHEEL := $(VENV)/wheels/exllamav3-$(EXLLAMAV3)-py3-none-any.whl
+
+.PHONY: demo test test-nix native agent-clis exllamav3-source readme clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,8 +30,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/glm53 serve $(ARGS)
 
-test: $(STAMP) test-nix native agent-clis
+test: $(STAMP) test-nix native agent-clis exllamav3-source
 	$(BIN)/python -m pytest -q -m 'not gpu'
+
+exllamav3-source: $(EXLLAMAV3_WHEEL)
+
+$(EXLLAMAV3_WHEEL): $(STAMP)
+	$(BIN)/pip download --quiet --no-deps --only-binary=:all: -d $(VENV)/wheels "exllamav3==$(EXLLAMAV3)"
 
 agent-clis: $(NPM_STAMP)
 

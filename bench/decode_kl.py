@@ -385,8 +385,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> dict:
     from glm53.engine.exl3.tokenizer import HFTokenizer
     from glm53.engine.exl3.stock import load_stock
-    from glm53.panel import load_prompts, prompt_ids
-    from glm53.server.chat_template import ChatTemplate
+    from glm53.tools.panel import load_prompts, prompt_ids
+    from glm53.models.chat_template import ChatTemplate
 
     started = time.monotonic()
     template = ChatTemplate.from_model_dir(args.model)

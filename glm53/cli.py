@@ -1,5 +1,5 @@
-"""The ``glm53`` command: ``serve`` runs the server, ``info`` prints the effective configuration and preflight,
-``synth`` writes a synthetic checkpoint."""
+"""The ``glm53`` command: ``serve`` runs the server, ``info`` prints the effective configuration and preflight; the
+tools (``synth``, ``calibrate-router``, ``panel``, ``triton-pin``) are in ``glm53/tools``."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ import logging
 import sys
 from pathlib import Path
 
-from . import __version__, config, panel, preflight
+from . import __version__, config, preflight
 from .progress import TerminalProgress
-from .models.synth import presets
-from .engine.exl3 import triton_pin_record
+from .tools import panel, triton_pin_record
+from .tools.synth import presets
+
+log = logging.getLogger(__name__)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -109,7 +111,7 @@ def _settings_table(settings: config.Settings) -> list[str]:
 
 def _synth(ns: argparse.Namespace) -> int:
     # Imported here: only this command needs numpy and the writer.
-    from .models.synth.writer import write_checkpoint
+    from .tools.synth.writer import write_checkpoint
 
     bar = TerminalProgress()
     try:
@@ -126,7 +128,7 @@ def _serve(settings: config.Settings) -> int:
     from .models.download import DownloadError, download_checkpoint, needs_download
 
     if resolve_engine(settings)[0] == "exl3" and needs_download(settings):
-        logging.getLogger("glm53.download").info("downloading %s@%s into %s", settings.model_repo, settings.model_revision, settings.model_dir)
+        log.info("downloading %s@%s into %s", settings.model_repo, settings.model_revision, settings.model_dir)
         try:
             download_checkpoint(settings)
         except DownloadError as exc:
@@ -134,7 +136,7 @@ def _serve(settings: config.Settings) -> int:
             return 1
     checks = preflight.run_checks(settings)
     for c in checks:
-        logging.getLogger("glm53.preflight").log(logging.ERROR if c.level == "fail" else logging.INFO, "%s: %s", c.name, c.message)
+        log.log(logging.ERROR if c.level == "fail" else logging.INFO, "%s: %s", c.name, c.message)
     if preflight.failures(checks):
         print("glm53: not starting: " + "; ".join(c.message for c in preflight.failures(checks)), file=sys.stderr)
         return 1
@@ -158,7 +160,7 @@ def _serve(settings: config.Settings) -> int:
 
 
 def _calibrate(ns: argparse.Namespace) -> int:
-    from .engine.exl3.calibrate import calibrate
+    from .tools.calibrate_router import calibrate
 
     bar = TerminalProgress()
     report = calibrate(ns.model_dir, ns.profile, rounds=ns.rounds, tolerance=ns.tolerance, log=bar.echo, progress=bar)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 MODES = ("fast", "exact")
+GB = 1000**3  # the unit of every *_gb setting: decimal, as GPU and RAM sizes are quoted
 ENV_PREFIX = "GLM53_"
 # Variables with the prefix that are not settings: the GPU kit's prep.sh exports GLM53_SITE (its wheel dir);
 # GLM53_NATIVE_BUILD is where the native libraries are looked for first (glm53/native/libraries.py).
@@ -226,39 +227,36 @@ class Settings:
     cache_size: int = setting(_multiple_of(_number(int, 256, 16 * 1048576), 256), 131072, "KV cache size in tokens: the context one sequence may use, shared by all", flags=("-cs",))
     max_batch_size: int = setting(_number(int, 1, 256), 8, "jobs generated concurrently (continuous batching)")
     chunk_size: int = setting(_number(int, 16, 1048576), 8192, "prefill chunk in tokens", flags=("-chunk_size",))
-    prefill_last_page_split: bool = setting(BOOL, {"fast": False, "exact": True}, "prefill a prompt's last page in a forward of its own, as stock exllamav3 does for recurrent models "
-                                            "(a recurrent-state checkpoint there for prefix reuse; offloaded, each forward streams the non-resident experts once; "
-                                            "off, the recurrent layers make that checkpoint inside the one forward)")
-    recurrent_cache_gb: float = setting(_number(float, 0, None, " GB"), 4.0, "host RAM for recurrent-state checkpoints (least recently used dropped first; each counted at its measured size): "
-                                        "one at the end of each prompt and of each answer lets an agent's next turn prefill only its new tokens")
+    prefill_last_page_split: bool = setting(BOOL, {"fast": False, "exact": True}, "prefill a prompt's last page in a forward of its own, as stock exllamav3 does for recurrent models, "
+                                            "to checkpoint the recurrent state there; off: one forward per chunk (offloaded, each forward streams "
+                                            "every expert that is not in VRAM once)")
+    recurrent_cache_gb: float = setting(_number(float, 0, None, " GB"), 4.0, "host RAM for recurrent-state checkpoints (least recently used dropped first), "
+                                        "which let an agent's next turn prefill only its new tokens")
     prompt_end_checkpoints: bool = setting(BOOL, {"fast": True, "exact": False}, "with the one-pass prefill, have the recurrent layers checkpoint each prompt at its last page boundary "
-                                           "inside the forward, so that an agent's next turn prefills only what it added (off: from the last checkpoint "
-                                           "of a chunk or an answer). Off in exact mode, whose prefill splits off the last page as stock does (the "
-                                           "split scan is not stock's arithmetic)")
+                                           "inside the forward (off: a next turn prefills from the last checkpoint of a chunk or an answer); "
+                                           "off in exact mode, as the split scan is not stock's arithmetic")
     ambs: int = setting(_number(int, 1, 256), 4, "streams decoded together in one batched step (recurrent-state slots)", flags=("-ambs",))
     vram_limit_gb: float | None = setting(_optional(_number(float, 1, None, " GB"), "the whole GPU"), None, "use at most this much VRAM (emulates a smaller card on a larger one)", show_default="unset (whole GPU)")
-    triton_pin: Path | None = setting(_optional(PATH, "autotune"), None, "pin file of Triton autotune choices for the KDA kernels (autotuned picks change rounding)", show_default="unset (autotune)")
+    triton_pin: Path | None = setting(_optional(PATH, "autotune"), None, "pin file of Triton autotune choices for the KDA kernels (autotuned picks change rounding), installed before the model loads", show_default="unset (autotune)")
     # --- offload: GPU expert cache and prefill staging
     ec_reserve_gb: float = setting(_number(float, 0, None, " GB"), {"fast": 1.5, "exact": 1.0}, "VRAM left free after the expert cache takes the rest")
     ec_cache_experts: Any = setting(EXPERT_COUNT, "auto", "most routed experts the VRAM cache holds; auto: as many as fit in the VRAM budget")
     ec_elastic_gb: float = setting(_number(float, 0, None, " GB"), 10.0, "expert-cache VRAM lent to activations and staging during a long prefill")
     ec_stage_gb: float = setting(_number(float, 0, None, " GB"), 2.6, "size of each of the two prefill staging buffers")
-    prefetch: bool = setting(BOOL, False, "exact mode's decode: after each MoE layer, predict the next layer's picks (its router on this layer's input) and copy "
-                             "the predicted non-resident experts into a pool of VRAM slots while the next layer's attention runs; bit-identical output; "
-                             "single-stream steps only (at four streams it was 3-4 % slower). Off by default: on the scaled checkpoint 1.02-1.04x exact at one stream "
-                             "with 2 slots (recall 0.3: synthetic routing), 1.17x with a perfect predictor, 1.22x with 8 slots and GLM53_PREFETCH_LEAD")
+    prefetch: bool = setting(BOOL, False, "exact mode's single-stream decode steps: after each MoE layer, predict the next layer's picks (its router on "
+                             "this layer's input) and copy the predicted experts that are not in VRAM into a pool of VRAM slots while the next layer's "
+                             "attention runs; bit-identical output")
     prefetch_slots: int = setting(_number(int, 1, 16), 2, "VRAM slots of the prefetch pool (taken from the expert cache's), the most experts copied ahead per layer")
     prefetch_extra: int = setting(_number(int, 0, 56), 0, "experts predicted per token beyond the router's top-k (candidates when the top-k are resident)")
-    prefetch_lead: bool = setting(BOOL, False, "with GLM53_PREFETCH, also copy the first MoE layer's likely picks when a decode step starts, in the "
-                                  "link's longest idle window (the embedding, the dense layers and that layer's attention: 1.7 ms on the scaled "
-                                  "checkpoint, against 0.13 ms between two MoE layers), predicted by the previous step's picks of that layer. Off by "
-                                  "default: +5 % with a perfect predictor, -2 % with this one on a synthetic checkpoint, whose consecutive tokens "
-                                  "share experts only by chance")
+    prefetch_lead: bool = setting(BOOL, False, "with GLM53_PREFETCH, also copy the first MoE layer's likely picks (the previous step's picks of that layer) "
+                                  "when a decode step starts, while the embedding, the dense layers and that layer's attention leave the link idle")
     # --- offload: CPU tier (fast mode)
     ct_cpus: Any = setting(CPUS, "auto", "CPUs of the CPU tier; auto: one per physical core, leaving cores for the GPU-feeding thread")
     ct_threads: int = setting(_number(int, 0, 4096), 0, "CPU-tier threads; 0: one per CPU of GLM53_CT_CPUS")
     ct_enable: Any = setting(AUTO_BOOL, "auto", "fast mode: compute the coldest decode misses on the CPU tier; auto: on when the costs measured at start give it a share of the misses (one log line says why not, otherwise), a job late for GLM53_CT_DEADLINE_MS is computed on the GPU instead")
-    ct_codebook: str = setting(_choice("int16", "fma", "fp16"), "int16", "CPU-tier arithmetic: int16, fma's weights against each projection input rounded to 16 bits per 128, summed exactly in integers (4e-5 to 5e-5 relative RMS per expert output from fma's result; 1.2-1.5x its speed on AVX-512 VNNI); fma, exllamav3's GPU codebook before its fp16 rounding against fp32 inputs (2.1e-4 relative RMS from the fp16 weights, ~4e-4 per expert output; a third less vector work than fp16); fp16, the GPU's fp16 weights bit for bit")
+    ct_codebook: str = setting(_choice("int16", "fma", "fp16"), "int16", "CPU-tier arithmetic: int16, fma's weights against each projection's input rounded to 16 bits per 128 values, summed "
+                            "exactly in integers; fma, exllamav3's GPU codebook before its fp16 rounding, against fp32 inputs; fp16, the GPU's "
+                            "fp16 weights bit for bit")
     ct_deadline_ms: float = setting(_number(float, 0.1, 10000, " ms"), 2.0, "the longest the GPU waits, once its own part of a layer is done, for a CPU-tier job before taking it back and computing its experts itself (counted in /stats); a job waits less: its experts' link time, at least 0.3 ms")
     ct_b: float | None = setting(_optional(_number(float, 0.0001, None, " ms"), "measured at start"), None, "CPU-tier cost per expert in ms; overrides the value measured at start", show_default="unset (measured)")
     # --- measurement

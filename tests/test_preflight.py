@@ -91,7 +91,7 @@ def test_download_with_the_hub_unreachable_stops_with_the_fetch_command(tmp_path
 
 from glm53 import host
 from glm53.models import checkpoint
-from glm53.models.synth.safetensors_file import Entry, open_shard
+from glm53.tools.synth.safetensors_file import Entry, open_shard
 
 GiB = 2**30
 CPUINFO = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma f16c\n\nprocessor\t: 1\nflags\t\t: fpu\n"

@@ -1,6 +1,7 @@
 """Put on PYTHONPATH (ahead of the repository root) for a stock-exllamav3 CPU-offload arm only: installs the Python
-``exl3_moe_cpu_core_order`` (``bench/core_order.py``) in every interpreter of that arm, including the CPU worker
-that exllamav3 starts with multiprocessing's spawn method. Then runs the ``sitecustomize`` this one shadows."""
+``exl3_moe_cpu_core_order`` (``glm53/engine/exl3/core_order.py``) in every interpreter of that arm, including the
+CPU worker that exllamav3 starts with multiprocessing's spawn method. Then runs the ``sitecustomize`` this one
+shadows."""
 
 import importlib.machinery
 import importlib.util

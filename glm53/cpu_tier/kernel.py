@@ -10,7 +10,7 @@ Codebook values (``codebook``, :data:`CODEBOOKS`):
 
 - ``fp16`` (the default): the fp16 weights exllamav3's GPU kernels (and its quantiser) decode, bit for bit,
   ``fp16(fma(1024 + byte sum, fp16 0x1eee, fp16 0xc931))``, which sit 476 / 2^18 (1.8e-3) below the exact
-  ``(byte sum - 510) * fp16(0x1eee)`` of ``models/synth/exl3_reference.mul1_values`` and exllamav3's own CPU
+  ``(byte sum - 510) * fp16(0x1eee)`` of ``tools/synth/exl3_reference.mul1_values`` and exllamav3's own CPU
   kernel, plus their fp16 rounding;
 - ``fma``: that fused multiply-add before its rounding to fp16 (relative RMS 2.1e-4 from the fp16 weights, without
   bias), which spares the rounding's three of the ten vector operations a weight costs at one token;

@@ -64,7 +64,7 @@ from .device import OUTCOMES, CtKernels, DeviceProducer, pack_picks
 from .split import Costs, Window, fit_gpu_line, measure_cpu, pinned_cpu_cost
 from .worker import ExpertTable, Ring, Worker, host_store_experts
 
-log = logging.getLogger("glm53.offload.fast")
+log = logging.getLogger(__name__)
 
 MAX_TOKENS = 8  # decode rows per step the CPU tier takes (exllamav3's fused decode tier, MAX_BSZN)
 RING_SLOTS = 4  # a layer's job is collected before the next layer publishes; spare slots cover late workers

@@ -11,7 +11,7 @@ from ..models.checkpoint import has_config
 from ..progress import Progress
 from .interface import Backend
 
-log = logging.getLogger("glm53.engine")
+log = logging.getLogger(__name__)
 
 
 def cuda_gpu_visible() -> bool:

@@ -26,7 +26,7 @@ import llguidance
 import numpy as np
 import torch
 
-log = logging.getLogger("glm53.constraints")
+log = logging.getLogger(__name__)
 
 GRAMMAR_KINDS = ("json_schema", "regex", "lark", "ebnf")
 MAX_ERROR_CHARS = 600  # llguidance's messages can quote a whole grammar; the start says what is wrong

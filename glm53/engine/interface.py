@@ -1,4 +1,8 @@
-"""The contract between the scheduler and a model backend.
+"""The engine's contracts: what the server hands the scheduler and gets back (a request, then its events), and
+what the scheduler asks of a model backend.
+
+A generation job is a :class:`GenerationRequest` answered by :class:`Delta` events and one :class:`Finish`; a scoring
+job is a :class:`ScoreRequest` answered by one :class:`Scored` (or a :class:`Finish` when it fails).
 
 A backend (the CPU demo model in ``engine/tiny``, the exllamav3 model on a GPU) owns the weights, the
 caches and sampling. The scheduler (``engine/scheduler.py``) owns what is the same for every backend:
@@ -30,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from .constraints import Constraint, Vocabulary
+    from .constraints import CompiledGrammar, Constraint, Vocabulary
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,55 @@ class ModelInfo:
     facts: Mapping[str, object] = field(default_factory=dict)  # load time, memory use, shapes: shown in /server_info
     gpu: Mapping[str, object] | None = None  # the GPU the model runs on (engine/gpu.py); None for a CPU backend
     max_score_tokens: int | None = None  # most tokens one teacher-forced scoring forward takes; None: the context
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int  # the scheduler also stops at the context length
+    sampling: SamplingParams = SamplingParams()
+    stop_strings: tuple[str, ...] = ()
+    stop_token_ids: frozenset[int] = frozenset()  # in addition to the model's EOS ids
+    ignore_eos: bool = False
+    skip_special: bool = False  # drop control markers from the text (token ids are unaffected)
+    logprobs: LogprobRequest | None = None
+    grammar: CompiledGrammar | None = None  # what the completion must follow; it ends where the grammar does
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    ids: tuple[int, ...]
+    start: int
+    logprobs: LogprobRequest
+
+
+@dataclass(frozen=True)
+class Delta:
+    """New output of one step: the tokens and the text that became certain (may be empty)."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprobs, ...] | None = None
+    cached_tokens: int | None = None  # on a job's first Delta only: its prompt tokens served from the prefix cache
+
+
+@dataclass(frozen=True)
+class Finish:
+    """Last event of a generation job."""
+
+    reason: str  # stop | length | cancelled | error
+    prompt_tokens: int
+    completion_tokens: int
+    matched: str | int | None = None  # the stop string or token id that ended it
+    error: str | None = None
+    cached_tokens: int = 0  # prompt tokens served from the backend's prefix cache (0 if it ended before a token)
+
+
+@dataclass(frozen=True)
+class Scored:
+    """Result of a scoring job (its only event unless it fails)."""
+
+    entries: list[TokenLogprobs | None]
 
 
 class Tokenizer(Protocol):

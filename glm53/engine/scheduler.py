@@ -21,64 +21,15 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from .constraints import CompiledGrammar, Constraint
+from .constraints import Constraint
 from .detok import IncrementalDetokenizer
-from .interface import Backend, LogprobRequest, SamplingParams, SampledToken, SequenceFailure, TokenLogprobs
+from .interface import Backend, Delta, Finish, GenerationRequest, SampledToken, Scored, ScoreRequest, SequenceFailure
 from .stops import StopMatcher
 from .threads import NativeQueue, QueueEmpty, native_lock, start_native_thread
 
-log = logging.getLogger("glm53.scheduler")
+log = logging.getLogger(__name__)
 
 RATE_WINDOW_S = 5.0
-
-
-@dataclass(frozen=True)
-class GenerationRequest:
-    prompt_ids: tuple[int, ...]
-    max_new_tokens: int  # the scheduler also stops at the context length
-    sampling: SamplingParams = SamplingParams()
-    stop_strings: tuple[str, ...] = ()
-    stop_token_ids: frozenset[int] = frozenset()  # in addition to the model's EOS ids
-    ignore_eos: bool = False
-    skip_special: bool = False  # drop control markers from the text (token ids are unaffected)
-    logprobs: LogprobRequest | None = None
-    grammar: CompiledGrammar | None = None  # what the completion must follow; it ends where the grammar does
-
-
-@dataclass(frozen=True)
-class ScoreRequest:
-    ids: tuple[int, ...]
-    start: int
-    logprobs: LogprobRequest
-
-
-@dataclass(frozen=True)
-class Delta:
-    """New output of one step: the tokens and the text that became certain (may be empty)."""
-
-    text: str
-    token_ids: tuple[int, ...]
-    logprobs: tuple[TokenLogprobs, ...] | None = None
-    cached_tokens: int | None = None  # on a job's first Delta only: its prompt tokens served from the prefix cache
-
-
-@dataclass(frozen=True)
-class Finish:
-    """Last event of a generation job."""
-
-    reason: str  # stop | length | cancelled | error
-    prompt_tokens: int
-    completion_tokens: int
-    matched: str | int | None = None  # the stop string or token id that ended it
-    error: str | None = None
-    cached_tokens: int = 0  # prompt tokens served from the backend's prefix cache (0 if it ended before a token)
-
-
-@dataclass(frozen=True)
-class Scored:
-    """Result of a scoring job (its only event unless it fails)."""
-
-    entries: list[TokenLogprobs | None]
 
 
 class QueueFull(Exception):

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..config import Settings
-
-GB = 1000**3
+from ..config import GB, Settings
 
 
 def cache_slots(settings: Settings, block_bytes: int, total_experts: int, device: torch.device) -> tuple[int, dict]:

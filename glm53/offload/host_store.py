@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..config import GB
 from ..models.checkpoint import shards
 from ..models.safetensors_header import read_header
 
@@ -36,7 +37,6 @@ EXPERT_TRELLIS = re.compile(r"^(?P<layer>.*\.layers\.(?P<index>\d+)\.mlp)\.exper
 READ_THREADS = 8
 READ_CHUNK = 64 * 1024**2  # one preadv call; bounded so a short read is retried at a known place
 CUDA_HOST_REGISTER_PORTABLE_MAPPED = 0x01 | 0x02
-GB = 1000**3
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..models.checkpoint import ROUTING_PROFILE_FILE, config_bytes
 
-log = logging.getLogger("glm53.offload")
+log = logging.getLogger(__name__)
 
 
 def warm_start(model_dir: Path, root: Path | None, layer_keys: list[str]) -> tuple[np.ndarray | None, str]:

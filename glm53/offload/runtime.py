@@ -16,15 +16,14 @@ from pathlib import Path
 
 import torch
 
-from ..config import Settings
+from ..config import GB, Settings
 from . import budget, profile
 from .cache import ExpertCache, Policy
 from .host_store import HostStore, cuda_unregister
 from .staging import PrefillStager
 
-log = logging.getLogger("glm53.offload")
+log = logging.getLogger(__name__)
 
-GB = 1000**3
 STAGE_MIN_ROWS = 256  # forwards with at least this many tokens stage experts (below, zero-copy reads suffice)
 
 

@@ -20,7 +20,7 @@ import torch
 from .cache import ExpertCache
 from .host_store import HostStore
 
-log = logging.getLogger("glm53.offload.staging")
+log = logging.getLogger(__name__)
 
 
 class PrefillStager:

@@ -18,7 +18,7 @@ from .access_log import AccessLog, current_record
 from .jobs import Runtime
 from .metrics import Metrics
 
-log = logging.getLogger("glm53.server")
+log = logging.getLogger(__name__)
 
 
 def create_app(
@@ -38,7 +38,7 @@ def create_app(
     app.config["MAX_CONTENT_LENGTH"] = int(settings.max_request_mb * 1_000_000)
     app.json.sort_keys = False
     app.json.ensure_ascii = False
-    progress = progress or LoggedProgress(logging.getLogger("glm53.load"))
+    progress = progress or LoggedProgress(logging.getLogger("glm53.load"))  # the load's own channel, named in the README
     scheduler = Scheduler(backend_factory or partial(create_backend, settings, progress), settings.max_queue)
     rt = Runtime(settings, scheduler, Metrics(scheduler), progress=progress)
     app.extensions["glm53"] = rt

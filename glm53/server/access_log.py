@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from flask import request
 
+# Named for what it logs rather than for this module, as gunicorn.access is: operators filter on the documented name
 log = logging.getLogger("glm53.access")
 
 ENVIRON_KEY = "glm53.access"

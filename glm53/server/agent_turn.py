@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from flask import request
 from pydantic import ValidationError
 
-from ..engine.scheduler import Delta, Finish
+from ..engine.interface import Delta, Finish
 from .blocks import Block, BlockEvent, Blocks, BlockStop
 from .chat import ChatPlan, generation_requests, plan_chat
 from .errors import APIError
@@ -100,7 +100,7 @@ class Turn:
     def events(self, keepalive_s: float | None) -> Iterator[None | Started | BlockEvent | Finish]:
         """None while idle for ``keepalive_s``; ``Started`` once; block events; the ``Finish`` last (one that ended
         in error or was cancelled comes without closing the blocks). Closing the iterator cancels the job."""
-        parser = OutputParser(self.plan.tools, self.plan.reasoning_open, self._id_factory)
+        parser = OutputParser(self.plan.tools, self.plan.reasoning_open, self._id_factory, forced_call=bool(self.plan.prefix))
         blocks = Blocks()
         started = False
         try:

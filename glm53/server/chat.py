@@ -16,10 +16,9 @@ from functools import partial
 from flask import Blueprint, request
 
 from ..engine.constraints import CompiledGrammar
-from ..engine.interface import LogprobRequest
-from ..engine.scheduler import Delta, Finish, GenerationRequest
+from ..engine.interface import Delta, Finish, GenerationRequest, LogprobRequest
+from ..models.chat_template import TemplateError
 from .body import parse_body
-from .chat_template import TemplateError
 from .errors import APIError
 from .jobs import JobGroup, check_model, max_new_tokens, runtime, sampling_params
 from .logprobs import chat_logprobs
@@ -122,7 +121,7 @@ def _stream(group: JobGroup, plan: ChatPlan, req: ChatCompletionRequest, meta: d
     """The SSE body; runs after the view returned (outside the app context), so it gets what it needs. A step's
     token logprobs ride on the last chunk made from that step (on an empty delta when its text is held back)."""
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    parsers = [OutputParser(plan.tools, plan.reasoning_open) for _ in range(req.n)]
+    parsers = [OutputParser(plan.tools, plan.reasoning_open, forced_call=bool(plan.prefix)) for _ in range(req.n)]
     called = [False] * req.n
     finishes: list[Finish | None] = [None] * req.n
 
@@ -183,7 +182,7 @@ def _collect(group: JobGroup, plan: ChatPlan, req: ChatCompletionRequest, meta: 
     for i, fin in enumerate(finishes):
         if fin.reason in ("error", "cancelled"):
             raise engine_failure(fin)
-        parsed = parse_output("".join(texts[i]), plan.tools, plan.reasoning_open)
+        parsed = parse_output("".join(texts[i]), plan.tools, plan.reasoning_open, forced_call=bool(plan.prefix))
         message = {"role": "assistant", "content": parsed.content, "reasoning_content": parsed.reasoning}
         if parsed.tool_calls:
             message["tool_calls"] = [

@@ -8,7 +8,7 @@ import uuid
 
 from flask import Blueprint, request
 
-from ..engine.scheduler import Delta, Finish, GenerationRequest
+from ..engine.interface import Delta, Finish, GenerationRequest
 from .body import parse_body
 from .jobs import JobGroup, check_model, check_token_ids, max_new_tokens, runtime, sampling_params
 from .protocol import CompletionRequest

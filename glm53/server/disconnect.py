@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from .bridge import gevent_active
 
-log = logging.getLogger("glm53.server")
+log = logging.getLogger(__name__)
 
 
 class DisconnectWatcher:

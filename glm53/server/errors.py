@@ -15,7 +15,7 @@ from flask import Flask, Response, current_app, has_request_context, request
 from pydantic import ValidationError
 from werkzeug.exceptions import HTTPException
 
-log = logging.getLogger("glm53.server")
+log = logging.getLogger(__name__)
 
 # A client that sends its whole body before reading the answer (urllib, requests) sees a connection reset instead
 # of the 413 when the server closes with the body unread; up to this many bytes are read and dropped first.

@@ -26,7 +26,7 @@ from ..engine.interface import Backend
 from . import create_app
 from .listener import bind, bind_address
 
-log = logging.getLogger("glm53.server")
+log = logging.getLogger(__name__)
 
 # After the grace period the remaining jobs are cancelled; their streams then need a moment to write the error
 # event and close. gunicorn's arbiter kills the worker this long after the grace period.

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from flask import current_app
 
 from ..config import Settings
-from ..engine.interface import Backend, SamplingParams
-from ..engine.scheduler import Delta, Finish, GenerationRequest, NotReady, QueueFull, Scheduler, ScoreRequest, Scored
+from ..engine.interface import Backend, Delta, Finish, GenerationRequest, SamplingParams, Scored, ScoreRequest
+from ..engine.scheduler import NotReady, QueueFull, Scheduler
 from ..progress import Progress
 from .access_log import current_record
 from .bridge import make_channel
@@ -46,7 +46,7 @@ class Runtime:
     def template(self):
         """The chat template: the checkpoint's own, else the built-in GLM-5 one (compiled once)."""
         if self._template is None:
-            from .chat_template import ChatTemplate
+            from ..models.chat_template import ChatTemplate
 
             path = self.backend.info.checkpoint_dir
             self._template = ChatTemplate.from_model_dir(path) if path is not None else ChatTemplate.builtin()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..engine.scheduler import Finish
+from ..engine.interface import Finish
 from .errors import APIError
 
 

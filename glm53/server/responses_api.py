@@ -32,7 +32,7 @@ from .responses import engine_failure
 from .responses_protocol import FunctionCallItem, FunctionCallOutputItem, MessageItem, NamedFunction, ReasoningItem, ResponsesRequest
 from .sse import named_frame, stream_response
 
-log = logging.getLogger("glm53.server")
+log = logging.getLogger(__name__)
 bp = Blueprint("responses_api", __name__)
 
 FIELDS = {"messages": "input", "tools": "tools", "tool_choice": "tool_choice", "max_tokens": "max_output_tokens",

@@ -17,8 +17,7 @@ import uuid
 
 from flask import Blueprint, request
 
-from ..engine.interface import LogprobRequest, SamplingParams, TokenLogprobs
-from ..engine.scheduler import Delta, Finish, GenerationRequest, ScoreRequest, Scored
+from ..engine.interface import Delta, Finish, GenerationRequest, LogprobRequest, SamplingParams, Scored, ScoreRequest, TokenLogprobs
 from .body import parse_body
 from .errors import APIError
 from .jobs import JobGroup, check_token_ids, max_new_tokens, runtime, top_k

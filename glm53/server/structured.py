@@ -35,7 +35,7 @@ from .errors import APIError
 from .parsing.call_grammar import CallGrammar, ToolSchemaError
 from .parsing.output_parser import CALL_OPEN, THINK_CLOSE
 
-log = logging.getLogger("glm53.server")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

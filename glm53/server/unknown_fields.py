@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter
 
-log = logging.getLogger("glm53.server")
+log = logging.getLogger(__name__)
 
 MAX_LOGGED = 1000  # distinct (endpoint, field) pairs logged; past them, occurrences are only counted
 METRIC = "glm53_ignored_request_fields_total"

@@ -1,4 +1,4 @@
-// The EXL3 tile format (mul1 codebook), as exllamav3 1.6.5 stores it and glm53/models/synth/exl3_reference.py
+// The EXL3 tile format (mul1 codebook), as exllamav3 1.6.5 stores it and glm53/tools/synth/exl3_reference.py
 // decodes it:
 //
 // - trellis[kt][nt] is one 16x16 tile of K-bit codes: 16 K uint16 words, read as 8 K little-endian uint32 words

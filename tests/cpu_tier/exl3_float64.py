@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from glm53.models.synth import exl3_reference as ref
+from glm53.tools.synth import exl3_reference as ref
 from glm53.cpu_tier import kernel as ce
 
 

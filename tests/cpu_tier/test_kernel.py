@@ -16,7 +16,7 @@ import zlib
 import numpy as np
 import pytest
 
-from glm53.models.synth import exl3_reference as ref
+from glm53.tools.synth import exl3_reference as ref
 from glm53.cpu_tier import kernel as ce
 
 from .exl3_float64 import Reference, random_expert, random_linear, rel_rms, w_hat64
@@ -29,7 +29,7 @@ SEED = int(os.environ.get("CPU_EXPERT_TEST_SEED") or int.from_bytes(os.urandom(4
 TOLERANCE = 2e-6
 GPU_SHIFT = -476 / 2**18  # fp16 0xc931 + 1534 * fp16 0x1eee: how far below the exact codebook the GPU's values sit
 LIMIT = 10.0  # GLM-5.3-Flash's swiglu_limit
-GLM = (4096, 2048)  # hidden, moe_intermediate (glm53.models.synth.presets, "full")
+GLM = (4096, 2048)  # hidden, moe_intermediate (glm53.tools.synth.presets, "full")
 
 
 def rng_for(name: str) -> np.random.Generator:

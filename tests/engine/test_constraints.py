@@ -13,7 +13,7 @@ from glm53.engine.constraints import GrammarError, MaskWorker, Vocabulary, apply
 from glm53.engine.interface import SamplingParams
 from glm53.engine.tiny.backend import TinyBackend
 from glm53.models.glm_special_tokens import SPECIAL_TOKENS
-from glm53.models.synth.tokenizer_files import tokenizer_json
+from glm53.tools.synth.tokenizer_files import tokenizer_json
 from tests.engine.test_scheduler import Collector, gen, started
 from tests.fakes import EOS, ScriptedBackend
 

@@ -3,8 +3,8 @@ import time
 
 import pytest
 
-from glm53.engine.interface import LogprobRequest
-from glm53.engine.scheduler import Delta, Finish, GenerationRequest, NotReady, QueueFull, Scheduler, ScoreRequest, Scored
+from glm53.engine.interface import Delta, Finish, GenerationRequest, LogprobRequest, Scored, ScoreRequest
+from glm53.engine.scheduler import NotReady, QueueFull, Scheduler
 from tests.fakes import EOS, FAIL_ALONE, PREFILL, ScriptedBackend
 
 

@@ -72,7 +72,7 @@ def test_the_decode_path_follows_the_generator(stock):
     """ModelPath (rectangular-batch forwards, one token per step) teacher-forced on exllamav3's generator's greedy
     tokens: it picks the same token, or at a near-tie (the two round differently) has it second."""
     from bench import decode_kl
-    from glm53.panel import greedy
+    from glm53.tools.panel import greedy
 
     generator = stock.generator(cache_index=1)
     try:

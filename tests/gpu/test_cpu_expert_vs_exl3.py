@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 import torch
 
-from glm53.models.synth import exl3_reference as ref
+from glm53.tools.synth import exl3_reference as ref
 from glm53.cpu_tier import kernel as ce
 from tests.cpu_tier.exl3_float64 import (
     Reference,

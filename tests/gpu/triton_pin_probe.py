@@ -1,10 +1,12 @@
-"""One fresh process of ``test_triton_pin.py``: install a pick file, load the model as the server does, run one
-teacher-forced prefill, and write what it computed.
+"""One fresh process of ``test_triton_pin.py``: load the model through ``Exl3Backend`` with ``--triton-pin FILE``, as
+the server does (the backend installs the picks before its load), run one teacher-forced prefill, and write what it
+computed.
 
     python -m tests.gpu.triton_pin_probe --model DIR --pins FILE --out DIR [--tokens 600] [--seed 0] ...
 
-Writes ``report.json`` (the pins' report, the SHA-256 of the whole logits tensor, its shape and dtype) and
-``rows.pt`` (every 16th position's logits, for a readable difference when two processes disagree).
+Writes ``report.json`` (the pins' report as the backend's stats give it, the SHA-256 of the whole logits tensor, its
+shape and dtype) and ``rows.pt`` (every 16th position's logits, for a readable difference when two processes
+disagree).
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ from pathlib import Path
 
 import torch
 
-from glm53.engine.exl3 import triton_pin
-from glm53.engine.exl3.triton_pin_record import forward_nc, load_stock
+from glm53 import config
+from glm53.engine.exl3.backend import Exl3Backend
+from glm53.tools.triton_pin_record import forward_nc
 
 ROW_STRIDE = 16
 
@@ -36,18 +39,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ambs", type=int, default=2)
     ns = ap.parse_args(argv)
 
-    report = triton_pin.install(ns.pins)  # before the load: warmup already launches the KDA kernels
-    stock = load_stock(ns.model, cache_size=ns.cache_size, chunk_size=ns.chunk_size, ambs=ns.ambs, max_batch_size=ns.ambs)
+    # the recorder's sizes, in exact mode (no CPU tier to measure at start); no GLM53_* variable of this process
+    settings = config.load(["--engine", "exl3", "--mode", "exact", "-m", str(ns.model), "--triton-pin", str(ns.pins),
+                            "--chunk-size", str(ns.chunk_size), "--cache-size", str(ns.cache_size), "--ambs", str(ns.ambs),
+                            "--max-batch-size", str(ns.ambs)], {})
+    backend = Exl3Backend(settings)
     rng = random.Random(ns.seed)
-    ids = [rng.randrange(stock.vocab_size) for _ in range(ns.tokens)]
-    logits = forward_nc(stock.model, ids)[0].contiguous()  # [tokens, vocab]
+    ids = [rng.randrange(backend.info.vocab_size) for _ in range(ns.tokens)]
+    logits = forward_nc(backend.model, ids)[0].contiguous()  # [tokens, vocab]
     digest = hashlib.sha256(logits.view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
     ns.out.mkdir(parents=True, exist_ok=True)
     torch.save(logits[::ROW_STRIDE].cpu().clone(), ns.out / "rows.pt")
-    (ns.out / "report.json").write_text(json.dumps({"pins": report.as_dict(), "sha256": digest, "shape": list(logits.shape),
-                                                    "dtype": str(logits.dtype)}))
-    stock.generator.close()
-    stock.model.unload()
+    (ns.out / "report.json").write_text(json.dumps({"pins": backend.stats()["triton_pins"], "sha256": digest,
+                                                    "shape": list(logits.shape), "dtype": str(logits.dtype)}))
+    backend.close()
     return 0
 
 

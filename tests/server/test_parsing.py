@@ -5,7 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from glm53.server.chat_template import ChatTemplate
+from glm53.models.chat_template import ChatTemplate
 from glm53.server.parsing import (
     ContentText,
     OutputParser,
@@ -241,6 +241,38 @@ def test_malformed_blocks(text, expected):
 ])
 def test_unterminated_blocks(text, expected):
     assert parse(text) == expected
+
+
+FORCED = ("<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+          "<arg_key>days</arg_key><arg_value>3</arg_value>\n</tool_call>")
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("<tool_call>get_wea", ParsedOutput(None, None, [])),
+    ("<tool_call>get_weather", ParsedOutput(None, None, calls(("get_weather", "{}")))),
+    ("<tool_call>get_weather\n", ParsedOutput(None, None, calls(("get_weather", "{}")))),
+    ("<tool_call>get_weather\n<arg_key>", ParsedOutput(None, None, calls(("get_weather", "{}")))),
+    ("<tool_call>get_weather<arg_key>city</arg_key>\n<arg_val", ParsedOutput(None, None, calls(("get_weather", "{}")))),
+    ("<tool_call>get_weather<arg_key>city</arg_key><arg_value>Par", ParsedOutput(None, None, calls(("get_weather", '{"city": "Par"}')))),
+    ('<tool_call>get_weather{"city": "Pa', ParsedOutput(None, None, calls(("get_weather", "{}")))),
+    ("<tool_call>get_time</tool_call><tool_call>get_weather<arg_key>da",
+     ParsedOutput(None, None, calls(("get_time", "{}"), ("get_weather", "{}")))),
+])
+def test_a_forced_call_cut_short_leaves_no_markup_in_the_content(text, expected):
+    assert parse_output(text, TOOLS, False, id_factory=ids(), forced_call=True) == expected
+
+
+def test_a_forced_call_cut_anywhere_is_the_call_so_far_streamed_or_not():
+    for cut in range(len("<tool_call>get_weather"), len(FORCED) + 1):
+        whole = parse_output(FORCED[:cut], TOOLS, False, id_factory=ids(), forced_call=True)
+        assert whole.content is None and whole.reasoning is None, cut
+        assert [c.name for c in whole.tool_calls] == ["get_weather"], cut
+        arguments = json.loads(whole.tool_calls[0].arguments)
+        assert set(arguments) <= {"city", "days"} and str(arguments.get("city", "Paris")) in "Paris", cut
+        parser = OutputParser(TOOLS, False, id_factory=ids(), forced_call=True)
+        streamed = [e for ch in FORCED[:cut] for e in parser.feed(ch)] + parser.finish()
+        assert collect(streamed) == whole, cut
+    assert json.loads(parse_output(FORCED, TOOLS, False, forced_call=True).tool_calls[0].arguments) == {"city": "Paris", "days": 3}
 
 
 SPLIT_CASES = [

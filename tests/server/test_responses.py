@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from glm53.engine.scheduler import Finish
+from glm53.engine.interface import Finish
 from glm53.server.responses import cached_prompt_tokens, usage
 
 

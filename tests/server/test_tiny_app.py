@@ -4,6 +4,8 @@ The shared end-to-end suite on this model is ``test_e2e_tiny.py``."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from . import apps
@@ -47,3 +49,44 @@ def test_the_demo_model_has_no_prefix_cache_and_no_gpu(client):
     r = client.get("/server_info")
     info = r.get_json()
     assert r.status_code == 200 and "gpu" in info and info["gpu"] is None
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city", "days"]}}}
+
+
+def _streamed_message(response) -> tuple[str, dict, str]:
+    """The content, the tool calls' names and joined arguments by index, and the finish reason of an SSE answer."""
+    content, calls, finish = "", {}, None
+    for line in response.get_data(as_text=True).splitlines():
+        if not line.startswith("data: {"):
+            continue
+        choice = json.loads(line[len("data: "):])["choices"][0]
+        delta = choice["delta"]
+        content += delta.get("content") or ""
+        for call in delta.get("tool_calls") or []:
+            entry = calls.setdefault(call["index"], {"name": "", "arguments": ""})
+            entry["name"] += call.get("function", {}).get("name") or ""
+            entry["arguments"] += call.get("function", {}).get("arguments") or ""
+        finish = choice["finish_reason"] or finish
+    return content, calls, finish
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_a_forced_call_cut_by_max_tokens_leaks_no_markup_into_the_content(client, choice):
+    named = choice != "required"
+    for max_tokens in (1, 2, 3, 6, 12):
+        body = {"messages": [{"role": "user", "content": "Weather?"}], "tools": [WEATHER], "tool_choice": choice,
+                "max_tokens": max_tokens, "temperature": 0}
+        r = client.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.get_data(as_text=True)
+        (answer,) = r.get_json()["choices"]
+        assert answer["finish_reason"] == "length" and answer["message"]["content"] is None, (max_tokens, answer)
+        tool_calls = answer["message"].get("tool_calls") or []
+        if named:
+            assert [c["function"]["name"] for c in tool_calls] == ["get_weather"], (max_tokens, answer)
+        for c in tool_calls:
+            assert isinstance(json.loads(c["function"]["arguments"]), dict)
+        content, streamed, finish = _streamed_message(client.post("/v1/chat/completions", json={**body, "stream": True}))
+        assert content == "" and finish == "length", (max_tokens, content)
+        assert [c["name"] for c in streamed.values()] == [c["function"]["name"] for c in tool_calls], max_tokens

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import pytest
 
-from glm53.server.chat_template import ChatTemplate
+from glm53.models.chat_template import ChatTemplate
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
     "city": {"type": "string"}, "days": {"type": "integer"}}}}}]

@@ -8,8 +8,8 @@ and exllamav3 1.6.5). Nothing else in glm53 imports exllamav3; bench and tests u
 - ``patches``: the patch points in exllamav3's model internals (the MoE layers, their expert pointer tables, the
   routing and routed-sum hooks, the fused expert kernel), the version they were written against and its check;
 - ``prefill``: the patch points in its generator (single-pass prefill, the recurrent checkpoint at a prompt's end);
-- ``triton_pin``, ``triton_pin_file``, ``triton_pin_record``: pinned Triton autotune picks of its KDA kernels;
+- ``triton_pin``, ``triton_pin_file``: pinned Triton autotune picks of its KDA kernels and their file (recorded by
+  ``glm53/tools/triton_pin_record.py``);
 - ``stock``: the stock reference the project is measured against (``load_stock``) and the tools' jobs;
-- ``calibrate``: ``glm53 calibrate-router``, a synthetic checkpoint's router biases fitted on stock exllamav3;
 - ``core_order``: a stand-in for its C++ core-order function, for the stock CPU-offload baselines of bench.
 """

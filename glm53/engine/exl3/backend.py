@@ -39,12 +39,12 @@ from ..interface import (
     TokenLogprobs,
 )
 from ..sampling import logprobs_for
-from . import prefill
+from . import prefill, triton_pin
 from .load import load, page_size
 from .offload import start_offload
 from .tokenizer import HFTokenizer
 
-log = logging.getLogger("glm53.engine.exl3")
+log = logging.getLogger(__name__)
 
 # exllamav3 divides the logits by the temperature: far below this the quotient overflows to inf/NaN, while at it
 # sampling is already argmax in practice (greedy with penalties or a bias also runs at it).
@@ -65,6 +65,8 @@ class Exl3Backend:
         t0 = time.monotonic()
         if not torch.cuda.is_available():
             raise RuntimeError("no CUDA GPU is available to this process; use --engine tiny or run on a CUDA host")
+        # before the load: its warm-up already runs the KDA kernels whose autotuned picks the file fixes
+        self.triton_pins = triton_pin.install(settings.triton_pin) if settings.triton_pin is not None else None
         # Routed experts live in pinned host memory and a VRAM cache (glm53/offload), never loaded into VRAM whole;
         # the extra caches exist before the load, which allocates every attached cache's tensors
         loaded = load(settings.model_dir, cache_tokens=settings.cache_size, cache_batch=[settings.ambs] + [1] * extra_caches,
@@ -93,7 +95,8 @@ class Exl3Backend:
             vocab_size=self._config.vocab_size,
             eos_token_ids=frozenset(eos_token_ids(settings.model_dir, exl_tokenizer)),
             checkpoint_dir=settings.model_dir,
-            facts={"load_seconds": round(time.monotonic() - t0, 2), "decode_slots": self.max_batch_size, **_memory_facts()},
+            facts={"load_seconds": round(time.monotonic() - t0, 2), "decode_slots": self.max_batch_size, **_memory_facts(),
+                   "triton_pins": self._pins()},
             gpu=device_facts(torch.cuda.current_device()),
             max_score_tokens=settings.chunk_size,  # score() is one cache-less forward of at most a prefill chunk
         )
@@ -202,12 +205,19 @@ class Exl3Backend:
             **_memory_facts(),
             "recurrent_checkpoints": prefill.checkpoint_stats(self.generator, self.prompt_end),
             "offload": self.offload.stats(),
+            "triton_pins": self._pins(),
         }
+
+    def _pins(self) -> dict | None:
+        """What ``GLM53_TRITON_PIN`` pinned so far: the file, its picks, keys answered from it and keys Triton tuned."""
+        return self.triton_pins.as_dict() if self.triton_pins is not None else None
 
     def close(self) -> None:
         self.generator.close()
         self.offload.close()
         self.model.unload()
+        if self.triton_pins is not None:
+            triton_pin.uninstall()
 
 
 def cached_prompt_tokens(job, page_size: int) -> int:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import torch
 
-from ...config import Settings
+from ...config import GB, Settings
 from ...cpu_tier import tier as cpu_tier
 from ...offload import budget, link, profile
 from ...offload.cache import ExpertCache, Policy
@@ -37,9 +37,7 @@ from ...offload.staging import PrefillStager
 from ...progress import Progress
 from . import patches
 
-log = logging.getLogger("glm53.offload")
-
-GB = 1000**3
+log = logging.getLogger(__name__)
 
 
 def start_offload(settings: Settings, model, load: Callable[[], None], warmup: Callable[[], None],

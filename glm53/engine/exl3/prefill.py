@@ -1,9 +1,9 @@
 """The generator's patch points, written against exllamav3 1.6.5 (``patches.EXLLAMAV3_VERSION``, checked by
-``patches.check_version`` before a model loads; each install below checks the source or signature it patches):
+``patches.check_version`` before a model loads; each install below checks the signatures it wraps, and
+``tests/engine/exl3/test_single_pass_prefill.py`` checks what the wrappers rely on against 1.6.5's own source):
 
-- ``exllamav3.generator.job.Job.prefill`` (recompiled from its source with one condition changed, see
-  ``install_single_pass_prefill``): a generator flagged by ``set_single_pass_prefill`` does not split a recurrent
-  model's prompt before its last page.
+- ``exllamav3.generator.job.Job.prefill`` and ``Job.hash_completed_page`` (wrapped, see ``install_single_pass_prefill``):
+  a generator flagged by ``set_single_pass_prefill`` does not split a recurrent model's prompt before its last page.
 - ``exllamav3.modules.gated_delta_net.causal_conv1d_update`` and ``.gated_delta_rule_fn`` (module globals the
   recurrent layer's forward calls, wrapped) and ``Generator.recurrent_checkpoint`` (wrapped), with
   ``GDNState.position / slot / base_row / cache``, ``GDNLayerState.conv_state / recurrent_state``, the job's
@@ -15,12 +15,13 @@
 
 from __future__ import annotations
 
-import ast
+import functools
 import inspect
-import textwrap
+from contextlib import contextmanager
 
 import torch
 
+from ...config import GB
 from .patches import InternalsChanged
 
 
@@ -29,35 +30,86 @@ from .patches import InternalsChanged
 # For a recurrent model, stock prefill ends a forward at the prompt's last page boundary and runs the rest as a
 # second forward, to stash a recurrent-state checkpoint there. Each forward of an offloaded model streams every
 # non-resident expert over PCIe once, whatever its length, so the split doubles a prompt's time to first token.
-LAST_PAGE_SPLIT = "            if self.generator.recurrent_cache is not None:\n                seqlen = len(seq.sequence_ids) - 1\n"
+#
+# Stock Job.prefill reads the generator's recurrent cache at three places: a guard that skips the partial-page copy
+# for recurrent models (``... and self.generator.recurrent_cache is None``), the guard of the last-page split
+# (``if self.generator.recurrent_cache is not None``) and the stash after that split (reached only through it).
+# For a flagged generator the job runs stock prefill with the recurrent cache hidden, which skips the split and its
+# stash, and with a page table that offers the partial-page copy no page, so that copy still does nothing; the one
+# method prefill calls that reads either, hash_completed_page (it moves a checkpoint to a page's final hash), sees
+# the real ones. Everything else prefill reads is the generator's and the page table's own.
 SINGLE_PASS_FLAG = "glm53_single_pass_prefill"
-_SINGLE_PASS_CONDITION = f"if self.generator.recurrent_cache is not None and not getattr(self.generator, {SINGLE_PASS_FLAG!r}, False):"
+PREFILL_PARAMS = ("self", "results", "chunk_size")
+HASH_PARAMS = ("self", "seq", "page_idx")
+
+
+class _RecurrentCacheHidden:
+    """A job's generator with no recurrent cache (Job.prefill's last-page split and its stash are skipped)."""
+
+    recurrent_cache = None
+
+    def __init__(self, generator):
+        self.real = generator
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+class _NoPagesToCopy:
+    """A page table whose pages the partial-page copy does not see (``all_pages``; the rest is the table's)."""
+
+    all_pages = ()
+
+    def __init__(self, pagetable):
+        self.real = pagetable
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+@contextmanager
+def _seen(job, generator, pagetable):
+    """``job.generator`` and ``job.pagetable`` are ``generator`` and ``pagetable`` inside, what they were after."""
+    before = job.generator, job.pagetable
+    job.generator, job.pagetable = generator, pagetable
+    try:
+        yield
+    finally:
+        job.generator, job.pagetable = before
 
 
 def install_single_pass_prefill() -> None:
-    """Replace ``Job.prefill`` by a copy whose last-page split is skipped for flagged generators (idempotent;
-    unflagged generators run exactly the stock method). :raise InternalsChanged: the method's source changed."""
+    """Wrap ``Job.prefill`` (and ``Job.hash_completed_page``) so that a flagged generator's jobs skip the last-page
+    split (idempotent; unflagged generators run exactly the stock methods). :raise InternalsChanged: a signature moved."""
     from exllamav3.generator import job as job_module
 
     cls = job_module.Job
     if getattr(cls.prefill, SINGLE_PASS_FLAG, False):
         return
-    source = inspect.getsource(cls.prefill)
-    if source.count(LAST_PAGE_SPLIT) != 1:
-        raise InternalsChanged("exllamav3 Job.prefill no longer splits off the prompt's last page where glm53 expects it; "
-                               "the single-pass prefill patch point moved")
-    condition, rest = LAST_PAGE_SPLIT.split("\n", 1)
-    indent = condition[: len(condition) - len(condition.lstrip())]
-    patched = textwrap.dedent(source.replace(LAST_PAGE_SPLIT, indent + _SINGLE_PASS_CONDITION + "\n" + rest))
-    tree = ast.parse(patched)
-    ast.increment_lineno(tree, cls.prefill.__code__.co_firstlineno - 1)  # tracebacks point into job.py's own lines
-    namespace: dict = {}
-    exec(compile(tree, inspect.getsourcefile(cls.prefill) or "<exllamav3 Job.prefill>", "exec"), vars(job_module), namespace)
-    prefill = namespace["prefill"]
-    prefill.__qualname__ = cls.prefill.__qualname__
-    prefill.__doc__ = cls.prefill.__doc__
-    setattr(prefill, SINGLE_PASS_FLAG, True)
-    cls.prefill = prefill
+    for name, expected in (("prefill", PREFILL_PARAMS), ("hash_completed_page", HASH_PARAMS)):
+        found = tuple(inspect.signature(getattr(cls, name)).parameters)
+        if found != expected:
+            raise InternalsChanged(f"exllamav3 Job.{name} takes {found}, glm53 expects {expected}; the single-pass prefill "
+                                   "patch point moved")
+    stock_prefill, stock_hash = cls.prefill, cls.hash_completed_page
+
+    @functools.wraps(stock_prefill)
+    def prefill(self, results, chunk_size=None):
+        if not getattr(self.generator, SINGLE_PASS_FLAG, False):
+            return stock_prefill(self, results, chunk_size)
+        with _seen(self, _RecurrentCacheHidden(self.generator), _NoPagesToCopy(self.pagetable)):
+            return stock_prefill(self, results, chunk_size)
+
+    @functools.wraps(stock_hash)
+    def hash_completed_page(self, seq, page_idx):
+        if not isinstance(self.generator, _RecurrentCacheHidden):
+            return stock_hash(self, seq, page_idx)
+        with _seen(self, self.generator.real, self.pagetable.real):
+            return stock_hash(self, seq, page_idx)
+
+    for fn in (prefill, hash_completed_page):
+        setattr(fn, SINGLE_PASS_FLAG, True)
+    cls.prefill, cls.hash_completed_page = prefill, hash_completed_page
 
 
 def set_single_pass_prefill(generator, on: bool) -> None:
@@ -248,7 +300,7 @@ def install_prompt_end_checkpoints() -> None:
 def checkpoint_settings(cache_gb: float, page_size: int) -> dict:
     """The Generator's recurrent-checkpoint arguments: the host-RAM budget (exllamav3's LRU counts each checkpoint at
     its size) and a checkpoint at every page boundary of an answer, so the one before its end is always there."""
-    return {"recurrent_cache_size": int(cache_gb * 1000**3), "recurrent_checkpoint_interval": page_size}
+    return {"recurrent_cache_size": int(cache_gb * GB), "recurrent_checkpoint_interval": page_size}
 
 
 def checkpoint_stats(generator, prompt_end: PromptEndCheckpoints | None) -> dict:

@@ -56,7 +56,7 @@ from .triton_pin_file import (
     sm,
 )
 
-log = logging.getLogger("glm53.offload.triton_pin")
+log = logging.getLogger(__name__)
 
 # Heuristics -> DeviceAutotune -> Autotuner -> JITFunction: how far to follow ``.fn`` from a module attribute
 _MAX_WRAPPERS = 5

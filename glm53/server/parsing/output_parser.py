@@ -101,13 +101,20 @@ class OutputParser:
     call), the call is closed with the pairs already sent, a value in progress being completed with what
     arrived, and the unsent rest is read again as plain text of the surrounding section.
 
+    With ``forced_call`` the output was made to be calls (a forced ``tool_choice``: the prompt ends inside the first
+    one and a grammar holds the rest to calls), so one that ends inside a call was cut (``max_tokens``, a stop
+    string): the call is closed with the pairs already sent as above (a complete name is a call with no arguments),
+    and its unfinished markup is dropped rather than read as text, which would hand the client a fragment such as
+    ``<arg_key>ci`` as the answer.
+
     Text that could still become a marker (``<``, ``<tool_``, ``</thi``) is held back until the next chunk
     or ``finish()``; everything else goes out at once.
     """
 
     def __init__(self, tools: list[dict] | None, reasoning_open: bool,
-                 id_factory: Callable[[], str] | None = None) -> None:
+                 id_factory: Callable[[], str] | None = None, forced_call: bool = False) -> None:
         self._properties = tool_properties(tools)  # declared function name -> its parameter schemas
+        self._forced_call = forced_call
         self._new_id = id_factory or new_call_id
         self._section = State.REASONING if reasoning_open else State.CONTENT  # where text outside calls goes
         self._state = State.REASONING if reasoning_open else State.START
@@ -171,6 +178,8 @@ class OutputParser:
         at, end = _find_first(self._buffer, (KEY_OPEN, CALL_CLOSE, JSON_BODY))
         if end is None:
             region = self._buffer[:len(self._buffer) - self._held((KEY_OPEN, CALL_CLOSE))]
+            if self._cut_forced_call():
+                return self._end_cut_call_at_its_name()
             if self._final or not self._name_viable(region):
                 return self._reject_call()
             return False
@@ -241,7 +250,10 @@ class OutputParser:
         if end is None and not self._final:
             self._add_value(self._take(len(self._buffer) - self._held((VALUE_CLOSE,))))
             return False
-        # At the end of the output a value in progress is completed with what arrived.
+        # At the end of the output a value in progress is completed with what arrived (a forced call's less the start
+        # of the closing marker it was cut in).
+        if end is None and self._cut_forced_call():
+            at -= _partial_marker_length(self._buffer, (VALUE_CLOSE,))
         self._add_value(self._take(at))
         if end is not None:
             self._take(len(VALUE_CLOSE))
@@ -271,6 +283,16 @@ class OutputParser:
             return name in self._properties
         return any(known.startswith(name) for known in self._properties)
 
+    def _end_cut_call_at_its_name(self) -> bool:
+        """A forced call cut after ``<tool_call>``: a call with no arguments if its name is complete, else nothing."""
+        name = _clean_name(self._buffer[:len(self._buffer) - _partial_marker_length(self._buffer, (KEY_OPEN, CALL_CLOSE))])
+        self._buffer = ""
+        if name in self._properties:
+            self._begin_call(name)
+            self._end_call()
+        self._state = self._section
+        return True
+
     def _reject_call(self) -> bool:
         self._emit_text(CALL_OPEN)
         self._state = self._section
@@ -289,9 +311,13 @@ class OutputParser:
         self._state = self._section
 
     def _abort_call(self) -> bool:
-        self._buffer = self._call.unsent + self._buffer
+        self._buffer = "" if self._cut_forced_call() else self._call.unsent + self._buffer
         self._end_call()
         return True
+
+    def _cut_forced_call(self) -> bool:
+        """The output ends inside a call it was made to be (see the class docstring)."""
+        return self._forced_call and self._final
 
     def _open_value(self) -> None:
         call = self._call
@@ -339,9 +365,9 @@ class OutputParser:
 
 
 def parse_output(text: str, tools: list[dict] | None, reasoning_open: bool,
-                 id_factory: Callable[[], str] | None = None) -> ParsedOutput:
+                 id_factory: Callable[[], str] | None = None, forced_call: bool = False) -> ParsedOutput:
     """A whole output at once, through the same state machine as streaming (see ``OutputParser``)."""
-    parser = OutputParser(tools, reasoning_open, id_factory)
+    parser = OutputParser(tools, reasoning_open, id_factory, forced_call)
     return collect(parser.feed(text) + parser.finish())
 
 

@@ -1,6 +1,6 @@
-"""bench/core_order.py: the Python stand-in for exllamav3's exl3_moe_cpu_core_order, read from a fake sysfs tree,
-and its installation in an arm's interpreters (including a multiprocessing spawn child) through the shim's
-sitecustomize, against a stand-in exllamav3 package whose C++ function must never be called."""
+"""glm53/engine/exl3/core_order.py: the Python stand-in for exllamav3's exl3_moe_cpu_core_order, read from a fake
+sysfs tree, and its installation in an arm's interpreters (including a multiprocessing spawn child) through the
+shim's sitecustomize, against a stand-in exllamav3 package whose C++ function must never be called."""
 
 from __future__ import annotations
 

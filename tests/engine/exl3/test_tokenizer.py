@@ -11,7 +11,7 @@ tokenizers = pytest.importorskip("tokenizers")  # the dev extra's
 
 from glm53.engine.exl3.tokenizer import HFTokenizer  # noqa: E402
 from glm53.models.glm_special_tokens import SPECIAL_TOKENS  # noqa: E402
-from glm53.models.synth.tokenizer_files import tokenizer_json  # noqa: E402
+from glm53.tools.synth.tokenizer_files import tokenizer_json  # noqa: E402
 
 VOCAB = 154880  # GLM-5.3's model vocabulary (the tokenizer's is the same here)
 

@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from glm53 import cli
-from glm53.engine.exl3 import triton_pin, triton_pin_record
+from glm53 import cli, config
+from glm53.engine.exl3 import backend, triton_pin
 from glm53.engine.exl3.patches import InternalsChanged
 from glm53.engine.exl3.triton_pin_file import (
     ArchitectureMismatch,
@@ -29,6 +29,7 @@ from glm53.engine.exl3.triton_pin_file import (
     load,
     merge,
 )
+from glm53.tools import triton_pin_record
 from tests.engine.exl3 import fake_triton
 
 SCALE = "tests.engine.exl3.fake_kernels:scale_kernel"
@@ -308,6 +309,43 @@ def test_uninstall_gives_triton_its_run_back(kernels, tmp_path):
     assert fake_triton.FakeAutotuner.run is original and type(kernels.scale_kernel.cache) is dict
     run_scale(kernels, 128)
     assert kernels.scale_kernel.benchmarked == [(128, "torch.float32")]
+
+
+class LoadReached(Exception):
+    """Raised by a stand-in for exllamav3's load: the backend got that far."""
+
+
+def reach_load(model_dir, **sizes):
+    raise LoadReached
+
+
+def test_the_backend_pins_glm53_triton_pin_before_it_loads_the_model(kernels, tmp_path, monkeypatch):
+    """GLM53_TRITON_PIN is in force when exllamav3's load (and its warm-up's first KDA launches) begins."""
+    path = write(tmp_path, pin_doc({SCALE: [SCALE_128], NORM: [NORM_128]}))
+    seen = []
+
+    def load(model_dir, **sizes):
+        seen.append(triton_pin.report().as_dict())
+        seen.append(run_scale(kernels, 128))  # a launch during the load is answered from the file
+        raise LoadReached
+
+    monkeypatch.setattr(backend.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(backend, "load", load)
+    settings = config.load(["--engine", "exl3", "-m", str(tmp_path), "--triton-pin", str(path)], {})
+    with pytest.raises(LoadReached):
+        backend.Exl3Backend(settings)
+    assert seen[0] == {"file": str(path), "strict": False, "loaded": 2, "kernels": 2, "pinned": 0, "unpinned": 0, "unpinned_keys": []}
+    assert seen[1] is kernels.SCALE_CONFIGS[2] and kernels.scale_kernel.benchmarked == []
+    assert triton_pin.report().pinned == 1
+
+
+def test_without_glm53_triton_pin_the_backend_leaves_triton_alone(kernels, tmp_path, monkeypatch):
+    original = fake_triton.FakeAutotuner.run
+    monkeypatch.setattr(backend.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(backend, "load", reach_load)
+    with pytest.raises(LoadReached):
+        backend.Exl3Backend(config.load(["--engine", "exl3", "-m", str(tmp_path)], {}))
+    assert triton_pin.report() is None and fake_triton.FakeAutotuner.run is original
 
 
 def test_picks_recorded_in_one_process_are_used_in_the_next(kernels, tmp_path, monkeypatch):

@@ -17,10 +17,10 @@ import pytest
 
 from glm53 import cli
 from glm53.models.glm_special_tokens import SPECIAL_TOKENS
-from glm53.models.synth import exl3_reference, presets, router, tensors, writer
-from glm53.models.synth.random_pool import RandomSource
 from glm53.models.safetensors_header import read_header
 from glm53.progress import Progress
+from glm53.tools.synth import exl3_reference, presets, router, tensors, writer
+from glm53.tools.synth.random_pool import RandomSource
 
 PROFILE = Path(__file__).resolve().parents[2] / "reference" / "glm53-flash-routing-profile.json"
 P = "model.language_model"

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from ..safetensors_header import read_header
+from ...models.safetensors_header import read_header
 
 DTYPE_SIZES = {"F16": 2, "BF16": 2, "F32": 4, "I16": 2, "I32": 4}
 

@@ -21,8 +21,8 @@ import numpy as np
 from glm53 import __version__
 
 from ...progress import Progress
-from ..checkpoint import ROUTING_PROFILE_FILE
-from ..safetensors_header import read_header
+from ...models.checkpoint import ROUTING_PROFILE_FILE
+from ...models.safetensors_header import read_header
 from . import metadata, router, tokenizer_files
 from .presets import SCALES, ModelShape, Scales, resolve
 from .random_pool import RandomSource, name_key

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from glm53.server.chat_template import ChatTemplate, RenderedPrompt, TemplateError
+from glm53.models.chat_template import ChatTemplate, RenderedPrompt, TemplateError
 
 WEATHER = {
     "type": "function",

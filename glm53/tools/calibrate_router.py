@@ -18,13 +18,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ...models.checkpoint import read_config
-from ...models.synth import router
-from ...models.synth.writer import DEFAULT_PROFILE, write_router_biases
-from ...progress import Progress
-from . import patches
-from .load import load
-from .stock import sampled_job
+from ..engine.exl3 import patches
+from ..engine.exl3.load import load
+from ..engine.exl3.stock import sampled_job
+from ..models.checkpoint import read_config
+from ..progress import Progress
+from .synth import router
+from .synth.writer import DEFAULT_PROFILE, write_router_biases
 
 DECODE_ROWS = 8  # routing calls of at most this many rows are decode steps; prefill chunks are larger
 STOP_FRACTION = 0.6

@@ -27,14 +27,14 @@ from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
 
-from .models.checkpoint import config_bytes, has_config
+from ..models.checkpoint import config_bytes, has_config
 
 DEFAULT_TOP_K = 20
 DEFAULT_MAX_NEW = 256
 
 
 def default_prompts() -> list[str]:
-    return json.loads(resources.files("glm53.models").joinpath("panel_prompts.json").read_text(encoding="utf-8"))
+    return json.loads(resources.files("glm53.tools").joinpath("panel_prompts.json").read_text(encoding="utf-8"))
 
 
 def load_prompts(path: Path | None) -> list[str]:
@@ -71,8 +71,8 @@ def panel_item(prompt: str, ids: Sequence[int], completion: Sequence[int], rows,
     :param rows: [N + 1, V] logits of the teacher-forced forward, row j predicting token P + j (the last row:
         the distribution after the final token).
     """
-    from .engine.interface import LogprobRequest
-    from .engine.sampling import logprobs_for
+    from ..engine.interface import LogprobRequest
+    from ..engine.sampling import logprobs_for
 
     tokens = list(ids) + list(completion)
     if rows.shape[0] != len(completion) + 1:
@@ -122,7 +122,7 @@ def meta_path(out: Path) -> Path:
 
 def greedy(generator, ids: Sequence[int], max_new: int, stop_ids: Sequence[int]) -> list[int]:
     """Stock exllamav3's greedy completion of ``ids`` (stopping at, and dropping, any of ``stop_ids``)."""
-    from .engine.exl3.stock import greedy_job
+    from ..engine.exl3.stock import greedy_job
 
     generator.enqueue(greedy_job(ids, max_new, stop_conditions=list(stop_ids) or None, decode_special_tokens=True))
     out: list[int] = []
@@ -150,11 +150,11 @@ def build(model_dir: Path, out: Path, prompts: list[str], max_new: int, top_k: i
     """Load the checkpoint in stock exllamav3, write the panel and its sidecar, return the sidecar."""
     import torch
 
-    from .engine.exl3.backend import eos_token_ids
-    from .engine.exl3.patches import installed_version
-    from .engine.exl3.stock import load_stock
-    from .engine.exl3.tokenizer import HFTokenizer
-    from .server.chat_template import ChatTemplate
+    from ..engine.exl3.backend import eos_token_ids
+    from ..engine.exl3.patches import installed_version
+    from ..engine.exl3.stock import load_stock
+    from ..engine.exl3.tokenizer import HFTokenizer
+    from ..models.chat_template import ChatTemplate
 
     started = time.monotonic()
     cache_tokens = -(-(chunk_size + max_new + 256) // 256) * 256

@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from glm53 import cli, panel
+from glm53 import cli
 from glm53.engine.exl3.tokenizer import HFTokenizer
+from glm53.models.chat_template import ChatTemplate
 from glm53.models.glm_special_tokens import SPECIAL_TOKENS
-from glm53.models.synth import tokenizer_files
-from glm53.server.chat_template import ChatTemplate
+from glm53.tools import panel
+from glm53.tools.synth import tokenizer_files
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SPECIAL = {t.text: t.glm_id for t in SPECIAL_TOKENS}
 VOCAB = 154880
 

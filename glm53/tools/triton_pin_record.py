@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 
-from ... import config
-from . import triton_pin_file
+from .. import config
+from ..engine.exl3 import triton_pin_file
 
 # decode tokens generated after each recorded prefill (decode runs no autotuned kernel in exllamav3 1.6.5, but the
 # first decode step after a prefill is where a change would show)
@@ -112,7 +112,7 @@ def _show(path: Path) -> int:
 
 def load_stock(model_dir: Path, *, cache_size: int, chunk_size: int, ambs: int, max_batch_size: int) -> SimpleNamespace:
     """The model, cache and generator of stock exllamav3, with the sizes and calls of the exl3 backend."""
-    from .stock import load_stock as load
+    from ..engine.exl3.stock import load_stock as load
 
     stock = load(model_dir, cache_tokens=cache_size, max_batch_size=ambs, chunk_size=chunk_size)
     return SimpleNamespace(model=stock.model, generator=stock.generator(max_batch_size=max_batch_size), vocab_size=stock.vocab_size)
@@ -128,7 +128,7 @@ def forward_nc(model, ids: Sequence[int]):
 
 def generate(generator, prompts: list[list[int]], max_new_tokens: int) -> None:
     """Prefill each prompt and decode ``max_new_tokens`` greedily, all jobs at once, through the generator."""
-    from .stock import greedy_job
+    from ..engine.exl3.stock import greedy_job
 
     for p in prompts:
         generator.enqueue(greedy_job(p, max_new_tokens))
@@ -153,7 +153,7 @@ def record(model_dir: Path, lengths: Sequence[int], *, chunk_size: int, cache_si
     # imported here, not with the module: `glm53 --help` needs neither torch nor what triton_pin imports
     import torch
 
-    from . import triton_pin
+    from ..engine.exl3 import triton_pin
 
     if not torch.cuda.is_available():
         raise RuntimeError("recording Triton picks needs a CUDA GPU")
