@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 from glm53.offload.cache import Policy
 from glm53.offload.cache_policy import C_HITS, ReferenceCache, placement, shares, warm_scores
 
-PROFILE = REPO / "reference" / "glm53-flash-routing-profile.json"
+PROFILE = REPO / "glm53" / "models" / "glm53-flash-routing-profile.json"
 
 
 def load_profile(path: Path) -> np.ndarray:

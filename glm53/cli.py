@@ -9,7 +9,7 @@ import logging
 import sys
 from pathlib import Path
 
-from . import __version__, config, preflight
+from . import __version__, config, plan, preflight
 from .progress import TerminalProgress
 from .tools import panel, triton_pin_record
 from .tools.synth import presets
@@ -36,7 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     synth.add_argument("--out", required=True, type=Path, help="output directory (must be empty unless --force)")
     synth.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     synth.add_argument("--moe-layers", type=int, help="number of MoE layers after the 3 dense ones")
-    synth.add_argument("--profile", type=Path, help="routing profile JSON (default: reference/glm53-flash-routing-profile.json)")
+    synth.add_argument("--profile", type=Path, help="routing profile JSON (default: glm53/models/glm53-flash-routing-profile.json)")
     synth.add_argument("--stats-out", type=Path, help="also write the routing targets as an EXL3_MOE_CPU_SPLIT_STATS file")
     synth.add_argument("--force", action="store_true", help="overwrite the checkpoint files in a non-empty --out")
     cal = sub.add_parser(
@@ -47,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     cal.add_argument("-m", "--model-dir", required=True, type=Path, help="a checkpoint written by `glm53 synth`")
     cal.add_argument("--rounds", type=int, default=10, help="most adjustment rounds (default 10)")
     cal.add_argument("--tolerance", type=float, default=0.05, help="largest accepted |top-32 share error| per layer")
-    cal.add_argument("--profile", type=Path, help="routing profile JSON (default: reference/glm53-flash-routing-profile.json)")
+    cal.add_argument("--profile", type=Path, help="routing profile JSON (default: glm53/models/glm53-flash-routing-profile.json)")
     cal.add_argument("--report", type=Path, help="write the per-round, per-layer report as JSON here")
     panel_cmd = sub.add_parser(
         "panel", help="build a reference panel with stock exllamav3 (for bench/score_ref_panel.py)",
@@ -56,6 +56,7 @@ def _parser() -> argparse.ArgumentParser:
                     "patches; format in reference/README.md. Needs CUDA and exllamav3.")
     panel.add_arguments(panel_cmd)
     triton_pin_record.add_parser(sub)
+    plan.add_parser(sub)
     return ap
 
 
@@ -76,6 +77,12 @@ def main(argv: list[str] | None = None) -> int:
         return _calibrate(ns)
     if ns.command == "panel":
         return panel.run(ns, argv)
+    if ns.command == "plan":
+        try:
+            return plan.run(ns)
+        except ValueError as exc:
+            print(f"glm53 plan: {exc}", file=sys.stderr)
+            return 2
     try:
         settings = config.load(_setting_argv(argv, ns))
     except config.ConfigError as exc:

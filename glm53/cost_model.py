@@ -182,10 +182,12 @@ def _measured_at(figures: Mapping[int, float], tokens: int) -> int:
 
 # ---- routing: how many experts a layer misses at a VRAM share
 
+PROFILE = Path(__file__).resolve().parent / "models" / "glm53-flash-routing-profile.json"  # the real model's, package data
+
 
 def load_profile(path: Path) -> np.ndarray:
     """float [layers, experts] picks per expert from a routing profile (``{layer key: [count per expert]}``, in the
-    file's order: ``reference/glm53-flash-routing-profile.json``, a checkpoint's ``routing-stats.json``)."""
+    file's order: ``glm53/models/glm53-flash-routing-profile.json``, a checkpoint's ``routing-stats.json``)."""
     data = json.loads(Path(path).read_text())
     return np.array([np.asarray(v, dtype=np.float64) for v in data.values()])
 
@@ -360,6 +362,39 @@ class Rig:
         return max(0, min(model.experts, int(free / model.expert_bytes / model.moe_layers)))
 
 
+# ---- a described rig's figures from its parts
+
+# the kernel's measured rate a core (GB/s of expert bytes, int16 codebook, experts cycled from DRAM), by ISA and tokens:
+# Zen 4 on the development machine (bench/results/2026-12-01-fifth-session-cpu-kernel-int16.md); an ISA not listed runs
+# the scalar kernel, which the tier does not use
+CORE_GBS = {"avx512vbmi": {1: 5.1, 4: 3.4}, "avx512": {1: 2.9, 4: 2.1}, "avx2": {1: 2.7, 4: 1.8}}
+SCALING = 0.8  # a batch's rate on many cores over the sum of one core's (0.8 on the H200 host's 16 CPUs)
+DRAM_SHARE = 0.8  # the most of the DRAM read rate the tier's reads are counted to take
+# PCIe: zero-copy reads of host memory measured at 50.8 GB/s on a gen 5 x16 link (3.2 GB/s a lane); older generations
+# halve it each
+LANE_GBS = {3: 0.8, 4: 1.6, 5: 3.2, 6: 6.4}
+HBM = {"H200": 4800, "H100": 3350, "A100": 1935, "RTX 5090": 1792, "RTX 4090": 1008, "RTX 3090": 936, "RTX A6000": 768,
+           "L40S": 864, "RTX 4080": 717, "RTX 3080": 760}
+
+
+
+
+def hbm_gbs(gpu: str) -> float | None:
+    """A known GPU's memory bandwidth by its name (``nvidia-smi``'s or a user's), else None."""
+    return next((v for k, v in HBM.items() if k.lower() in gpu.lower()), None)
+
+
+def cpu_expert_s_from_rates(isa: str, cores: int, dram_gbs: float) -> dict[int, float]:
+    """The CPU tier's time per expert of a batch on ``cores`` cores (one left to the thread feeding the GPU).
+
+    :raise ValueError: an ISA the tier has no kernel for."""
+    if isa not in CORE_GBS:
+        raise ValueError(f"--isa {isa!r} is not accepted: expected one of {', '.join(CORE_GBS)}")
+    threads = max(1, cores - 1)
+    return {t: GLM53_FLASH.expert_bytes / (min(threads * gbs * SCALING, DRAM_SHARE * dram_gbs) * 1e9) for t, gbs in CORE_GBS[isa].items()}
+
+
+
 # The H200 test host's measured figures (bench/results/2026-12-02-*), as the one measured rig the others are set
 # against. Its GPU figures stand in for every GPU's where nothing better is known: a decode layer at one token is bound
 # by launches and latency more than by the GPU's bandwidth (the RTX 3090 of the original project measured 0.249 ms a
@@ -381,12 +416,11 @@ PRESETS: dict[str, Rig] = {
     "anchor-3090-epyc7443p": Rig(
         "the original project's rig: RTX 3090 on PCIe 4 x16, EPYC 7443P (24 Zen 3 cores, AVX2), 8-channel DDR4",
         gpu="NVIDIA RTX 3090", vram_gb=24, hbm_gbs=936, link_gbs=25.0, copy_gbs=25.0, cores=24, isa="avx2", dram_gbs=138, ram_gib=503,
-        # this project's int16 AVX2 kernel: 2.7 GB/s a core at one token, 1.8 at four (Zen 4, 2026-12-01), 22 threads at
-        # 0.8 of the cores' sum (16 CPUs of the H200 host reached 0.8 of 8 a core-pair's): not measured on Zen 3
-        cpu_expert_s={1: 9.44e6 / (22 * 2.7e9 * 0.8), 4: 9.44e6 / (22 * 1.8e9 * 0.8)}, cpu_job_s=204e-6, handoff_s=20e-6,
+        # this project's int16 AVX2 kernel at its Zen 4 rate a core (not measured on Zen 3), on 23 threads
+        cpu_expert_s=cpu_expert_s_from_rates("avx2", 24, 138), cpu_job_s=204e-6, handoff_s=20e-6,
         layer_fixed_s=_H200_GPU["layer_fixed_s"], other_layer_s=0.249e-3, prefill_s_per_token=1 / 720,
         sources={"link_gbs": "published: PCIe 4.0 x16, ~25 GB/s host to device", "dram_gbs": "published: 136-140 GB/s measured read",
-                 "cpu_expert_s": "this project's AVX2 int16 rate a core on Zen 4 x 22 threads x 0.8 (not measured there)",
+                 "cpu_expert_s": "this project's AVX2 int16 rate a core on Zen 4 x 23 threads x 0.8 (not measured there)",
                  "cpu_job_s": "the H200 host's (assumed)", "handoff_s": "assumed", "layer_fixed_s": _H200_GPU_SOURCES["layer_fixed_s"],
                  "other_layer_s": "published: 11.2 ms a token of non-MoE GPU work over 45 layers",
                  "prefill_s_per_token": "published: 710 tok/s at 8k, compute-bound (its link would stream 2,000)"},
@@ -396,13 +430,40 @@ PRESETS: dict[str, Rig] = {
     "pcie4-4090-7950x": Rig(
         "a workstation: RTX 4090 on PCIe 4 x16, Ryzen 9 7950X (16 Zen 4 cores, AVX-512 VBMI), 2-channel DDR5, 128 GB",
         gpu="NVIDIA RTX 4090", vram_gb=24, hbm_gbs=1008, link_gbs=25.0, copy_gbs=25.0, cores=16, isa="avx512vbmi", dram_gbs=64, ram_gib=128,
-        # int16 VBMI: 5.1 GB/s a core at one token, 3.4 at four (Zen 4, measured), 15 threads at 0.8, capped by DRAM (0.8 of 64)
-        cpu_expert_s={1: 9.44e6 / min(15 * 5.1e9 * 0.8, 0.8 * 64e9), 4: 9.44e6 / min(15 * 3.4e9 * 0.8, 0.8 * 64e9)}, cpu_job_s=204e-6,
+        cpu_expert_s=cpu_expert_s_from_rates("avx512vbmi", 16, 64), cpu_job_s=204e-6,
         handoff_s=20e-6, layer_fixed_s=_H200_GPU["layer_fixed_s"], other_layer_s=0.249e-3, prefill_s_per_token=1 / 900,
         sources={"link_gbs": "PCIe 4.0 x16 (assumed 25 GB/s)", "cpu_expert_s": "this project's int16 VBMI rate a core on Zen 4 (2026-12-01) "
-                 "x 15 threads x 0.8, capped at 0.8 of DRAM", "other_layer_s": "the RTX 3090's (assumed)",
+                 "x 15 threads x 0.8, at most 0.8 of DRAM", "other_layer_s": "the RTX 3090's (assumed)",
                  "prefill_s_per_token": "assumed: the RTX 3090's 710 tok/s x 1.25"}),
 }
+
+
+def described(base: Rig, *, name: str | None = None, gpu: str | None = None, vram_gb: float | None = None,
+              link_gbs: float | None = None, cores: int | None = None, isa: str | None = None, dram_gbs: float | None = None,
+              ram_gib: float | None = None) -> Rig:
+    """``base`` with the given figures replaced; a new CPU, link or DRAM rate re-derives the CPU tier's and the link's
+    figures (the GPU's per-layer times stay the base's: assumed)."""
+    rig = base
+    sources = dict(base.sources)
+    if gpu is not None:
+        hbm = hbm_gbs(gpu)
+        rig = replace(rig, gpu=gpu, hbm_gbs=hbm or rig.hbm_gbs)
+        sources["hbm_gbs"] = "the GPU's datasheet" if hbm else f"not known for {gpu!r}: the base rig's"
+    if vram_gb is not None:
+        rig = replace(rig, vram_gb=vram_gb)
+    if link_gbs is not None:
+        rig = replace(rig, link_gbs=link_gbs, copy_gbs=link_gbs)
+        sources["link_gbs"] = "given"
+    if ram_gib is not None:
+        rig = replace(rig, ram_gib=ram_gib)
+    if dram_gbs is not None:
+        rig = replace(rig, dram_gbs=dram_gbs)
+    if cores is not None or isa is not None or dram_gbs is not None:
+        rig = replace(rig, cores=cores or rig.cores, isa=isa or rig.isa)
+        rig = replace(rig, cpu_expert_s=cpu_expert_s_from_rates(rig.isa, rig.cores, rig.dram_gbs))
+        sources["cpu_expert_s"] = (f"the {rig.isa} kernel's measured rate a core x {rig.cores - 1} threads x {SCALING}, at most "
+                                   f"{DRAM_SHARE} of DRAM (derived, not measured on this CPU)")
+    return replace(rig, name=name or f"{base.name}, with the figures given", sources=sources)
 
 
 @dataclass(frozen=True)

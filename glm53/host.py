@@ -149,3 +149,20 @@ def selected_gpu(gpus: list[Gpu], cuda_visible_devices: str | None) -> Gpu | Non
         if first == str(gpu.index) or gpu.uuid.startswith(first):
             return gpu
     return None
+
+
+def nvidia_gpu(lane_gbs: dict[int, float], run=subprocess.run) -> tuple[str, float, float] | None:
+    """(name, memory GB, zero-copy link GB/s) of the first GPU ``nvidia-smi`` reports, the link from its PCIe generation
+    and width at their maximum (``lane_gbs``: GB/s a lane by generation); None without one."""
+    cmd = ["nvidia-smi", "--query-gpu=name,memory.total,pcie.link.gen.max,pcie.link.width.max", "--format=csv,noheader,nounits"]
+    try:
+        out = run(cmd, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0 or not out.stdout.strip():
+        return None
+    name, memory, gen, width = (f.strip() for f in out.stdout.strip().splitlines()[0].split(","))
+    try:
+        return name, int(memory) * 2**20 / 1e9, lane_gbs.get(int(gen), lane_gbs[4]) * int(width)
+    except ValueError:
+        return None

@@ -15,7 +15,12 @@ Host RAM needed, from the checkpoint's routed-expert bytes E (the sizes of its `
   buffers; a planning figure until the tier exists and is measured). The expert store itself is not copied: the
   single copy is kept in the tier's layout.
 
-The need is compared with MemAvailable and, inside a cgroup, with its limit minus what it already uses.
+The need is compared with MemAvailable and, inside a cgroup, with its limit minus what it already uses. The terms and
+figures are the cost model's (``glm53.cost_model.host_ram_needed``), as ``glm53 plan`` gives them.
+
+In fast mode, the cost model also projects what the CPU tier would take of the full model's decode on this host (its
+tier threads and widest vector ISA, the GPU's PCIe link from ``nvidia-smi``): a host whose tier is projected to take
+nothing gets a warning (it will rest and serve as exact mode does).
 
 The NVIDIA driver, read from ``nvidia-smi`` too: torch and every kernel here are built with CUDA 13.2. Its own driver
 branch, 595, supports it fully. The 580 branch (CUDA 13.0's) runs it through minor-version compatibility, which
@@ -35,17 +40,16 @@ import resource
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import cost_model as cm
 from . import host
 from .config import Settings
+from .cpu_tier.kernel import tier_cpus
 from .engine import cuda_gpu_visible, resolve_engine
 from .models import checkpoint
 from .models.download import fetch_command
 from .models.safetensors_header import read_header
 
 GiB = 2**30
-STORE_PADDING = 1.02
-PROCESS_OVERHEAD = 6 * GiB
-CPU_TIER_PER_THREAD = 64 * 2**20
 FAST_MODE_CPU_FLAGS = ("avx2", "fma", "f16c")
 MIN_SHM = 1 * GiB
 # free VRAM below this share of the total means another process holds the GPU
@@ -65,9 +69,11 @@ class Check:
     message: str
 
 
-def run_checks(settings: Settings, paths: host.HostPaths | None = None, query_gpus=host.query_gpus) -> list[Check]:
+def run_checks(settings: Settings, paths: host.HostPaths | None = None, query_gpus=host.query_gpus,
+               query_link=lambda: host.nvidia_gpu(cm.LANE_GBS)) -> list[Check]:
     """Every check for ``settings``. :param paths: where the host's figures are read (default: the real /proc,
-    /sys and /dev/shm; tests pass fakes). :param query_gpus: lists the GPUs (``host.query_gpus``; tests pass a fake)."""
+    /sys and /dev/shm; tests pass fakes). :param query_gpus: lists the GPUs (``host.query_gpus``; tests pass a fake).
+    :param query_link: the GPU's name, memory and PCIe link (``host.nvidia_gpu``; tests pass a fake)."""
     paths = paths or host.HostPaths()
     engine, why = resolve_engine(settings)
     checks = [Check("engine", "ok", f"{engine}: {why}"), _python()]
@@ -81,6 +87,7 @@ def run_checks(settings: Settings, paths: host.HostPaths | None = None, query_gp
     checks += [model, _host_ram(experts, settings, paths), _memlock(experts), _shm(paths)]
     if settings.mode == "fast":
         checks.append(_cpu_features(paths))
+        checks += [c for c in [_fast_projection(settings, paths, query_link)] if c]
     return checks
 
 
@@ -201,10 +208,7 @@ def _expert_bytes(model_dir: Path) -> checkpoint.ExpertBytes | None:
 
 def ram_needed(experts: checkpoint.ExpertBytes, settings: Settings) -> int:
     """Host RAM the chosen mode needs for this checkpoint (the module docstring gives the terms)."""
-    need = int(STORE_PADDING * experts.routed) + PROCESS_OVERHEAD
-    if settings.mode == "fast":
-        need += experts.sign_scale + CPU_TIER_PER_THREAD * _cpu_tier_threads(settings)
-    return need
+    return cm.host_ram_needed(experts.routed, experts.sign_scale, settings.mode, _cpu_tier_threads(settings))
 
 
 def _cpu_tier_threads(settings: Settings) -> int:
@@ -228,9 +232,9 @@ def _host_ram(experts: checkpoint.ExpertBytes | None, settings: Settings, paths:
     if experts is None:
         return Check("host_ram", "ok", text)
     need = ram_needed(experts, settings)
-    terms = f"{STORE_PADDING} x {experts.routed / GiB:.1f} GiB of routed experts + {PROCESS_OVERHEAD / GiB:.0f} GiB"
+    terms = f"{cm.STORE_PADDING} x {experts.routed / GiB:.1f} GiB of routed experts + {cm.PROCESS_OVERHEAD / GiB:.0f} GiB"
     if settings.mode == "fast":
-        terms += f" + the CPU tier's {(need - int(STORE_PADDING * experts.routed) - PROCESS_OVERHEAD) / GiB:.1f} GiB"
+        terms += f" + the CPU tier's {(need - int(cm.STORE_PADDING * experts.routed) - cm.PROCESS_OVERHEAD) / GiB:.1f} GiB"
     if need > avail:
         return Check("host_ram", "fail", f"{settings.mode} mode needs {need / GiB:.1f} GiB of host RAM for this checkpoint ({terms}) but {text}; "
                                          "free memory, raise the memory limit (docker --memory, systemd MemoryMax)"
@@ -242,7 +246,7 @@ def _memlock(experts: checkpoint.ExpertBytes | None) -> Check:
     soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
     if soft == resource.RLIM_INFINITY:
         return Check("memlock", "ok", "locked-memory limit is unlimited")
-    store = f"the {STORE_PADDING * experts.routed / GiB:.1f} GiB host expert store" if experts else "the host expert store"
+    store = f"the {cm.STORE_PADDING * experts.routed / GiB:.1f} GiB host expert store" if experts else "the host expert store"
     return Check("memlock", "warn", f"locked-memory limit is {soft / 2**20:.0f} MiB: page-locking {store} fails past it, and the GPU can read "
                                     "missed experts in place over PCIe (zero-copy) only from page-locked memory; "
                                     "set it to unlimited (ulimit -l unlimited, docker --ulimit memlock=-1, LimitMEMLOCK=infinity)")
@@ -267,3 +271,33 @@ def _cpu_features(paths: host.HostPaths) -> Check:
         return Check("cpu", "fail", f"fast mode's CPU tier needs {', '.join(f.upper() for f in FAST_MODE_CPU_FLAGS)}, and this CPU lacks "
                                     f"{', '.join(f.upper() for f in missing)}; run GLM53_MODE=exact")
     return Check("cpu", "ok", f"CPU has {', '.join(f.upper() for f in FAST_MODE_CPU_FLAGS)} (fast mode's CPU tier)")
+
+
+def widest_isa(flags: set[str]) -> str | None:
+    """The widest of the CPU tier's kernels this CPU runs (its /proc/cpuinfo flags), None below AVX2."""
+    avx512 = {"avx512f", "avx512bw", "avx512vl"} <= flags
+    if avx512 and "avx512vbmi" in flags and ("avx512_vnni" in flags or "avx512vnni" in flags):
+        return "avx512vbmi"
+    if avx512:
+        return "avx512"
+    return "avx2" if {"avx2", "fma", "f16c"} <= flags else None
+
+
+def _fast_projection(settings: Settings, paths: host.HostPaths, query_link) -> Check | None:
+    """The cost model's projection of the CPU tier's share here (no measurement: the ISA's measured rate a core)."""
+    isa = widest_isa(host.cpu_flags(paths.cpuinfo) or set())
+    if isa is None:
+        return None  # the CPU check has said what is missing
+    threads = _cpu_tier_threads(settings) if settings.ct_threads or isinstance(settings.ct_cpus, tuple) else len(tier_cpus(settings.ct_cpus))
+    gpu = query_link()
+    link, where = (gpu[2], f"{gpu[0]}'s PCIe link") if gpu else (25.0, "a PCIe 4 x16 link (nvidia-smi gave none)")
+    rig = cm.described(cm.PRESETS["pcie4-4090-7950x"], name="this host", link_gbs=link, cores=threads + 1, isa=isa, dram_gbs=1e6)
+    p = cm.project(rig, cm.load_profile(cm.PROFILE), streams=(1,))
+    exact, fast = p.decode_tok_s["exact"][1], p.decode_tok_s["fast"][1]
+    what = (f"{threads} CPU-tier thread{'s' if threads != 1 else ''} ({isa}), {where} at {link:g} GB/s; the full model projected "
+            f"at {fast:.1f} tok/s in fast mode against {exact:.1f} in exact (DRAM not counted; `glm53 plan` measures this host)")
+    if fast <= 1.02 * exact:
+        return Check("fast_mode", "warn", f"fast mode's CPU tier is projected to take no share of the misses here: {what}. It will rest "
+                                          "and serve as exact mode does (GLM53_CT_ENABLE=auto turns it off at start when its measured costs agree)")
+    return Check("fast_mode", "ok", f"the CPU tier is projected to take {p.cpu_experts_per_layer[1]:.1f} experts a layer: {what}")
+

@@ -299,3 +299,26 @@ def test_driver_floors_match_the_nixos_side():
     # nix/lib/driver.nix gives the NixOS module and the appliance the same two branches
     text = (Path(__file__).resolve().parents[1] / "nix" / "lib" / "driver.nix").read_text()
     assert f'minimum = "{preflight.DRIVER_MINIMUM}";' in text and f'full = "{preflight.DRIVER_FULL}";' in text
+
+
+def test_fast_mode_warns_where_the_cost_model_gives_the_cpu_tier_no_share(tmp_path):
+    """Three CPU-tier threads with AVX2 against a PCIe 5 link (a miss read in 0.19 ms): the tier's jobs cost more than
+    the link saves, so fast mode is projected to serve as exact mode, and says so; 23 AVX-512 VBMI threads on a PCIe 4
+    link take a share."""
+    flags = "flags\t: fpu avx2 fma f16c avx512f avx512bw avx512vl avx512vbmi avx512_vnni\n"
+    few = config.load(["--mode", "fast", "--ct-threads", "3"], {})
+    c = preflight._fast_projection(few, fake_host(tmp_path, 1, cpuinfo="flags\t: fpu avx2 fma f16c\n"), lambda: ("NVIDIA H200", 141.0, 51.2))
+    assert c.level == "warn" and "3 CPU-tier threads (avx2), NVIDIA H200's PCIe link at 51.2 GB/s" in c.message
+    assert "serve as exact mode does" in c.message
+    many = config.load(["--mode", "fast", "--ct-threads", "23"], {})
+    c = preflight._fast_projection(many, fake_host(tmp_path, 1, cpuinfo=flags), lambda: None)
+    assert c.level == "ok" and "a PCIe 4 x16 link (nvidia-smi gave none) at 25 GB/s" in c.message
+    assert float(c.message.split("take ")[1].split(" experts")[0]) >= 1.0
+    assert preflight._fast_projection(many, fake_host(tmp_path, 1, cpuinfo="flags\t: fpu sse2\n"), lambda: None) is None
+
+
+def test_the_widest_isa_the_cpu_tier_runs():
+    assert preflight.widest_isa({"avx2", "fma", "f16c"}) == "avx2"
+    assert preflight.widest_isa({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl"}) == "avx512"
+    assert preflight.widest_isa({"avx512f", "avx512bw", "avx512vl", "avx512vbmi", "avx512_vnni"}) == "avx512vbmi"
+    assert preflight.widest_isa({"avx", "sse4_2"}) is None

@@ -145,7 +145,7 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi --list-gpus >/dev/null 2>
 	work=$(mktemp -d)
 	exact=$(nix_build ".#serve-exact")
 	# an installed glm53 has no default routing profile (glm53/tools/synth/writer.py): the checkout's is given
-	run "$env/bin/glm53" synth --preset tiny --out "$work/model" --profile reference/glm53-flash-routing-profile.json
+	run "$env/bin/glm53" synth --preset tiny --out "$work/model" --profile glm53/models/glm53-flash-routing-profile.json
 	printf '$ %s\n' "$exact/bin/serve-exact --engine exl3 -m $work/model --root $work/state --port $port &" >&2
 	"$exact/bin/serve-exact" --engine exl3 -m "$work/model" --root "$work/state" --port "$port" &
 	server=$!

@@ -22,7 +22,7 @@ from glm53.progress import Progress
 from glm53.tools.synth import exl3_reference, presets, router, tensors, writer
 from glm53.tools.synth.random_pool import RandomSource
 
-PROFILE = Path(__file__).resolve().parents[2] / "reference" / "glm53-flash-routing-profile.json"
+PROFILE = Path(__file__).resolve().parents[2] / "glm53" / "models" / "glm53-flash-routing-profile.json"
 P = "model.language_model"
 ITEMSIZE = {"F16": 2, "BF16": 2, "F32": 4, "I16": 2, "I32": 4}
 SHARD_BYTES = 200 * 1000**2  # small shards, so the tiny checkpoint (~0.57 GB) spans several

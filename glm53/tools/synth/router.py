@@ -1,6 +1,6 @@
 """Router realism: per-expert popularity from GLM-5.3-Flash's measured routing profile.
 
-The profile (``reference/glm53-flash-routing-profile.json``) holds, for each real MoE layer 3..44, how often
+The profile (``glm53/models/glm53-flash-routing-profile.json``) holds, for each real MoE layer 3..44, how often
 each of the 288 experts was picked on real decode traffic, keyed ``model.language_model.layers.N.mlp`` (the
 ``EXL3_MOE_CPU_SPLIT_STATS`` form). A synthetic checkpoint reproduces those shares through the selection-only
 ``e_score_correction_bias``: exllamav3's ``dots`` router picks the top-k of ``sigmoid(logit) + bias``.

@@ -32,8 +32,7 @@ from .tensors import PREFIX, TensorSpec, average_bits, plan
 SHARD_BYTES = 4 * 1000**3
 INDEX_NAME = "model.safetensors.index.json"
 PROFILE_NAME = "glm53-flash-routing-profile.json"
-# A source checkout keeps the profile in reference/; an installed package has to be given --profile.
-DEFAULT_PROFILE = Path(__file__).resolve().parents[3] / "reference" / PROFILE_NAME
+DEFAULT_PROFILE = Path(__file__).resolve().parents[2] / "models" / PROFILE_NAME  # package data (glm53 plan reads it too)
 JSON_FILES = ("config.json", "generation_config.json", "processor_config.json", "tokenizer.json", "tokenizer_config.json")
 BIAS_SUFFIX = ".mlp.gate.e_score_correction_bias"
 JSON_ALLOWANCE = 16 * 1024**2  # disk for the JSON files (the tokenizer is ~4 MB)
@@ -69,7 +68,7 @@ def write_checkpoint(
 ) -> WriteReport:
     """Write the checkpoint of ``preset`` (``--moe-layers`` MoE layers if given) into ``out_dir``.
 
-    :param profile: routing profile JSON; default ``reference/glm53-flash-routing-profile.json``.
+    :param profile: routing profile JSON; default ``glm53/models/glm53-flash-routing-profile.json``.
     :param force: write into a non-empty directory, first deleting what a previous run would have left
         there (``*.safetensors``, the index, the JSON files); other files are kept.
     :param stats_out: also write the per-layer target counts as an ``EXL3_MOE_CPU_SPLIT_STATS`` file.

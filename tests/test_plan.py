@@ -1,0 +1,55 @@
+"""``glm53 plan``: the table for a preset, a described rig and this host (its measurements stood in for), as text and
+JSON, with what bounds each mode and what the original project's figures would take."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from glm53 import cli, plan
+from glm53 import cost_model as cm
+
+
+def test_the_original_projects_rig_shows_its_published_figures_and_what_its_fast_mode_would_take(capsys):
+    assert cli.main(["plan", "--preset", "anchor-3090-epyc7443p"]) == 0
+    out = capsys.readouterr().out
+    assert "| exact | " in out and "| fast (picked) | " in out and "fast_tok_s 28.15" in out
+    assert "30.96 tok/s (1.1x its fast mode) needs the CPU tier" in out and "of this rig's DRAM read rate" in out
+    assert "projected" in out and "cpu_expert_s: this project's AVX2 int16 rate" in out
+
+
+def test_a_described_rig_as_json(capsys):
+    argv = ["plan", "--gpu", "RTX 4090", "--link-gbs", "12.5", "--cores", "24", "--isa", "avx512", "--dram-gbs", "80", "--ram-gib", "64",
+            "--json"]
+    assert cli.main(argv) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["rig"]["link_gbs"] == 12.5 and r["rig"]["hbm_gbs"] == 1008 and r["pick"] == "fast"
+    assert r["fits_in_ram"] == {"exact": False, "fast": False}  # 64 GiB holds no copy of 114 GB of experts
+    p = r["projection"]
+    assert p["decode_tok_s"]["fast"]["1"] > 1.5 * p["decode_tok_s"]["exact"]["1"]
+
+
+def test_this_host_from_its_measurements(monkeypatch, capsys):
+    monkeypatch.setattr(plan, "local_cpu_figures", lambda: ({1: 250e-6, 4: 400e-6}, {1: 200e-6, 4: 200e-6}, 15, "avx512vbmi"))
+    monkeypatch.setattr(plan, "dram_read_gbs", lambda: 70.0)
+    monkeypatch.setattr(plan.host, "nvidia_gpu", lambda lanes: ("NVIDIA GeForce RTX 4090", 25.8, lanes[4] * 16))
+    rig = plan.local_rig()
+    assert rig.cores == 16 and rig.link_gbs == pytest.approx(25.6) and rig.vram_gb == 24.0 and rig.dram_gbs == 70.0
+    assert rig.cpu_expert_s == {1: 250e-6, 4: 400e-6} and rig.sources["cpu_expert_s"].startswith("timed here")
+    monkeypatch.setattr(plan.host, "nvidia_gpu", lambda lanes: None)
+    assert "no GPU found" in plan.local_rig().sources["link_gbs"]
+
+
+def test_a_bad_figure_is_refused_with_what_is_accepted(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["plan", "--isa", "neon"])
+    assert "invalid choice: 'neon'" in capsys.readouterr().err
+
+
+def test_the_error_band_is_shown_once_bench_predict_has_written_it(monkeypatch, tmp_path, capsys):
+    band = tmp_path / "band.json"
+    band.write_text(json.dumps({"arms": 40, "within_10pct": 37, "median_abs_error": 0.03, "p90_abs_error": 0.08}))
+    monkeypatch.setattr(cm, "ERROR_BAND", band)
+    assert cli.main(["plan", "--preset", "h200-test-host"]) == 0
+    assert "projected ± 8 % (bench.predict: 37 of 40 recorded arms within 10 %)" in capsys.readouterr().out
