@@ -111,6 +111,18 @@ def phase_hit_rate(before, after) -> float | None:
     return (a["hits"] - b["hits"]) / picks if picks > 0 else None
 
 
+def phase_record(before, after) -> dict:
+    """What ``bench.predict`` needs of one decode phase: its hit rate and, in fast mode, the CPU tier's figures at its
+    end with the misses it took during it (the end of the arm's figures are the last phase's)."""
+    out = {"hit_rate": phase_hit_rate(before, after)}
+    a, b = find_stats(after, ("cpu_tier",)), find_stats(before, ("cpu_tier",))
+    tier_a, tier_b = (a or {}).get("cpu_tier") or {}, (b or {}).get("cpu_tier") or {}
+    if "split" in tier_a:
+        split = {k: v - (tier_b.get("split") or {}).get(k, 0) for k, v in tier_a["split"].items() if isinstance(v, int) and not isinstance(v, bool)}
+        out["cpu_tier"] = {"costs": tier_a["costs"], "split": split, "worth": tier_a.get("worth")}
+    return out
+
+
 def pinned_bytes(stats) -> int | None:
     found = find_stats(stats, ("pinned_bytes",))
     if found is not None:
@@ -277,12 +289,14 @@ def measure(loaded: Loaded, spec: dict) -> dict:
             t0, times = run_job(gen, random_prompt(seed, 2, rep, length, vocab), 1)
             rates.append(length / (times[0] - t0))
         prefill_runs[str(length)] = rates
-    streams = {}
+    streams, phases = {}, {"1": phase_record(before, after)}
     for n in spec.get("streams") or ():
         phase(f"{n} streams")
         prompts = [random_prompt(seed, 4, n * 100 + i, spec["decode_context"], vocab) for i in range(n)]
+        start = loaded.stats()
         _, times = run_jobs(gen, prompts, spec["decode_tokens"])
         streams[str(n)] = aggregate_decode_rate(times)
+        phases[str(n)] = phase_record(start, loaded.stats())
     final = loaded.stats()
     oracle = find_stats(after, ("oracle_hit_rate",))
     return {
@@ -291,6 +305,7 @@ def measure(loaded: Loaded, spec: dict) -> dict:
         "prefill_tok_s": {k: statistics.median(v) for k, v in prefill_runs.items()},
         "prefill_runs": prefill_runs,
         "decode_streams_tok_s": streams,
+        "decode_phases": phases,  # per stream count: hit rate, the tier's figures (bench.predict's inputs)
         "hit_rate": phase_hit_rate(before, after),
         "oracle_hit_rate": oracle["oracle_hit_rate"] if oracle else None,
         "pinned_bytes": pinned_bytes(final),
