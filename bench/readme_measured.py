@@ -1,12 +1,18 @@
-"""Rewrite the README's "Measured" block from the latest full ``bench/compare.py`` results in ``bench/results/``.
+"""Rewrite the README's "Measured" blocks from the results in ``bench/results/``.
 
     python3 -m bench.readme_measured [--results FILE] [--readme README.md] [--check]
 
-The block between ``<!-- measured:begin -->`` and ``<!-- measured:end -->`` gets the machine, the checkpoint,
-the bandwidths, a table of the arms (decode and prefill tok/s, hit rate and oracle hit rate, host RSS, VRAM, the
-decode ratio to the best stock offload and to the exact-mode bound), the bounds, the spread of the repeated arm,
-the goals, the chart and the command that reproduces the run. Without the markers, a "Measured" section holding
-them is added before "## Development" (or at the end). ``--check`` exits 1 when the README is not up to date.
+The block between ``<!-- measured:begin -->`` and ``<!-- measured:end -->`` holds the latest full ``bench/compare.py``
+run: the machine, the checkpoint, the bandwidths, a table of the arms (decode and prefill tok/s, hit rate and oracle
+hit rate, host RSS, VRAM, the decode ratio to the best stock offload and to the exact-mode bound), the bounds, the
+spread of the repeated arm, the goals, the chart and the command that reproduces the run. Without the markers, a
+"Measured" section holding them is added before "## Development" (or at the end).
+
+The block between ``<!-- fast-measured:begin -->`` and ``<!-- fast-measured:end -->`` holds fast mode where its users
+run it: the in-band link emulation's own check (``bench.bandwidth --link-emulate-gbs``, ``bench.link_sweep``), the
+latest comparison at each emulated link rate, the paired decode KL against the noise floor, and the full model's
+projections by the cost model (``glm53 plan``'s presets, labelled as projections, with the error band
+``bench.predict`` measured). ``--check`` exits 1 when the README is not up to date.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from bench import scoreboard
 REPO = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO / "bench" / "results"
 BEGIN, END = "<!-- measured:begin -->", "<!-- measured:end -->"
+FAST_BEGIN, FAST_END = "<!-- fast-measured:begin -->", "<!-- fast-measured:end -->"
 SECTION = "## Measured"
 
 
@@ -148,6 +155,119 @@ def measured_block(results: dict, json_name: str) -> str:
     return "\n".join(out)
 
 
+def _documents(directory: Path) -> list[tuple[str, dict]]:
+    out = []
+    for path in sorted(Path(directory).glob("*.json")):
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict):
+            out.append((path.name, doc))
+    return out
+
+
+def _latest(docs, keep) -> tuple[str, dict] | None:
+    """The document ``keep`` accepts with the latest date (or name: results are named by date)."""
+    found = [(doc.get("date", name[:10]), name, doc) for name, doc in docs if keep(name, doc)]
+    return (max(found)[1], max(found)[2]) if found else None
+
+
+def _emulation_lines(docs) -> list[str]:
+    lines = []
+    check = _latest(docs, lambda n, d: "targets" in (d.get("link_emulation") or {}) and "schema" not in d)
+    if check:
+        name, doc = check
+        e = doc["link_emulation"]
+        worst = max(abs(r[k] - 1) for r in e["targets"] for k in r if k.endswith("_ratio"))
+        targets = ", ".join(f"{r['target_gbs']:g}" for r in e["targets"])
+        lines.append(f"The in-band link emulation (`GLM53_LINK_EMULATE_GBS`) reads its target within {worst:.1%} at "
+                     f"{targets} GB/s (zero-copy reads by a full grid and by 64 "
+                     f"blocks, copy-engine copies; the link measured {e['measured']['zero_copy_gbs']:.1f} GB/s zero-copy, "
+                     f"{e['measured']['copy_gbs']:.1f} GB/s copies; `bench/results/{name}`).")
+    sweep = _latest(docs, lambda n, d: "engines" in d and "check" in d)
+    if sweep:
+        name, doc = sweep
+        c = doc["check"]
+        model = ", ".join(f"{k} GB/s {v:.3f}" for k, v in (c.get("measured_over_model") or {}).items())
+        lines.append(f"On exact mode's decode (`bench.link_sweep`, `bench/results/{name}`) a step under emulation takes "
+                     f"{model} of the per-layer model's T_fix + misses x B / W_target, the same tokens at every rate "
+                     f"({'yes' if all((c.get('same_tokens') or {}).values()) else 'NO'}); at the measured rate "
+                     f"{c.get('measured_rate_over_full')} of the full link's step time. Fast / exact on one engine each: "
+                     + ", ".join(f"{k} {v:.2f}x" for k, v in (doc.get("fast_over_exact") or {}).items()) + ".")
+    return lines
+
+
+def _emulated_compare_rows(docs) -> list[str]:
+    """Every comparison run with the project arms' link emulated, slowest link first (each run a row: runs of one rate
+    at other commits differ in what they measured, and both stay)."""
+    runs = [(name, doc) for name, doc in docs if doc.get("schema") == scoreboard.SCHEMA and scoreboard.emulated_link_gbs(doc)]
+    if not runs:
+        return []
+    rows = ["| link (emulated) | exact tok/s | fast tok/s | fast / exact | 4 streams exact | 4 streams fast | fast / exact | best stock "
+            "offload (full link) | results |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, doc in sorted(runs, key=lambda r: (scoreboard.emulated_link_gbs(r[1]), r[1].get("date", ""))):
+        e, f = scoreboard.arm_value(doc, "exact", "decode_tok_s"), scoreboard.arm_value(doc, "fast", "decode_tok_s")
+        streams = lambda arm: ((scoreboard.ok_runs(doc, arm) or [{}])[0].get("decode_streams_tok_s") or {}).get("4")  # noqa: E731
+        e4, f4 = streams("exact"), streams("fast")
+        best = scoreboard.best_stock_offload(doc)
+        rows.append(f"| {scoreboard.emulated_link_gbs(doc):g} GB/s | {_num(e)} | {_num(f)} | {_num(f / e if e and f else None, '{:.2f}x')} | "
+                    f"{_num(e4)} | {_num(f4)} | {_num(f4 / e4 if e4 and f4 else None, '{:.2f}x')} | "
+                    f"{f'{best[1]:.1f} ({best[0]})' if best else '—'} | `{name}` |")
+    return rows
+
+
+def _quality_line(docs) -> list[str]:
+    floor = _latest(docs, lambda n, d: "decode-kl" in n and "floor" in n and "kl_mean" in d)
+    fast = _latest(docs, lambda n, d: "decode-kl" in n and "fast" in n and "int16" in n and "kl_mean" in d)
+    if not (floor and fast):
+        return []
+    f, b = fast[1], floor[1]
+    return [f"Quality, int16 codebook, every miss to the CPU tier (`bench.decode_kl --split all`, scaled checkpoint): paired decode KL "
+            f"{f['kl_mean']:.4f} against a noise floor of {b['kl_mean']:.4f} (exllamav3 perturbed by 1e-3), "
+            f"{f['kl_mean'] / b['kl_mean']:.2f}x the floor (`bench/results/{fast[0]}`, `bench/results/{floor[0]}`)."]
+
+
+def _projection_rows() -> list[str]:
+    from glm53 import cost_model as cm
+
+    profile = cm.load_profile(cm.PROFILE)
+    band = cm.error_band()
+    rows = [f"Projections by the cost model (`glm53 plan`), not measurements; its error on the recorded runs "
+            + (f"(`bench.predict`): {band['within_10pct']} of {band['arms']} arms within 10 %, median {band['median_abs_error']:.1%}, "
+               f"90th percentile {band['p90_abs_error']:.0%}." if band else "has not been measured."), "",
+            "| rig (full GLM-5.3-Flash, 24 GB card) | exact tok/s (1 / 4 streams) | fast tok/s (1 / 4 streams) | prefill 8k exact / fast | "
+            "published |", "|---|---|---|---|---|"]
+    for name, rig in cm.PRESETS.items():
+        p = cm.project(rig, profile)
+        d = p.decode_tok_s
+        pub = ", ".join(f"{k} {v:g}" for k, v in rig.published.items() if k.endswith("tok_s") and "prefill" not in k) or "—"
+        rows.append(f"| `{name}` | {d['exact'][1]:.1f} / {d['exact'][4]:.1f} | {d['fast'][1]:.1f} / {d['fast'][4]:.1f} | "
+                    f"{p.prefill_tok_s['exact']:.0f} / {p.prefill_tok_s['fast']:.0f} | {pub} |")
+    return rows
+
+
+def fast_block(directory: Path = RESULTS_DIR) -> str:
+    """The Markdown of fast mode's block (without the markers)."""
+    docs = _documents(directory)
+    out = _emulation_lines(docs)
+    rows = _emulated_compare_rows(docs)
+    if rows:
+        out += ["", "On the H200 test host (16 CPUs, scaled checkpoint, a 24 GB card's share), `bench.compare` with the project "
+                "arms' link emulated (the stock arms at the full link: their decode reads no expert over the link):", "", *rows]
+    out += ["", *_quality_line(docs), "", *_projection_rows()]
+    return "\n".join(out).strip()
+
+
+def rewrite_fast(readme: str, block: str) -> str:
+    """``readme`` with ``block`` between the fast-mode markers (unchanged where there are none)."""
+    if FAST_BEGIN not in readme or FAST_END not in readme:
+        return readme
+    head, _, rest = readme.partition(FAST_BEGIN)
+    _, _, tail = rest.partition(FAST_END)
+    return f"{head}{FAST_BEGIN}\n{block}\n{FAST_END}{tail}"
+
+
 def rewrite(readme: str, block: str) -> str:
     """``readme`` with ``block`` between the markers (a "Measured" section is added where there are none)."""
     if BEGIN in readme and END in readme:
@@ -170,7 +290,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     path = args.results or latest_results()
     results = scoreboard.finish(json.loads(path.read_text()))  # the derived sections by today's arithmetic
-    new = rewrite(args.readme.read_text(), measured_block(results, path.name))
+    new = rewrite_fast(rewrite(args.readme.read_text(), measured_block(results, path.name)), fast_block(path.parent))
     if args.check:
         stale = new != args.readme.read_text()
         print(f"{args.readme}: {'stale' if stale else 'up to date'} against {path.name}")

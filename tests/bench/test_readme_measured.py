@@ -88,3 +88,29 @@ def test_latest_results_and_the_command(results, tmp_path):
 def test_the_readme_has_the_markers():
     text = (REPO / "README.md").read_text()
     assert text.index(readme_measured.BEGIN) < text.index(readme_measured.END)
+
+
+def test_the_fast_mode_block_lists_every_emulated_run_the_quality_and_the_projections(tmp_path):
+    base = json.loads((Path(__file__).parent / "fixtures" / "compare-results.json").read_text())
+    for rate, fast in ((25.0, 50.0), (12.5, 30.0)):
+        doc = {**base, "link_emulation": {"target_gbs": rate}, "arms": [dict(a) for a in base["arms"]]}
+        arm = next(a for a in doc["arms"] if a["name"] == "fast")
+        arm.update(status="ok", decode_tok_s=fast, decode_runs=[fast])
+        (tmp_path / f"run-{rate}.json").write_text(json.dumps(doc))
+    (tmp_path / "x-decode-kl-floor.json").write_text(json.dumps({"kl_mean": 0.1}))
+    (tmp_path / "x-decode-kl-fast-int16.json").write_text(json.dumps({"kl_mean": 0.04}))
+    block = readme_measured.fast_block(tmp_path)
+    rows = [line for line in block.splitlines() if line.startswith("| 1") or line.startswith("| 2")]
+    assert rows[0].startswith("| 12.5 GB/s | 55.0 | 30.0 | 0.55x") and rows[1].startswith("| 25 GB/s | 55.0 | 50.0 | 0.91x")
+    assert "45.7 (stock-mcs)" in rows[1]
+    assert "paired decode KL 0.0400 against a noise floor of 0.1000" in block and "0.40x the floor" in block
+    assert "not measurements" in block and "| `anchor-3090-epyc7443p` |" in block and "fast_tok_s 28.15" in block
+    readme = f"a\n{readme_measured.FAST_BEGIN}\nold\n{readme_measured.FAST_END}\nb\n"
+    assert readme_measured.rewrite_fast(readme, "new") == f"a\n{readme_measured.FAST_BEGIN}\nnew\n{readme_measured.FAST_END}\nb\n"
+
+
+def test_the_readme_holds_the_generated_fast_mode_block():
+    text = (REPO / "README.md").read_text()
+    assert readme_measured.FAST_BEGIN in text and readme_measured.FAST_END in text
+    current = text.partition(readme_measured.FAST_BEGIN)[2].partition(readme_measured.FAST_END)[0].strip()
+    assert current == readme_measured.fast_block().strip()  # `python3 -m bench.readme_measured` rewrites it
