@@ -1,7 +1,8 @@
 """A ``bench.compare`` run on a checkpoint of few MoE layers, extrapolated to more, and, given a run at that size,
 set against it (issue 22: where was the 12-layer extrapolation wrong?).
 
-The model is the one every earlier estimate used (``../shared/notes/synthetic-checkpoint.md``), per arm and phase:
+The model is the one every earlier estimate used (``../shared/notes/synthetic-checkpoint.md``), per arm and phase
+(``glm53.cost_model.more_layers_s``):
 - all in VRAM (``stock-vram``), the time of a token or a prompt grows with the layer count: ``t_v(L) = t_v(L0) x
   (D + L) / (D + L0)``, with ``D`` the dense layers before the MoE ones (3 in GLM-5.3-Flash). The head's and the
   embedding's share is counted as if it grew with them (a small overestimate).
@@ -25,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from bench.output import emit_json
+from glm53 import cost_model as cm
 from bench.scoreboard import arm_value
 
 DENSE_LAYERS = 3  # GLM-5.3-Flash's dense layers before its MoE ones (the synthetic presets keep them)
@@ -65,7 +67,6 @@ def predict(base: Mapping, moe_layers: int) -> dict:
     l0 = _moe_layers(base)
     ckpt = base.get("checkpoint") or {}
     layer_gb = (ckpt.get("experts") or 0) * (ckpt.get("expert_bytes") or 0) / 1e9
-    grow = (DENSE_LAYERS + moe_layers) / (DENSE_LAYERS + l0)
     out: dict = {}
     for arm in _arms(base):
         row: dict = {"decode_tok_s": None, "prefill_tok_s": {}, "host_rss_peak_gb": None}
@@ -73,7 +74,7 @@ def predict(base: Mapping, moe_layers: int) -> dict:
             t_v, t = _seconds(base, "stock-vram", phase), _seconds(base, arm, phase)
             if t_v is None or t is None:
                 continue
-            predicted = t_v * grow + (0.0 if arm == "stock-vram" else moe_layers * (t - t_v) / l0)
+            predicted = cm.more_layers_s(t_v, t_v if arm == "stock-vram" else t, l0, moe_layers, DENSE_LAYERS)
             if phase == "decode":
                 row["decode_tok_s"] = round(1.0 / predicted, 2)
             else:

@@ -24,6 +24,8 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping
 
+from glm53 import cost_model as cm
+
 SCHEMA = "glm53-compare/1"
 ARMS = ("stock-vram", "stock-mcs", "stock-mcs-pa", "exact", "fast")  # a full comparison (the default run)
 STOCK_OFFLOAD = ("stock-mcs", "stock-mcs-pa")
@@ -120,11 +122,12 @@ def overlap_bound(t_allvram_s: float, hit_rate: float, top_k: int, moe_layers: i
 
 def decode_bound(t_allvram_s: float, hit_rate: float, top_k: int, moe_layers: int, expert_bytes: float,
                  link_gbs: float) -> dict:
-    """Decode rate when every miss is read once over a link of ``link_gbs`` GB/s on top of the all-VRAM step:
-    ``1 / (t_allvram + (1 - hit_rate) * top_k * moe_layers * expert_bytes / link)``."""
-    miss_bytes = (1.0 - hit_rate) * top_k * moe_layers * expert_bytes
-    seconds = t_allvram_s + miss_bytes / (link_gbs * 1e9)
-    return {"miss_bytes_per_token": miss_bytes, "seconds_per_token": seconds, "tok_s": 1.0 / seconds}
+    """Decode rate when every miss is read once over a link of ``link_gbs`` GB/s on top of the all-VRAM step: the cost
+    model's exact-mode step at ``(1 - hit_rate) * top_k`` misses a layer."""
+    misses = (1.0 - hit_rate) * top_k
+    step = cm.Step(fixed_s=t_allvram_s, moe_layers=moe_layers, misses=misses, hits=top_k - misses)
+    seconds = cm.exact_step_s(step, cm.Costs({1: 1.0}, 0.0, expert_bytes / (link_gbs * 1e9), 0.0))
+    return {"miss_bytes_per_token": misses * moe_layers * expert_bytes, "seconds_per_token": seconds, "tok_s": 1.0 / seconds}
 
 
 def _decode_hit_rate(results: Mapping, name: str, key: str) -> float | None:

@@ -267,6 +267,15 @@ def fast_step_s(step: Step, costs: Costs, hook_s: float = 0.0) -> tuple[float, f
     return step.fixed_s + step.moe_layers * per_layer, (1 - frac) * k0 + frac * k1
 
 
+def more_layers_s(t_allvram_s: float, t_arm_s: float, layers: int, to_layers: int, dense_layers: int) -> float:
+    """A step (or a prompt) measured on ``layers`` MoE layers, at ``to_layers``: the all-VRAM part grows with every
+    layer (``dense_layers`` of them before the MoE ones), and what the arm adds to it is per MoE layer (its misses,
+    staging, the CPU tier's share). ``bench.extrapolate``'s model; an arm with nothing beyond all-VRAM passes
+    ``t_arm_s == t_allvram_s``."""
+    grow = (dense_layers + to_layers) / (dense_layers + layers)
+    return t_allvram_s * grow + to_layers * (t_arm_s - t_allvram_s) / layers
+
+
 def prefill_s(tokens: int, moe_layers: int, compute_s_per_token: float, stream_bytes_per_layer: float, copy_gbs: float,
               chunk: int = 8192, last_page_split: bool = False, zero_copy_gbs: float | None = None) -> float:
     """A prompt of ``tokens``: each chunk's MoE layers take the longer of their share of the compute and their experts'
