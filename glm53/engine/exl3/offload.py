@@ -6,6 +6,8 @@ the module that owns it:
 3. pin       ``HostStore.pin_and_map``: page-locked and mapped, so the GPU reads an expert in place (zero-copy);
 4. attach    ``patches.load_offloaded``: the model loads with its experts answered from the host store, which
              gives its MoE layers and their expert pointer tables; then exllamav3's warm-up;
+   link      ``offload.link.start``: the host link every part below tells what it moved (measured first when
+             ``GLM53_LINK_EMULATE_GBS`` emulates a slower one);
 5. size      ``budget.cache_slots``: the cache slots the VRAM budget leaves after the model, its caches and the
              warm-up;
 6. fill      ``ExpertCache``: the slots partitioned between the layers and filled by the routing profile

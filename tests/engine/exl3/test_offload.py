@@ -61,8 +61,8 @@ def steps(monkeypatch, tmp_path):
     class Cache:
         num_slots = 3
 
-        def __init__(self, kernels, store, tables, slots, device, top_k, policy, profile):
-            seen.append(("fill", tables, slots, top_k, profile))
+        def __init__(self, kernels, store, tables, slots, device, top_k, policy, profile, link):
+            seen.append(("fill", tables, slots, top_k, profile, link))
 
     class Stager:
         def __init__(self, store, cache, tables, device, buffer_bytes, min_rows):
@@ -85,6 +85,7 @@ def steps(monkeypatch, tmp_path):
         (start.patches, "fused_experts", lambda mlp: f"fused {mlp}"),
         (start.patches, "hook_offload", hook_offload),
         (start, "Kernels", lambda: "kernels"),
+        (start.link, "start", lambda settings, kernels, store, device: (seen.append(("link", settings.link_emulate_gbs)), "the link")[1]),
         (start.budget, "cache_slots", cache_slots),
         (start.profile, "warm_start", lambda model_dir, root, keys: (seen.append(("profile", keys)), (None, "none (cold start)"))[1]),
         (start, "ExpertCache", Cache),
@@ -106,8 +107,8 @@ def test_the_start_runs_its_steps_in_order(steps):
                                   lambda: seen.append("warmup"), progress)
     assert seen == [
         "version", ("scan", tmp_path), "read", ("pin", True, True),
-        ("attach", "the model"), "load", "warmup", "phase building the cache",
-        ("size", 1000, 8), ("profile", ["a.mlp", "b.mlp"]), ("fill", ["tables a", "tables b"], 3, 2, None),
+        ("attach", "the model"), "load", "warmup", "phase building the cache", ("link", None),
+        ("size", 1000, 8), ("profile", ["a.mlp", "b.mlp"]), ("fill", ["tables a", "tables b"], 3, 2, None, "the link"),
         ("staging", 2 * 1000**3, start.STAGE_MIN_ROWS),
         "fits", ("cpu tier", ["fused mlp a", "fused mlp b"], 2, 7.0),
         ("hooks", True, "the tier"),
