@@ -150,18 +150,23 @@ def run_engine(mode: str, args, runs: Sequence[str]) -> dict:
                     fast.worker.rest()
                 if name in ("no-rest", "gpu-worth") and fast is not None:
                     fast.worth.resting = False  # a rest begun in an earlier run would otherwise last until a probe
+                misses0 = engine.offload.cache.stats()["misses"]
                 ids, seconds = decode(path, prompt, args.tokens, timer)
+                misses = engine.offload.cache.stats()["misses"] - misses0
             path.reset()
             torch.set_num_threads(threads)
             os.sched_setaffinity(0, cpus)
             run = {"decode_tok_s": round((args.tokens - 1) / seconds, 2), "ms_per_step": round(1e3 * seconds / (args.tokens - 1), 3),
+                   "misses_per_step": round(misses / (args.tokens - 1), 2),  # bench.predict's inputs
                    "torch_threads": 1 if name.startswith("exact-one") else threads, "ids": ids, **timer.summary()}
             if fast is not None:
                 stats = fast.stats()
                 run["worth"] = stats["worth"]
                 run["split"] = stats["split"]
                 run["probes"] = stats["device"]["probes"]
+                run["costs"] = stats["costs"]
             out["runs"][name] = run
+        out["link"] = {k: v for k, v in engine.offload.cache.link.stats().items() if k != "held"}
         return out
     finally:
         engine.close()
