@@ -22,7 +22,6 @@ import sys
 import time
 from collections.abc import Sequence
 
-import torch
 
 from bench.decode_kl import ModelPath, check_one_engine_args, one_engine_args, pages_for, synthetic_prompt
 from bench.fast_ablation import WARMUP_TOKENS, StepTimer, decode, engine_argv

@@ -233,7 +233,7 @@ def _projection_rows() -> list[str]:
 
     profile = cm.load_profile(cm.PROFILE)
     band = cm.error_band()
-    rows = [f"Projections by the cost model (`glm53 plan`), not measurements; its error on the recorded runs "
+    rows = ["Projections by the cost model (`glm53 plan`), not measurements; its error on the recorded runs "
             + (f"(`bench.predict`): {band['within_10pct']} of {band['arms']} arms within 10 %, median {band['median_abs_error']:.1%}, "
                f"90th percentile {band['p90_abs_error']:.0%}." if band else "has not been measured."), "",
             "| rig (full GLM-5.3-Flash, 24 GB card) | exact tok/s (1 / 4 streams) | fast tok/s (1 / 4 streams) | prefill 8k exact / fast | "
