@@ -32,18 +32,9 @@ GIB = 1 << 30
 
 def _timed_cuda(fn, reps: int) -> float:
     """Best seconds of ``fn`` over ``reps`` runs after one warm-up, timed with CUDA events."""
-    import torch
+    from glm53.offload.link import cuda_seconds
 
-    fn()
-    best = float("inf")
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) / 1000.0)
-    return best
+    return cuda_seconds(fn, reps, min)
 
 
 def _device_alias(host):

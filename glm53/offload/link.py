@@ -146,7 +146,7 @@ class Link:
             self.kernels.read_probe(src, out, blocks)
             self.probed(nbytes, blocks)
 
-        return nbytes / _median_seconds(read, reps) / 1e9
+        return nbytes / cuda_seconds(read, reps) / 1e9
 
     def copy_rate_gbs(self, host: torch.Tensor, reps: int = 3) -> float:
         """The median rate of the copy engine copying pinned ``host`` memory to the GPU."""
@@ -157,7 +157,7 @@ class Link:
             dev.copy_(host, non_blocking=True)
             self.copied(nbytes)
 
-        return nbytes / _median_seconds(copy, reps) / 1e9
+        return nbytes / cuda_seconds(copy, reps) / 1e9
 
     def measure(self, host: torch.Tensor, alias: torch.Tensor) -> Rates:
         """The link's rates as this link carries them: ``host`` pinned host memory and ``alias`` its device view
@@ -187,7 +187,9 @@ def _added_ns_per_byte(target_gbs: float, measured_gbs: float) -> float:
     return max(0.0, 1.0 / target_gbs - 1.0 / measured_gbs)
 
 
-def _median_seconds(fn, reps: int) -> float:
+def cuda_seconds(fn, reps: int, statistic=statistics.median) -> float:
+    """``statistic`` (the median; ``min`` for a capacity) of ``fn``'s GPU time over ``reps`` runs after a warm-up,
+    timed with CUDA events on the current stream."""
     fn()  # warm-up
     times = []
     for _ in range(reps):
@@ -197,7 +199,7 @@ def _median_seconds(fn, reps: int) -> float:
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) / 1000.0)
-    return statistics.median(times)
+    return statistic(times)
 
 
 def start(settings, kernels: Kernels, store, device: torch.device) -> Link:
