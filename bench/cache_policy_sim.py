@@ -15,10 +15,12 @@ alternatives on the same trace, all with the same per-layer slot counts (the pro
 
 Traces: ``iid`` draws each step's top-k per layer from the profile's shares (no temporal structure); ``drift``
 multiplies the shares by a slowly varying random factor per expert (topics change over a conversation), which is
-where adaptive policies can beat the static placement. A recorded trace can be replayed with ``--trace``
-(``.npy`` int [steps, layers, top_k]).
+where adaptive policies can beat the static placement; ``twin`` is the routing twin of the full synthetic checkpoint
+(``bench.routing_stats``) of ``--routing`` ``random`` or ``trained`` (picks recurring over tokens as a trained
+model's do), the profile then being the shares its router was fitted to. A recorded trace can be replayed with
+``--trace`` (``.npy`` int [steps, layers, top_k]).
 
-    python3 -m bench.cache_policy_sim [--share 0.11] [--steps 2000] [--mode iid|drift] [--out sim.json]
+    python3 -m bench.cache_policy_sim [--share 0.11] [--steps 2000] [--mode iid|drift|twin] [--routing trained] [--out sim.json]
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from glm53.offload.cache import Policy
-from glm53.offload.cache_policy import C_HITS, ReferenceCache, placement, shares, warm_scores
+from glm53.offload.cache_policy import C_ADMITS, C_HITS, ReferenceCache, placement, shares, warm_scores
 
 PROFILE = REPO / "glm53" / "models" / "glm53-flash-routing-profile.json"
 
@@ -95,6 +97,28 @@ def run_lru(trace, start):
     return hits
 
 
+def run_lfu(trace, start):
+    """Admit every miss, evict the resident picked least often since the replay began (ties: the lower id)."""
+    hits = 0
+    for layer, resident in enumerate(start):
+        if not resident:
+            continue
+        count = {}
+        members = set(resident)
+        for t in range(trace.shape[0]):
+            step = [int(e) for e in trace[t, layer]]
+            for e in step:
+                count[e] = count.get(e, 0) + 1
+            for e in step:
+                if e in members:
+                    hits += 1
+                else:  # an expert of this step is never the victim, as in the kernel's policy
+                    victim = min((c for c in members if c not in step), key=lambda c: (count.get(c, 0), c))
+                    members.remove(victim)
+                    members.add(e)
+    return hits
+
+
 def run_clock(trace, start):
     hits = 0
     for layer, resident in enumerate(start):
@@ -119,14 +143,19 @@ def run_clock(trace, start):
     return hits
 
 
-def run_decayed(trace, start, profile: np.ndarray, policy: Policy):
-    """The kernel's policy, the reference of ``ec_step_kernel``, step by step from the warm scores of ``profile``."""
+def replay_decayed(trace, start, profile: np.ndarray, policy: Policy) -> ReferenceCache:
+    """The kernel's policy, the reference of ``ec_step_kernel``, step by step from the warm scores of ``profile``;
+    the cache after the replay (its counters)."""
     residents = [(layer, expert) for layer, experts in enumerate(start) for expert in experts]
     cache = ReferenceCache(warm_scores(profile, trace.shape[2], policy.decay), residents)
     for t in range(trace.shape[0]):
         for layer in range(trace.shape[1]):
             cache.step(layer, trace[t, layer], policy.decay, policy.hysteresis, policy.max_admit)
-    return int(cache.counters[:, C_HITS].sum())
+    return cache
+
+
+def run_decayed(trace, start, profile: np.ndarray, policy: Policy):
+    return int(replay_decayed(trace, start, profile, policy).counters[:, C_HITS].sum())
 
 
 def run_belady(trace, start):
@@ -164,17 +193,31 @@ POLICIES = ("static", "lru", "clock", "decayed", "belady")
 
 
 def simulate(profile: np.ndarray, trace: np.ndarray, slots: int, policy: Policy | None = None) -> dict:
+    """Every policy's hit rate; the decayed policy's admissions per layer and step (each one expert over the link)."""
     policy = policy or Policy()
     start = starting_residents(profile, slots)
     picks = trace.shape[0] * trace.shape[2] * trace.shape[1]
+    decayed = replay_decayed(trace, start, profile, policy).counters
     runs = {
         "static": lambda: run_static(trace, start),
         "lru": lambda: run_lru(trace, start),
         "clock": lambda: run_clock(trace, start),
-        "decayed": lambda: run_decayed(trace, start, profile, policy),
+        "decayed": lambda: int(decayed[:, C_HITS].sum()),
         "belady": lambda: run_belady(trace, start),
     }
-    return {"picks": picks, "slots": slots, "hit_rate": {name: round(runs[name]() / picks, 4) for name in POLICIES}}
+    hit_rate = {name: round(runs[name]() / picks, 4) for name in POLICIES}
+    return {"picks": picks, "slots": slots, "policy": {"decay": policy.decay, "hysteresis": policy.hysteresis,
+                                                       "max_admit": policy.max_admit},
+            "hit_rate": hit_rate, "decayed_of_belady": round(hit_rate["decayed"] / hit_rate["belady"], 3),
+            "admits_per_layer_step": round(float(decayed[:, C_ADMITS].sum()) / (trace.shape[0] * trace.shape[1]), 3)}
+
+
+def twin_trace(routing: str, steps: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(profile float [42, 288] the twin's target shares, picks int [steps, 42, 8]) of the full checkpoint's twin."""
+    from bench.routing_stats import twin_from_settings
+
+    twin, shares = twin_from_settings("full", routing, seed, None)
+    return shares, twin.run(steps, seed).picks
 
 
 def main(argv=None) -> int:
@@ -183,16 +226,27 @@ def main(argv=None) -> int:
     ap.add_argument("--share", type=float, default=1376 / 12096, help="cached share of all experts (default: a 24 GB card's, 1376 of 12096)")
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--top-k", type=int, default=8)
-    ap.add_argument("--mode", choices=("iid", "drift"), default="iid")
+    ap.add_argument("--mode", choices=("iid", "drift", "twin"), default="iid")
+    ap.add_argument("--routing", choices=("random", "trained"), default="trained", help="the twin's routing (--mode twin)")
+    ap.add_argument("--decay", type=float, default=Policy.decay)
+    ap.add_argument("--hysteresis", type=float, default=Policy.hysteresis)
+    ap.add_argument("--max-admit", type=int, default=Policy.max_admit)
     ap.add_argument("--trace", type=Path, help="replay this recorded trace (.npy int [steps, layers, top_k]) instead")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     profile = load_profile(args.profile)
-    trace = np.load(args.trace) if args.trace else make_trace(profile, args.steps, args.top_k, args.mode, args.seed)
+    if args.trace:
+        trace = np.load(args.trace)
+    elif args.mode == "twin":
+        profile, trace = twin_trace(args.routing, args.steps, args.seed)
+    else:
+        trace = make_trace(profile, args.steps, args.top_k, args.mode, args.seed)
     slots = round(args.share * profile.size)
+    policy = Policy(decay=args.decay, hysteresis=args.hysteresis, max_admit=args.max_admit)
     result = {"profile": str(args.profile), "mode": "trace" if args.trace else args.mode, "steps": int(trace.shape[0]),
-              "seed": args.seed, **simulate(profile, trace, slots)}
+              "seed": args.seed, **({"routing": args.routing} if args.mode == "twin" and not args.trace else {}),
+              **simulate(profile, trace, slots, policy)}
     print(json.dumps(result, indent=1))
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")

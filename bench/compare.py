@@ -4,7 +4,7 @@
     source .gpu/prep.sh && python3 -m bench.compare --quick --out-dir $OUT    # tiny checkpoint smoke test
 
 1. A synthetic checkpoint (``glm53 synth``; default ``scaled``: real shapes, 12 MoE layers) under ``--ckpt-root``,
-   reused when one with the same preset, seed, layer count and writer sources is there, with its routing profile
+   reused when one with the same preset, routing (``--routing``), seed, layer count and writer sources is there, with its routing profile
    as an ``EXL3_MOE_CPU_SPLIT_STATS`` file.
 2. Bandwidths (``bench/bandwidth.py``, a process of its own): PCIe copy and zero-copy read, DRAM read, HBM copy.
 3. The arms (``bench/compare_arm.py``), each in a fresh process with a timeout, so VRAM, patches and exllamav3's
@@ -60,6 +60,8 @@ def log(msg: str) -> None:
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python3 -m bench.compare", description=__doc__.split("\n\n")[0])
     ap.add_argument("--preset", default="scaled", help="synthetic checkpoint preset (default scaled)")
+    ap.add_argument("--routing", default="random", choices=("random", "trained"),
+                    help="the synthetic checkpoint's routing dynamics (glm53 synth --routing; default random)")
     ap.add_argument("--seed", type=int, default=1, help="checkpoint seed (default 1)")
     ap.add_argument("--moe-layers", type=int, help="MoE layers (default: the preset's, 12 for scaled)")
     ap.add_argument("--ckpt", type=Path, help="use this checkpoint instead of a synthetic one")
@@ -183,10 +185,10 @@ def versions() -> dict:
             "exllamav3": dist("exllamav3"), "glm53": __version__, "git": git.stdout.strip() if git.returncode == 0 else None}
 
 
-def checkpoint_key(preset: str, seed: int, moe_layers: int | None, calibrate_rounds: int = 0) -> str:
+def checkpoint_key(preset: str, seed: int, moe_layers: int | None, calibrate_rounds: int = 0, routing: str = "random") -> str:
     """Names a synthetic checkpoint by what determines its bytes: the arguments and the writer's sources."""
-    digest = hashlib.sha256(f"{preset}|{seed}|{moe_layers}|{calibrate_rounds}".encode())
-    for path in sorted((REPO / "glm53" / "models" / "synth").glob("*.py")):
+    digest = hashlib.sha256(f"{preset}|{seed}|{moe_layers}|{calibrate_rounds}|{routing}".encode())
+    for path in sorted((REPO / "glm53" / "tools" / "synth").glob("*.py")):
         digest.update(path.read_bytes())
     return digest.hexdigest()[:12]
 
@@ -195,13 +197,14 @@ def prepare_checkpoint(args) -> tuple[Path, Path | None, bool]:
     """(checkpoint dir, routing stats file or None, reused)."""
     if args.ckpt is not None:
         return args.ckpt, args.stats, True
-    out = args.ckpt_root / f"{args.preset}-{checkpoint_key(args.preset, args.seed, args.moe_layers, args.calibrate_rounds)}"
+    key = checkpoint_key(args.preset, args.seed, args.moe_layers, args.calibrate_rounds, args.routing)
+    out = args.ckpt_root / f"{args.preset}-{key}"
     stats, done = out / "routing-stats.json", out / ".complete"
     if done.is_file():
         log(f"reusing checkpoint {out}")
         return out, stats, True
     cmd = [sys.executable, "-m", "glm53", "synth", "--preset", args.preset, "--seed", str(args.seed), "--out", str(out),
-           "--stats-out", str(stats), "--force"]
+           "--routing", args.routing, "--stats-out", str(stats), "--force"]
     if args.moe_layers:
         cmd += ["--moe-layers", str(args.moe_layers)]
     log("writing checkpoint: " + shlex.join(cmd))
@@ -228,6 +231,7 @@ def checkpoint_info(ckpt: Path, stats: Path | None, gpu_experts: int | None, arg
     synth = cfg.get("glm53_synth", {})
     return {
         "preset": synth.get("preset", args.preset), "seed": synth.get("seed", args.seed), "moe_layers": moe_layers,
+        "routing": synth.get("routing", {}).get("preset", "random") if synth else None,
         "experts": experts, "top_k": top_k, "dir": str(ckpt), "bytes": sum(p.stat().st_size for p in shards(ckpt)),
         "routed_expert_bytes": routed, "expert_bytes": routed / (moe_layers * experts) if moe_layers else None,
         "gpu_experts": k, "stats_file": str(stats) if profile else None,

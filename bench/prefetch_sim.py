@@ -114,14 +114,32 @@ def run_config(trace, profile, split: Split, pred, consts: dict, policy: Policy)
     }
 
 
+def twin_router(layers: int, steps: int, extra: int, routing: str, seed: int):
+    """(profile, trace, router predictions int [steps, layers, top_k + extra]) of the scaled checkpoint's routing twin
+    with ``layers`` MoE layers: each layer's prediction is its gate on the previous layer's routing state, the first
+    layer's its previous step's picks (what the device's lead prefetches), none at the first step (-1: no expert)."""
+    from bench.routing_stats import twin_from_settings, twin_trace
+
+    twin, shares = twin_from_settings("scaled", routing, seed, layers)
+    trace, guesses = twin_trace(twin, steps, seed)
+    top_k = trace.shape[2]
+    if top_k + extra > guesses.shape[2]:
+        raise ValueError(f"the twin's router guesses {guesses.shape[2]} experts, not {top_k + extra}")
+    first = np.full((steps, 1, top_k + extra), -1, dtype=np.int64)
+    first[1:, 0, :top_k] = trace[:-1, 0]
+    return shares, trace, np.concatenate([first, guesses[:, :, : top_k + extra]], axis=1)
+
+
 def simulate(profile, trace, total: int, consts: dict, recalls, extra: int, pool: int, buffers: int, seed: int,
-             policy: Policy | None = None) -> list[dict]:
-    """Every configuration on one trace: none, oracle, each recall at (``pool``, ``buffers``), then the trade of
-    cache slots for pool slots at the same total (oracle and the middle recall; pools of 1, 2 and 4 slots, one
-    pool or one per layer). Speedups are against ``none``'s step."""
+             policy: Policy | None = None, router=None) -> list[dict]:
+    """Every configuration on one trace: none, oracle, the router's prediction when given (int [steps, layers, n]),
+    each recall at (``pool``, ``buffers``), then the trade of cache slots for pool slots at the same total (oracle
+    and the middle recall; pools of 1, 2 and 4 slots, one pool or one per layer). Speedups are against ``none``'s
+    step."""
     policy = policy or Policy()
     layers, top_k = trace.shape[1], trace.shape[2]
-    preds = {"oracle": trace, **{f"recall {r:g}": noisy_predictions(trace, profile, r, top_k + extra, seed) for r in recalls}}
+    preds = {"oracle": trace, **({} if router is None else {"router": router}),
+             **{f"recall {r:g}": noisy_predictions(trace, profile, r, top_k + extra, seed) for r in recalls}}
     rows = [{"predictor": "none", **run_config(trace, profile, Split(total), None, consts, policy)}]
     for name, pred in preds.items():
         rows.append({"predictor": name, **run_config(trace, profile, Split(total, pool, buffers), pred, consts, policy)})
@@ -162,7 +180,9 @@ def main(argv=None) -> int:
     ap.add_argument("--share", type=float, default=32 / 288, help="VRAM slots as a share of all experts, cache and pools together")
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--top-k", type=int, default=8)
-    ap.add_argument("--modes", default="iid,drift")
+    ap.add_argument("--modes", default="iid,drift", help="traces: iid, drift (from the profile), twin-random, "
+                                                          "twin-trained (the scaled checkpoint's routing twin, with "
+                                                          "its router's predictions)")
     ap.add_argument("--recalls", default="0.5,0.7,0.9")
     ap.add_argument("--extra", type=int, default=0, help="predicted experts beyond top-k")
     ap.add_argument("--pool", type=int, help="prefetch slots per layer step (default: what the window's link budget carries)")
@@ -186,15 +206,20 @@ def main(argv=None) -> int:
         "model": {**consts, "window_fits_experts": fits, "layers": profile.shape[0], "experts": profile.shape[1],
                   "total_slots": total, "top_k": args.top_k, "extra": args.extra, "steps": args.steps,
                   "seed": args.seed, "profile": str(args.profile), "measured_miss_mb_per_step": MEASURED_MISS_MB},
-        "caveat": "synthetic traces: no cross-layer correlation; real predictor recall must be measured on the GPU",
+        "caveat": "iid and drift traces have no cross-layer correlation; the twins' router is the synthetic routing's, "
+                  "not the real network's: real predictor recall must be measured on the GPU",
         "modes": {},
     }
     print(f"T_fix {args.t_fix_ms} ms, link {args.link_gbs} GB/s, expert {args.expert_mb} MB, window {window_ms:.3f} ms "
           f"per layer ({fits} experts), {profile.shape[0]} layers, {total} slots; pool {pool} x {args.buffers}; "
           f"measured without prefetch: {MEASURED_MISS_MB:g} MB of misses per step. * = the slot trade")
     for mode in args.modes.split(","):
-        trace = make_trace(profile, args.steps, args.top_k, mode, args.seed)
-        rows = simulate(profile, trace, total, consts, recalls, args.extra, pool, args.buffers, args.seed)
+        shares, router = profile, None
+        if mode.startswith("twin-"):
+            shares, trace, router = twin_router(args.layers, args.steps, args.extra, mode[len("twin-"):], args.seed)
+        else:
+            trace = make_trace(profile, args.steps, args.top_k, mode, args.seed)
+        rows = simulate(shares, trace, total, consts, recalls, args.extra, pool, args.buffers, args.seed, router=router)
         bound = max(args.t_fix_ms, rows[0]["miss_mb_per_step"] / args.link_gbs)
         result["modes"][mode] = {"overlap_bound_ms": round(bound, 3), "runs": rows}
         print(f"\n{mode} (overlap bound max(T_fix, misses / link) = {bound:.2f} ms):\n{table(rows)}")

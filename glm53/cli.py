@@ -36,6 +36,9 @@ def _parser() -> argparse.ArgumentParser:
     synth.add_argument("--out", required=True, type=Path, help="output directory (must be empty unless --force)")
     synth.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     synth.add_argument("--moe-layers", type=int, help="number of MoE layers after the 3 dense ones")
+    synth.add_argument("--routing", default="random", choices=tuple(presets.ROUTING_PRESETS),
+                       help="routing dynamics: random (i.i.d. router logits, the default) or trained (picks recur over "
+                            "tokens and the next layer's gate predicts the next layer's experts, as in a trained model)")
     synth.add_argument("--profile", type=Path, help="routing profile JSON (default: glm53/models/glm53-flash-routing-profile.json)")
     synth.add_argument("--stats-out", type=Path, help="also write the routing targets as an EXL3_MOE_CPU_SPLIT_STATS file")
     synth.add_argument("--force", action="store_true", help="overwrite the checkpoint files in a non-empty --out")
@@ -122,7 +125,7 @@ def _synth(ns: argparse.Namespace) -> int:
 
     bar = TerminalProgress()
     try:
-        write_checkpoint(ns.out, ns.preset, seed=ns.seed, moe_layers=ns.moe_layers, profile=ns.profile,
+        write_checkpoint(ns.out, ns.preset, seed=ns.seed, moe_layers=ns.moe_layers, routing_preset=ns.routing, profile=ns.profile,
                          force=ns.force, stats_out=ns.stats_out, log=bar.echo, progress=bar)
     except (OSError, ValueError) as exc:
         print(f"glm53: {exc}", file=sys.stderr)

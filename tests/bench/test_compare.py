@@ -87,7 +87,8 @@ def test_checkpoint_key_follows_what_makes_the_bytes():
     key = compare.checkpoint_key("scaled", 1, None)
     assert key == compare.checkpoint_key("scaled", 1, None) and len(key) == 12
     assert len({key, compare.checkpoint_key("scaled", 2, None), compare.checkpoint_key("scaled", 1, 6),
-                compare.checkpoint_key("tiny", 1, None), compare.checkpoint_key("scaled", 1, None, calibrate_rounds=3)}) == 5
+                compare.checkpoint_key("tiny", 1, None), compare.checkpoint_key("scaled", 1, None, calibrate_rounds=3),
+                compare.checkpoint_key("scaled", 1, None, routing="trained")}) == 6
 
 
 def test_project_vram_limit_leaves_the_cache_the_gpu_share_and_room_for_staging():

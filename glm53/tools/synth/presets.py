@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 N_DENSE = 3  # GLM-5.3-Flash: the first three layers have a dense MLP, the rest are MoE
 MLA_EVERY = 4  # layer i is MLA/DSA where i % 4 == 3, KDA otherwise
@@ -165,3 +166,39 @@ def resolve(preset: str, moe_layers: int | None = None) -> ModelShape:
     if moe_layers < 1:
         raise ValueError(f"--moe-layers must be at least 1, got {moe_layers}")
     return dataclasses.replace(shape, moe_layers=moe_layers)
+
+
+# Routing presets (``glm53 synth --routing``): the dynamics ``routing`` implements, and the figures
+# ``bench.routing_stats`` must measure on a preset's twin for the preset to be accepted.
+BAND_EXPERTS, BAND_TOP_K = 288, 8  # the routing shape the presets' bands are stated at (GLM-5.3-Flash's)
+
+
+@dataclass(frozen=True)
+class Dynamics:
+    temporal: float  # lag-1 correlation over tokens of each layer's routing state
+    layer_carry: float  # correlation of consecutive MoE layers' routing states
+    rank: int  # width of the routing subspace every gate reads
+
+    def __post_init__(self):
+        if not (0.0 <= self.temporal < 1.0 and 0.0 <= self.layer_carry < 1.0 and self.rank >= 1):
+            raise ValueError(f"bad routing dynamics {self}: temporal and layer_carry in [0, 1), rank >= 1")
+
+
+@dataclass(frozen=True)
+class RoutingPreset:
+    """``dynamics`` None: i.i.d. logits. ``bands``: figure (``bench.routing_stats``'s overall figures) -> the
+    accepted [low, high], at ``BAND_EXPERTS`` experts top-``BAND_TOP_K``."""
+
+    dynamics: Dynamics | None
+    bands: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+
+
+ROUTING_PRESETS: dict[str, RoutingPreset] = {
+    # Measured on the twin of the scaled checkpoint (seed 0, 2000 steps): recall 0.06, LRU-64 0.38 from popularity alone
+    "random": RoutingPreset(None, {"next_gate_recall_8": (0.0, 0.15), "lru_hit_64": (0.30, 0.46),
+                                   "top32_share_error": (0.0, 0.04)}),
+    # temporal 0.73 gives LRU-64 ~0.65 (and LRU-128 ~0.80, the published 81 %); layer_carry 0.975 recall ~0.8
+    "trained": RoutingPreset(Dynamics(temporal=0.73, layer_carry=0.975, rank=64),
+                             {"next_gate_recall_8": (0.75, 0.85), "lru_hit_64": (0.60, 0.70),
+                              "top32_share_error": (0.0, 0.04)}),
+}

@@ -196,16 +196,16 @@ class _Planner:
         self.exl3(f"{key}.up_proj", s.hidden, intermediate, bits, svh)
         self.exl3(f"{key}.down_proj", intermediate, s.hidden, bits, svh)
 
-    def moe(self, key: str, bias: np.ndarray) -> None:
+    def moe(self, key: str, bias: np.ndarray, gate: np.ndarray | None) -> None:
         s = self.s
-        self.add(f"{key}.gate.weight", "F16", (s.experts, s.hidden),
-                 Normal(self.scales.router_sigma / math.sqrt(s.hidden)))
+        fill = Normal(self.scales.router_sigma / math.sqrt(s.hidden)) if gate is None else Values(gate)
+        self.add(f"{key}.gate.weight", "F16", (s.experts, s.hidden), fill)
         self.add(f"{key}.gate.e_score_correction_bias", "F32", (s.experts,), Values(bias))
         for e in range(s.experts):
             self.gated_mlp(f"{key}.experts.{e}", s.moe_intermediate, s.expert_bits, self.scales.expert_svh)
         self.gated_mlp(f"{key}.shared_experts", s.moe_intermediate * s.shared_experts, s.other_bits)
 
-    def layer(self, i: int, bias: np.ndarray | None) -> None:
+    def layer(self, i: int, bias: np.ndarray | None, gate: np.ndarray | None) -> None:
         key = f"{PREFIX}.layers.{i}"
         self.norm(f"{key}.input_layernorm", self.s.hidden)
         self.norm(f"{key}.post_attention_layernorm", self.s.hidden)
@@ -213,16 +213,19 @@ class _Planner:
         self.hyper_connection(f"{key}.hc_ffn")
         (self.mla if self.s.is_mla(i) else self.kda)(f"{key}.self_attn")
         if self.s.is_moe(i):
-            self.moe(f"{key}.mlp", bias)
+            self.moe(f"{key}.mlp", bias, gate)
         else:
             self.gated_mlp(f"{key}.mlp", self.s.dense_intermediate, self.s.other_bits)
 
 
-def plan(shape: ModelShape, scales: Scales, biases: dict[int, np.ndarray] | None = None) -> list[TensorSpec]:
+def plan(shape: ModelShape, scales: Scales, biases: dict[int, np.ndarray] | None = None,
+         gates: dict[int, np.ndarray] | None = None) -> list[TensorSpec]:
     """Every tensor of the checkpoint in file order: embedding, layers 0..n-1, final norm, lm_head.
 
     :param biases: the router's ``e_score_correction_bias`` per MoE layer index; zeros where missing (enough
         to size the checkpoint before the biases are fitted).
+    :param gates: the router's gate weight [experts, hidden] per MoE layer index (``routing.gate_weight``); where
+        missing, i.i.d. normal from the random pool (the ``random`` routing).
     """
     p = _Planner(shape, scales)
     p.add(f"{PREFIX}.embed_tokens.weight", "F16", (shape.vocab, shape.hidden), Normal(scales.embed_std))
@@ -230,7 +233,7 @@ def plan(shape: ModelShape, scales: Scales, biases: dict[int, np.ndarray] | None
         bias = None
         if shape.is_moe(i):
             bias = (biases or {}).get(i, np.zeros(shape.experts, dtype=np.float32))
-        p.layer(i, bias)
+        p.layer(i, bias, (gates or {}).get(i))
     p.norm(f"{PREFIX}.norm", shape.hidden)
     p.exl3("lm_head", shape.hidden, shape.vocab, shape.head_bits)
     return p.specs

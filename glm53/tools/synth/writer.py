@@ -23,7 +23,7 @@ from glm53 import __version__
 from ...progress import Progress
 from ...models.checkpoint import ROUTING_PROFILE_FILE
 from ...models.safetensors_header import read_header
-from . import metadata, router, tokenizer_files
+from . import metadata, router, routing, tokenizer_files
 from .presets import SCALES, ModelShape, Scales, resolve
 from .random_pool import RandomSource, name_key
 from .safetensors_file import open_shard, overwrite_tensor
@@ -58,6 +58,7 @@ def write_checkpoint(
     preset: str = "tiny",
     seed: int = 0,
     moe_layers: int | None = None,
+    routing_preset: str = "random",
     profile: Path | None = None,
     force: bool = False,
     stats_out: Path | None = None,
@@ -68,6 +69,7 @@ def write_checkpoint(
 ) -> WriteReport:
     """Write the checkpoint of ``preset`` (``--moe-layers`` MoE layers if given) into ``out_dir``.
 
+    :param routing_preset: the routing dynamics (``routing.PRESETS``): ``random`` or ``trained``.
     :param profile: routing profile JSON; default ``glm53/models/glm53-flash-routing-profile.json``.
     :param force: write into a non-empty directory, first deleting what a previous run would have left
         there (``*.safetensors``, the index, the JSON files); other files are kept.
@@ -75,32 +77,36 @@ def write_checkpoint(
     :param progress: where writing the shards reports its bytes, tensor by tensor.
     :raise FileExistsError: ``out_dir`` is not empty and ``force`` is false.
     :raise OSError: not enough free disk space, or no routing profile.
-    :raise ValueError: an unknown preset or bad layer count.
+    :raise ValueError: an unknown preset, routing preset or bad layer count.
     """
     out_dir = Path(out_dir)
     shape = resolve(preset, moe_layers)
+    dynamics = routing.resolve(routing_preset).dynamics
     source = RandomSource(seed)
     profile = Path(profile) if profile is not None else DEFAULT_PROFILE
     if not profile.is_file():
         raise FileNotFoundError(f"routing profile {profile} not found; pass --profile PATH")
     sizing = plan(shape, scales)  # with zero router biases: the sizes are all it is for
     log(f"glm53 synth: preset {preset}, {shape.layers} layers ({shape.moe_layers} MoE, {shape.experts} experts), "
-        f"{len(sizing)} tensors")
+        f"{routing_preset} routing, {len(sizing)} tensors")
     _make_room(out_dir, force, sum(s.nbytes for s in sizing) + JSON_ALLOWANCE, log)
 
     report = WriteReport(out_dir)
     started = time.perf_counter()
     profile_data = router.load_profile(profile)
     real_layers = router.layer_map(shape.moe_layers)
-    targets = {i: router.target_shares(profile_data, real, shape.experts)
-               for i, real in zip(shape.moe_layer_indices, real_layers)}
-    biases = _fit_biases(shape, targets, scales, seed)
+    targets = router_targets(shape, profile_data)
+    biases = fit_biases(shape, targets, scales, seed, dynamics)
     report.fit_seconds = time.perf_counter() - started
     log(f"  router biases fitted for {len(biases)} layers in {report.fit_seconds:.1f} s")
+    gates = None if dynamics is None else {
+        i: routing.gate_weight(seed, i, shape.experts, shape.hidden, dynamics, scales.router_sigma)
+        for i in shape.moe_layer_indices}
 
-    synth = _synth_record(preset, seed, shape, scales, profile, real_layers)
+    synth = _synth_record(preset, seed, shape, scales, profile, real_layers, routing_preset)
     report.files += _write_json_files(out_dir, shape, synth)
-    report.files += _write_shards(out_dir, plan(shape, scales, biases), shard_bytes, source, report, log, progress or Progress())
+    specs = plan(shape, scales, biases, gates)
+    report.files += _write_shards(out_dir, specs, shard_bytes, source, report, log, progress or Progress())
     # The routing the biases were fitted to ships with the checkpoint: the expert cache warm-starts from it
     counts = {router.profile_key(i): router.stats_counts(targets[i], router.profile_total(profile_data, real))
               for i, real in zip(shape.moe_layer_indices, real_layers)}
@@ -151,16 +157,35 @@ def _free_bytes(out_dir: Path) -> int:
     return shutil.disk_usage(path).free
 
 
-def _fit_biases(shape: ModelShape, targets: Mapping[int, np.ndarray], scales: Scales, seed: int) -> dict[int, np.ndarray]:
-    # One score sample serves every layer: the layers differ only in their targets.
-    rng = np.random.Generator(np.random.Philox(key=name_key(seed, "router-fit")))
-    scores = router.sample_scores(rng, router.FIT_TOKENS, shape.experts, scales.router_sigma)
-    return {i: router.fit_bias(t, shape.top_k, scores, scales.router_sigma) for i, t in targets.items()}
+def router_targets(shape: ModelShape, profile_data: dict[str, list[float]]) -> dict[int, np.ndarray]:
+    """MoE layer index -> the per-expert pick shares its router is fitted to (``router.target_shares``)."""
+    real_layers = router.layer_map(shape.moe_layers)
+    return {i: router.target_shares(profile_data, real, shape.experts) for i, real in zip(shape.moe_layer_indices, real_layers)}
+
+
+def fit_biases(shape: ModelShape, targets: Mapping[int, np.ndarray], scales: Scales, seed: int,
+               dynamics: routing.Dynamics | None = None) -> dict[int, np.ndarray]:
+    """MoE layer index -> the selection bias under which the router of ``dynamics`` picks by ``targets``.
+
+    One sample serves every layer. For i.i.d. logits (``dynamics`` None) the layers differ only in their targets;
+    with dynamics each layer scores the same routing states with its own gate directions, since expert logits that
+    share a low-rank state are correlated and the top-k cut is not the i.i.d. one.
+    """
+    if dynamics is None:
+        rng = np.random.Generator(np.random.Philox(key=name_key(seed, "router-fit")))
+        scores = router.sample_scores(rng, router.FIT_TOKENS, shape.experts, scales.router_sigma)
+        return {i: router.fit_bias(t, shape.top_k, scores, scales.router_sigma) for i, t in targets.items()}
+    states = routing.fit_states(seed, router.FIT_TOKENS, dynamics.rank)
+    biases = {}
+    for i, t in targets.items():
+        scores = routing.fit_scores(states, routing.expert_directions(seed, i, shape.experts, dynamics.rank), scales.router_sigma)
+        biases[i] = router.fit_bias(t, shape.top_k, scores, scales.router_sigma)
+    return biases
 
 
 def _synth_record(preset: str, seed: int, shape: ModelShape, scales: Scales, profile: Path,
-                  real_layers: list[int]) -> dict:
-    return {
+                  real_layers: list[int], routing_preset: str) -> dict:
+    record = {
         "preset": preset,
         "seed": seed,
         "glm53_version": __version__,
@@ -175,6 +200,10 @@ def _synth_record(preset: str, seed: int, shape: ModelShape, scales: Scales, pro
         },
         "scales": asdict(scales),
     }
+    dynamics = routing.record(routing_preset)
+    if dynamics is not None:
+        record["routing"] = dynamics
+    return record
 
 
 def _write_json_files(out_dir: Path, shape: ModelShape, synth: dict) -> list[Path]:
