@@ -63,6 +63,8 @@ def test_the_wheel_carries_the_cpu_library_and_names_its_platform(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert f"glm53/_native/{native_lib.CPU_LIBRARY}" in names
     assert "glm53/native/libraries.py" in names
+    # what glm53 plan and glm53 synth read in an installed package: the routing profile, the cost model's error band
+    assert {"glm53/models/glm53-flash-routing-profile.json", "glm53/cost_model_error.json"} <= set(names)
     assert not [n for n in names if n.startswith("native/")]
     text = zipfile.ZipFile(wheel).read("glm53-0.1.0.dist-info/WHEEL").decode()
     assert "Root-Is-Purelib: false" in text
