@@ -5,7 +5,8 @@ comes from here: the CPU tier's split (:class:`Costs`, per MoE layer, the table 
 against every recorded run and gives its error band).
 
 Per MoE layer of a decode step with T tokens (``hits`` experts resident in VRAM, ``misses`` read over the link,
-``k`` of those computed on the CPU tier instead)::
+``k`` of those computed on the CPU tier instead; where host RAM holds a RAM tier rather than every expert,
+``disk_misses`` of the misses are read from disk into RAM first, each adding ``disk_expert_s``)::
 
     gpu(k) = gpu_fixed_s + hits * vram_expert_s + (misses - k) * link_expert_s
     cpu(k) = 0 if k == 0 else handoff_s + cpu_job_s[T] + k * cpu_expert_s[T]
@@ -48,9 +49,10 @@ class Costs:
     cpu_pinned: bool = False  # the CPU figures are given (GLM53_CT_B, a check), so live timings do not move them
     gpu_fixed_s: float = 0.0  # the GPU's time for its part of a layer beyond its experts' (live, fit_gpu_line)
     forced: bool = False  # a check's costs (every_miss_to_the_cpu): the split must run, whatever it saves
+    disk_expert_s: float = 0.0  # a miss in the RAM tier too: read from disk into a RAM slot before the link reads it
 
     def __post_init__(self):
-        for name in ("handoff_s", "link_expert_s", "vram_expert_s", "gpu_fixed_s"):
+        for name in ("handoff_s", "link_expert_s", "vram_expert_s", "gpu_fixed_s", "disk_expert_s"):
             value = getattr(self, name)
             if not (value >= 0 and np.isfinite(value)):
                 raise ValueError(f"{name} must be a finite number >= 0 seconds, not {value!r}")
@@ -227,18 +229,26 @@ def distinct_misses(profile: np.ndarray, slots_per_layer: int, top_k: int, token
 @dataclass(frozen=True)
 class Step:
     """A decode step's shape: ``fixed_s`` everything but the misses' reads (the all-VRAM step: non-MoE layers, each MoE
-    layer's fixed part and its hits), ``misses`` and ``hits`` distinct experts a MoE layer reads from host and VRAM."""
+    layer's fixed part and its hits), ``misses`` and ``hits`` distinct experts a MoE layer reads from host and VRAM,
+    ``disk_misses`` of those misses not in host RAM either (a RAM tier's misses)."""
 
     fixed_s: float
     moe_layers: int
     misses: float
     hits: float
     tokens: int = 1
+    disk_misses: float = 0.0
+
+
+def disk_s(step: Step, costs: Costs) -> float:
+    """A step's disk reads: the RAM tier's misses, each read into a RAM slot before the link reads it (not overlapped
+    with the GPU's work: what prefetching them a layer ahead would win is not counted)."""
+    return step.moe_layers * step.disk_misses * costs.disk_expert_s
 
 
 def exact_step_s(step: Step, costs: Costs) -> float:
-    """Exact mode: every miss read over the link by the GPU."""
-    return step.fixed_s + step.moe_layers * step.misses * costs.link_expert_s
+    """Exact mode: every miss read over the link by the GPU, the RAM tier's misses from disk first."""
+    return step.fixed_s + step.moe_layers * step.misses * costs.link_expert_s + disk_s(step, costs)
 
 
 def split_k(costs: Costs, tokens: int, hits: int, misses: int) -> int:
@@ -264,7 +274,7 @@ def fast_step_s(step: Step, costs: Costs, hook_s: float = 0.0) -> tuple[float, f
 
     (t0, k0), (t1, k1) = layer(lo), layer(lo + 1)
     per_layer = (1 - frac) * t0 + frac * t1
-    return step.fixed_s + step.moe_layers * per_layer, (1 - frac) * k0 + frac * k1
+    return step.fixed_s + step.moe_layers * per_layer + disk_s(step, costs), (1 - frac) * k0 + frac * k1
 
 
 def more_layers_s(t_allvram_s: float, t_arm_s: float, layers: int, to_layers: int, dense_layers: int) -> float:
@@ -305,6 +315,12 @@ def host_ram_needed(routed_bytes: int, sign_scale_bytes: int, mode: str, tier_th
     if mode == "fast":
         need += sign_scale_bytes + CPU_TIER_PER_THREAD * tier_threads
     return need
+
+
+def expert_ram_budget(available_bytes: int, sign_scale_bytes: int, mode: str, tier_threads: int) -> int:
+    """Host bytes left for routed experts (``GLM53_HOST_RAM_GB`` unset): what is available less what the rest of the
+    process needs (:func:`host_ram_needed` without the store)."""
+    return max(0, available_bytes - host_ram_needed(0, sign_scale_bytes, mode, tier_threads))
 
 
 # ---- a rig and the full-size model, for projections
@@ -357,18 +373,29 @@ class Rig:
     other_layer_s: float  # every layer's GPU time outside its routed experts (attention, norms, dense MLPs), per token
     prefill_s_per_token: float  # the GPU's prefill compute per token of the full model, every expert in VRAM
     sources: Mapping[str, str] = field(default_factory=dict)
+    disk_gbs: float = 7.0  # the checkpoint's drive, O_DIRECT reads of expert size (the RAM tier's misses)
     published: Mapping[str, float] = field(default_factory=dict)  # the rig's published figures, shown beside the projection
 
     def costs(self, model: ModelFacts = GLM53_FLASH) -> Costs:
         B = model.expert_bytes
         return Costs(cpu_expert_s=dict(self.cpu_expert_s), handoff_s=self.handoff_s, link_expert_s=B / (self.link_gbs * 1e9),
                      vram_expert_s=B / (self.hbm_gbs * 1e9), cpu_job_s={t: self.cpu_job_s for t in self.cpu_expert_s},
-                     gpu_fixed_s=self.layer_fixed_s, sources=dict(self.sources))
+                     gpu_fixed_s=self.layer_fixed_s, sources=dict(self.sources), disk_expert_s=B / (self.disk_gbs * 1e9))
 
     def cache_slots_per_layer(self, model: ModelFacts = GLM53_FLASH) -> int:
         """Experts a layer keeps in VRAM: what the card holds beyond the other weights and the reserve."""
         free = (self.vram_gb - model.vram_other_gb - VRAM_RESERVE_GB) * 1e9
         return max(0, min(model.experts, int(free / model.expert_bytes / model.moe_layers)))
+
+    def ram_tier_slots_per_layer(self, model: ModelFacts = GLM53_FLASH) -> float | None:
+        """Experts a layer keeps in host RAM beyond the VRAM's when RAM cannot hold them all (None: it holds them all,
+        no RAM tier): the RAM left after the process (fast mode's needs, the larger) less one layer's decode step
+        of staging slots (``top_k`` x ``MAX_TOKENS``), in padded blocks."""
+        budget = expert_ram_budget(int(self.ram_gib * 2**30), model.sign_scale_bytes, "fast", max(1, self.cores - 1))
+        if budget >= STORE_PADDING * model.routed_bytes:
+            return None
+        blocks = budget / (STORE_PADDING * model.expert_bytes) - model.top_k * MAX_TOKENS
+        return max(0.0, blocks / model.moe_layers)
 
 
 # ---- a described rig's figures from its parts
@@ -414,6 +441,7 @@ _H200_GPU_SOURCES = {
     "other_layer_s": "the H200 host: the scaled checkpoint's all-VRAM step, 5.26 ms over 15 layers, less its MoE layers' fixed parts",
     "prefill_s_per_token": "the H200 host: stock exllamav3 all in VRAM, 4096-token prompts at 7.1-8.3k tok/s on 15 layers, scaled to 45",
 }
+DISK_ASSUMED = "assumed: a PCIe 4 NVMe drive's sequential read (7 GB/s); --disk-gbs gives another (bench/disk_bw.py measures one)"
 PRESETS: dict[str, Rig] = {
     "h200-test-host": Rig(
         "the H200 test host, a 24 GB card's share (GLM53_VRAM_LIMIT_GB)", gpu="NVIDIA H200 (24 GB share)", vram_gb=24, hbm_gbs=4200,
@@ -421,21 +449,21 @@ PRESETS: dict[str, Rig] = {
         cpu_expert_s={1: 315e-6, 4: 474e-6}, cpu_job_s=204e-6, handoff_s=20e-6, **_H200_GPU,
         sources={"link_gbs": "bench.bandwidth, 2026-12-02", "cpu_expert_s": "bench/cpu_expert_bw.py, int16, 16 CPUs, 8 experts a call",
                  "cpu_job_s": "one-expert jobs (0.519 ms) less a batch's expert (0.315), 16 CPUs", "handoff_s": "assumed",
-                 **_H200_GPU_SOURCES}),
+                 "disk_gbs": DISK_ASSUMED, **_H200_GPU_SOURCES}),
     "anchor-3090-epyc7443p": Rig(
         "the original project's rig: RTX 3090 on PCIe 4 x16, EPYC 7443P (24 Zen 3 cores, AVX2), 8-channel DDR4",
         gpu="NVIDIA RTX 3090", vram_gb=24, hbm_gbs=936, link_gbs=25.0, copy_gbs=25.0, cores=24, isa="avx2", dram_gbs=138, ram_gib=503,
         # this project's int16 AVX2 kernel at its Zen 4 rate a core (not measured on Zen 3), on 23 threads
         cpu_expert_s=cpu_expert_s_from_rates("avx2", 24, 138), cpu_job_s=204e-6, handoff_s=20e-6,
-        layer_fixed_s=_H200_GPU["layer_fixed_s"], other_layer_s=0.249e-3, prefill_s_per_token=1 / 720,
-        sources={"link_gbs": "published: PCIe 4.0 x16, ~25 GB/s host to device", "dram_gbs": "published: 136-140 GB/s measured read",
+        layer_fixed_s=_H200_GPU["layer_fixed_s"], other_layer_s=0.249e-3, prefill_s_per_token=1 / 720, disk_gbs=26.0,
+        sources={"disk_gbs": "published: its NVMe modes' 4x Samsung 9100 PRO in md RAID0, a ~26 GB/s ceiling","link_gbs": "published: PCIe 4.0 x16, ~25 GB/s host to device", "dram_gbs": "published: 136-140 GB/s measured read",
                  "cpu_expert_s": "this project's AVX2 int16 rate a core on Zen 4 x 23 threads x 0.8 (not measured there)",
                  "cpu_job_s": "the H200 host's (assumed)", "handoff_s": "assumed", "layer_fixed_s": _H200_GPU_SOURCES["layer_fixed_s"],
                  "other_layer_s": "published: 11.2 ms a token of non-MoE GPU work over 45 layers",
                  "prefill_s_per_token": "published: 710 tok/s at 8k, compute-bound (its link would stream 2,000)"},
         published={"exact_tok_s": 12.57, "fast_tok_s": 28.15, "fast_4_streams_tok_s": 33.98, "exact_4_streams_tok_s": 12.64,
                    "stock_cpu_worker_tok_s_low": 7.5, "stock_cpu_worker_tok_s_high": 8.4, "fast_prefill_8k_tok_s": 710,
-                   "exact_prefill_8k_tok_s": 697}),
+                   "exact_prefill_8k_tok_s": 697, "nvme_55gib_fast_tok_s": 14.85, "nvme_55gib_exact_tok_s": 8.28}),
     "pcie4-4090-7950x": Rig(
         "a workstation: RTX 4090 on PCIe 4 x16, Ryzen 9 7950X (16 Zen 4 cores, AVX-512 VBMI), 2-channel DDR5, 128 GB",
         gpu="NVIDIA RTX 4090", vram_gb=24, hbm_gbs=1008, link_gbs=25.0, copy_gbs=25.0, cores=16, isa="avx512vbmi", dram_gbs=64, ram_gib=128,
@@ -443,13 +471,13 @@ PRESETS: dict[str, Rig] = {
         handoff_s=20e-6, layer_fixed_s=_H200_GPU["layer_fixed_s"], other_layer_s=0.249e-3, prefill_s_per_token=1 / 900,
         sources={"link_gbs": "PCIe 4.0 x16 (assumed 25 GB/s)", "cpu_expert_s": "this project's int16 VBMI rate a core on Zen 4 (2026-12-01) "
                  "x 15 threads x 0.8, at most 0.8 of DRAM", "other_layer_s": "the RTX 3090's (assumed)",
-                 "prefill_s_per_token": "assumed: the RTX 3090's 710 tok/s x 1.25"}),
+                 "prefill_s_per_token": "assumed: the RTX 3090's 710 tok/s x 1.25", "disk_gbs": DISK_ASSUMED}),
 }
 
 
 def described(base: Rig, *, name: str | None = None, gpu: str | None = None, vram_gb: float | None = None,
               link_gbs: float | None = None, cores: int | None = None, isa: str | None = None, dram_gbs: float | None = None,
-              ram_gib: float | None = None) -> Rig:
+              ram_gib: float | None = None, disk_gbs: float | None = None) -> Rig:
     """``base`` with the given figures replaced; a new CPU, link or DRAM rate re-derives the CPU tier's and the link's
     figures (the GPU's per-layer times stay the base's: assumed)."""
     rig = base
@@ -465,6 +493,9 @@ def described(base: Rig, *, name: str | None = None, gpu: str | None = None, vra
         sources["link_gbs"] = "given"
     if ram_gib is not None:
         rig = replace(rig, ram_gib=ram_gib)
+    if disk_gbs is not None:
+        rig = replace(rig, disk_gbs=disk_gbs)
+        sources["disk_gbs"] = "given"
     if dram_gbs is not None:
         rig = replace(rig, dram_gbs=dram_gbs)
     if cores is not None or isa is not None or dram_gbs is not None:
@@ -487,6 +518,7 @@ class Projection:
     prefill_tok_s: Mapping[str, float]  # mode -> tok/s of an 8k prompt
     host_ram_gib: Mapping[str, float]
     bound: Mapping[str, str]  # mode -> what bounds its one-stream decode
+    ram_tier: Mapping[str, object] | None = None  # where RAM cannot hold every expert: its share, disk misses, disk rate
 
 
 def project(rig: Rig, profile: np.ndarray, model: ModelFacts = GLM53_FLASH, streams: Sequence[int] = (1, 4),
@@ -496,22 +528,30 @@ def project(rig: Rig, profile: np.ndarray, model: ModelFacts = GLM53_FLASH, stre
     that hit rate on the scaled checkpoint, so this errs low). ``hook_s``: the tier's hooks on the GPU's clock a
     layer it takes part in (60 us measured on the H200 host)."""
     slots = rig.cache_slots_per_layer(model)
+    ram_slots = rig.ram_tier_slots_per_layer(model)
     costs = rig.costs(model)
+    disk_misses: dict[int, float] = {}
     layers = model.moe_layers + model.dense_layers
     decode: dict[str, dict[int, float]] = {"exact": {}, "fast": {}}
     cpu_k: dict[int, float] = {}
     bound = {}
     for n in streams:
         misses, hits = distinct_misses(profile, slots, model.top_k, n)
+        # hot-first: the RAM tier holds the next-hottest experts after the VRAM's (fractional slots interpolated)
+        disk_misses[n] = 0.0 if ram_slots is None else float(np.interp(ram_slots % 1, [0, 1], [
+            distinct_misses(profile, slots + int(ram_slots) + i, model.top_k, n)[0] for i in (0, 1)]))
         fixed = layers * rig.other_layer_s + model.moe_layers * (rig.layer_fixed_s + hits * costs.vram_expert_s)
-        step = Step(fixed_s=fixed, moe_layers=model.moe_layers, misses=misses, hits=hits, tokens=n)
+        step = Step(fixed_s=fixed, moe_layers=model.moe_layers, misses=misses, hits=hits, tokens=n, disk_misses=disk_misses[n])
         exact = exact_step_s(step, costs)
         fast, k = fast_step_s(step, costs, hook_s)
         decode["exact"][n], decode["fast"][n] = n / exact, n / min(fast, exact)
         cpu_k[n] = k if fast < exact else 0.0
         if n == min(streams):
             link = model.moe_layers * misses * costs.link_expert_s
-            bound["exact"] = f"the link: {1e3 * link:.1f} of {1e3 * exact:.1f} ms a token read misses at {rig.link_gbs:g} GB/s"
+            disk = disk_s(step, costs)
+            bound["exact"] = (f"the disk: {1e3 * disk:.1f} of {1e3 * exact:.1f} ms a token read the RAM tier's misses at {rig.disk_gbs:g} GB/s"
+                              if disk > link else
+                              f"the link: {1e3 * link:.1f} of {1e3 * exact:.1f} ms a token read misses at {rig.link_gbs:g} GB/s")
             gpu_part = max(costs.gpu_seconds(int(round(hits)), max(0, int(round(misses - k)))), 0.0)
             cpu_part = costs.cpu_seconds(int(round(k)), n)
             bound["fast"] = (f"the CPU tier: a layer's job ({1e6 * cpu_part:.0f} us for {k:.1f} experts) outlasts the GPU's part "
@@ -521,7 +561,10 @@ def project(rig: Rig, profile: np.ndarray, model: ModelFacts = GLM53_FLASH, stre
     prefill = {mode: prompt / prefill_s(prompt, model.moe_layers, rig.prefill_s_per_token, stream_bytes, rig.copy_gbs,
                                         last_page_split=(mode == "exact"), zero_copy_gbs=rig.link_gbs) for mode in ("exact", "fast")}
     ram = {mode: host_ram_needed(model.routed_bytes, model.sign_scale_bytes, mode, max(1, rig.cores - 1)) / 2**30 for mode in ("exact", "fast")}
-    return Projection(rig.name, slots, hit_rate(profile, slots), decode, cpu_k, prefill, ram, bound)
+    tier = None if ram_slots is None else {
+        "ram_share": (slots + ram_slots) / model.experts, "ram_slots_per_layer": ram_slots,
+        "disk_misses_per_layer": disk_misses, "disk_gbs": rig.disk_gbs}
+    return Projection(rig.name, slots, hit_rate(profile, slots), decode, cpu_k, prefill, ram, bound, tier)
 
 
 # ---- the model's error, as bench.predict measured it against every recorded run

@@ -4,9 +4,11 @@ would pick, what bounds each mode, and the model's error band as ``bench.predict
 
 The machine is a named preset (the H200 test host, the original project's RTX 3090 rig with its published figures
 beside the projection, a PCIe 4 workstation), a described rig (``--gpu``, ``--link-gbs``, ``--cores``, ``--isa``,
-``--dram-gbs``, ``--ram-gib``: the CPU tier's rate then follows from the measured rate a core of the ISA's kernel),
+``--dram-gbs``, ``--ram-gib``, ``--disk-gbs``: the CPU tier's rate then follows from the measured rate a core of the ISA's kernel),
 or, by default, this host: its CPU tier's kernel timed on its own cores, its DRAM read rate, its RAM, and the GPU and
-PCIe link ``nvidia-smi`` reports. Every figure says where it came from; a projection is never a measurement.
+PCIe link ``nvidia-smi`` reports. Where the rig's RAM cannot hold every routed expert, the projection has a RAM tier:
+the RAM left after the process holds the next-hottest experts after the VRAM's, and the rest are read from disk at
+``--disk-gbs`` before the link reads them. Every figure says where it came from; a projection is never a measurement.
 """
 
 from __future__ import annotations
@@ -147,6 +149,12 @@ def format_report(r: dict) -> str:
         fits = "" if r["fits_in_ram"][mode] else f" (this rig has {rig['ram_gib']:.0f})"
         lines.append(f"| {mode}{' (picked)' if r['pick'] == mode else ''} | {d[1]:.1f} tok/s | {d[4]:.1f} tok/s | "
                      f"{p['prefill_tok_s'][mode]:.0f} tok/s | {p['host_ram_gib'][mode]:.1f} GiB{fits} | {r['settings'][mode]} |")
+    tier = p["ram_tier"]
+    if tier:
+        disk = tier["disk_misses_per_layer"]
+        lines += ["", f"  RAM tier: {rig['ram_gib']:.0f} GiB of host RAM holds {tier['ram_slots_per_layer']:.1f} experts a layer beyond "
+                      f"the VRAM's ({tier['ram_share']:.1%} of them in VRAM or RAM); {disk[1]:.2f} a layer at one stream, {disk[4]:.2f} "
+                      f"at four, are read from disk at {tier['disk_gbs']:g} GB/s (prefill's disk reads not modelled)"]
     k = p["cpu_experts_per_layer"]
     lines += ["", f"  fast mode sends the CPU tier {k[1]:.1f} experts a layer at one stream, {k[4]:.1f} at four",
               f"  bound, exact: {p['bound']['exact']}", f"  bound, fast: {p['bound']['fast']}"]
@@ -176,12 +184,13 @@ def add_parser(sub) -> None:
     ap.add_argument("--isa", choices=sorted(cm.CORE_GBS), help="the CPU's widest vector extension the tier's kernel uses")
     ap.add_argument("--dram-gbs", type=float, help="host DRAM read rate")
     ap.add_argument("--ram-gib", type=float, help="host RAM")
+    ap.add_argument("--disk-gbs", type=float, help="the checkpoint drive's read rate on expert-sized O_DIRECT reads (bench/disk_bw.py)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of the table")
 
 
 def run(ns: argparse.Namespace) -> int:
     profile = cm.load_profile(cm.PROFILE)
-    given = {k: getattr(ns, k) for k in ("gpu", "vram_gb", "link_gbs", "cores", "isa", "dram_gbs", "ram_gib") if getattr(ns, k) is not None}
+    given = {k: getattr(ns, k) for k in ("gpu", "vram_gb", "link_gbs", "cores", "isa", "dram_gbs", "ram_gib", "disk_gbs") if getattr(ns, k) is not None}
     if ns.preset:
         rig = cm.PRESETS[ns.preset]
         rig = cm.described(rig, **given) if given else rig

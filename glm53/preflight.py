@@ -15,7 +15,9 @@ Host RAM needed, from the checkpoint's routed-expert bytes E (the sizes of its `
   buffers; a planning figure until the tier exists and is measured). The expert store itself is not copied: the
   single copy is kept in the tier's layout.
 
-The need is compared with MemAvailable and, inside a cgroup, with its limit minus what it already uses. The terms and
+The need is compared with MemAvailable and, inside a cgroup, with its limit minus what it already uses. Where it does
+not fit, or ``GLM53_HOST_RAM_GB`` is below the store, the check says what share of the experts a RAM tier of the
+bytes left (``cost_model.expert_ram_budget``) would hold; it fails while the engine cannot serve from one. The terms and
 figures are the cost model's (``glm53.cost_model.host_ram_needed``), as ``glm53 plan`` gives them.
 
 In fast mode, the cost model also projects what the CPU tier would take of the full model's decode on this host (its
@@ -42,7 +44,7 @@ from pathlib import Path
 
 from . import cost_model as cm
 from . import host
-from .config import Settings
+from .config import GB, Settings
 from .cpu_tier.kernel import tier_cpus
 from .engine import cuda_gpu_visible, resolve_engine
 from .models import checkpoint
@@ -235,9 +237,16 @@ def _host_ram(experts: checkpoint.ExpertBytes | None, settings: Settings, paths:
     terms = f"{cm.STORE_PADDING} x {experts.routed / GiB:.1f} GiB of routed experts + {cm.PROCESS_OVERHEAD / GiB:.0f} GiB"
     if settings.mode == "fast":
         terms += f" + the CPU tier's {(need - int(cm.STORE_PADDING * experts.routed) - cm.PROCESS_OVERHEAD) / GiB:.1f} GiB"
-    if need > avail:
+    store = cm.STORE_PADDING * experts.routed
+    budget = (int(settings.host_ram_gb * GB) if settings.host_ram_gb is not None
+              else cm.expert_ram_budget(avail, experts.sign_scale, settings.mode, _cpu_tier_threads(settings)))
+    if need > avail or budget < store:
+        given = f"GLM53_HOST_RAM_GB={settings.host_ram_gb:g}" if settings.host_ram_gb is not None else "what the process leaves"
         return Check("host_ram", "fail", f"{settings.mode} mode needs {need / GiB:.1f} GiB of host RAM for this checkpoint ({terms}) but {text}; "
-                                         "free memory, raise the memory limit (docker --memory, systemd MemoryMax)"
+                                         f"a RAM tier of {budget / GiB:.1f} GiB ({given}) would hold {min(1.0, budget / store):.0%} of the "
+                                         "routed experts and read the rest from the checkpoint's files, but the engine does not serve from "
+                                         "a RAM tier yet (`glm53 plan --ram-gib` projects one): free memory, raise the memory limit "
+                                         "(docker --memory, systemd MemoryMax)"
                                          + (", or use GLM53_MODE=exact" if settings.mode == "fast" else ""))
     return Check("host_ram", "ok", f"{settings.mode} mode needs {need / GiB:.1f} GiB ({terms}); {text}")
 

@@ -82,3 +82,23 @@ def test_a_described_rig_rederives_the_cpu_tiers_figures_and_refuses_an_unknown_
     assert cm.described(base, gpu="NVIDIA GeForce RTX 3090").hbm_gbs == 936
     with pytest.raises(ValueError, match="--isa 'neon' is not accepted"):
         cm.described(base, isa="neon")
+
+
+def test_the_ram_tiers_misses_add_their_disk_read_to_the_link_read_in_both_modes():
+    costs = cm.Costs(cpu_expert_s={1: 300e-6}, handoff_s=20e-6, link_expert_s=400e-6, vram_expert_s=2e-6, gpu_fixed_s=80e-6,
+                     disk_expert_s=1.35e-3)
+    step = cm.Step(fixed_s=0.02, moe_layers=42, misses=6.0, hits=2.0, tokens=1)
+    tiered = cm.Step(fixed_s=0.02, moe_layers=42, misses=6.0, hits=2.0, tokens=1, disk_misses=1.5)
+    assert cm.exact_step_s(step, costs) == pytest.approx(0.02 + 42 * 6 * 400e-6)
+    assert cm.exact_step_s(tiered, costs) - cm.exact_step_s(step, costs) == pytest.approx(42 * 1.5 * 1.35e-3)
+    assert cm.fast_step_s(tiered, costs)[0] - cm.fast_step_s(step, costs)[0] == pytest.approx(42 * 1.5 * 1.35e-3)
+    with pytest.raises(ValueError, match="disk_expert_s must be a finite number >= 0"):
+        cm.Costs(cpu_expert_s={1: 1e-4}, handoff_s=0, link_expert_s=0, vram_expert_s=0, disk_expert_s=-1.0)
+
+
+def test_a_rig_whose_ram_holds_every_expert_has_no_ram_tier():
+    rig = cm.PRESETS["pcie4-4090-7950x"]
+    assert rig.ram_tier_slots_per_layer() is None
+    short = cm.described(rig, ram_gib=40)
+    budget = cm.expert_ram_budget(40 * 2**30, cm.GLM53_FLASH.sign_scale_bytes, "fast", 15)
+    assert short.ram_tier_slots_per_layer() == pytest.approx((budget / (1.02 * 9.44e6) - 8 * 8) / 42)

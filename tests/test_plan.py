@@ -53,3 +53,24 @@ def test_the_error_band_is_shown_once_bench_predict_has_written_it(monkeypatch, 
     monkeypatch.setattr(cm, "ERROR_BAND", band)
     assert cli.main(["plan", "--preset", "h200-test-host"]) == 0
     assert "projected ± 8 % (bench.predict: 37 of 40 recorded arms within 10 %)" in capsys.readouterr().out
+
+
+def test_a_host_short_of_ram_is_projected_with_a_ram_tier_read_from_disk_at_the_rate_given(capsys):
+    base = ["plan", "--preset", "pcie4-4090-7950x", "--json"]
+    runs = {}
+    for name, extra in {"full": [], "64": ["--ram-gib", "64"], "64_slow": ["--ram-gib", "64", "--disk-gbs", "1.5"]}.items():
+        assert cli.main(base + extra) == 0
+        runs[name] = json.loads(capsys.readouterr().out)["projection"]
+    assert runs["full"]["ram_tier"] is None  # 128 GiB holds every expert: the host store as today
+    tier, slow = runs["64"]["ram_tier"], runs["64_slow"]["ram_tier"]
+    assert tier["disk_gbs"] == 7.0 and slow["disk_gbs"] == 1.5 and 0.5 < tier["ram_share"] < 0.7
+    assert 0 < tier["disk_misses_per_layer"]["1"] < tier["disk_misses_per_layer"]["4"] < 8
+    exact = {k: r["decode_tok_s"]["exact"]["1"] for k, r in runs.items()}
+    assert exact["full"] > exact["64"] > exact["64_slow"]
+    # the disk's share of a token: 42 layers x the disk misses x 9.44 MB at the rate
+    per_token = {k: 1 / exact[k] for k in exact}
+    disk_7, disk_1_5 = (42 * t["disk_misses_per_layer"]["1"] * 9.44e6 / (r * 1e9) for t, r in ((tier, 7.0), (slow, 1.5)))
+    assert per_token["64"] - per_token["full"] == pytest.approx(disk_7, rel=1e-6)
+    assert per_token["64_slow"] - per_token["full"] == pytest.approx(disk_1_5, rel=1e-6)
+    assert cli.main(["plan", "--preset", "pcie4-4090-7950x", "--ram-gib", "64"]) == 0
+    assert "RAM tier: 64 GiB of host RAM holds" in capsys.readouterr().out

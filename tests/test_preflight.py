@@ -176,6 +176,21 @@ def test_host_ram_need_per_mode_against_available_and_the_cgroup(tmp_path, mode)
     assert c.level == "fail" and "cgroup limit" in c.message
 
 
+def test_short_host_ram_says_what_share_a_ram_tier_would_hold(tmp_path):
+    d = expert_checkpoint(tmp_path)
+    experts = checkpoint.ExpertBytes(routed=100 * 10**9, sign_scale=0)  # 102 GB padded
+    plenty = fake_host(tmp_path, 200 * GiB // 1024)
+    settings = config.load(["-m", str(d), "--mode", "exact"], {"GLM53_HOST_RAM_GB": "51"})
+    c = preflight._host_ram(experts, settings, plenty)
+    assert c.level == "fail" and "a RAM tier of 47.5 GiB (GLM53_HOST_RAM_GB=51) would hold 50% of the routed experts" in c.message
+    assert "the engine does not serve from a RAM tier yet" in c.message
+    settings = config.load(["-m", str(d), "--mode", "exact"], {"GLM53_HOST_RAM_GB": "102"})
+    assert preflight._host_ram(experts, settings, plenty).level == "ok"  # a budget that holds the store changes nothing
+    settings = config.load(["-m", str(d), "--mode", "exact"], {})
+    c = preflight._host_ram(experts, settings, fake_host(tmp_path, (6 * GiB + 51 * 10**9) // 1024))  # room for half
+    assert c.level == "fail" and "a RAM tier of 47.5 GiB (what the process leaves) would hold 50% of the" in c.message
+
+
 def test_fast_mode_needs_avx2_fma_f16c(tmp_path):
     assert preflight._cpu_features(fake_host(tmp_path, 1)).level == "ok"
     c = preflight._cpu_features(fake_host(tmp_path, 1, cpuinfo="flags\t: fpu avx2 fma\n"))

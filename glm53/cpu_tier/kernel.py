@@ -40,7 +40,7 @@ from typing import Self
 
 import numpy as np
 
-from ..native import abi, libraries
+from ..native import abi, cpu, libraries
 
 NativeBuildError = libraries.NativeBuildError  # what library() raises when it finds and builds no library
 NATIVE = libraries.SOURCE
@@ -85,11 +85,6 @@ class _CExpert(ctypes.Structure):
     _fields_ = [("gate", _CLinear), ("up", _CLinear), ("down", _CLinear)]
 
 
-def _sources() -> list[Path]:
-    dirs = (NATIVE / "cpu_expert", NATIVE / "cpu_tier")  # cpu_tier (the handoff) is built into the same library
-    return [NATIVE / "Makefile", NATIVE / "abi.h", *(f for d in dirs if d.is_dir() for f in sorted(d.iterdir()))]
-
-
 def build() -> Path:
     """Builds the library in the source tree with ``make -C native``; returns its path.
 
@@ -99,13 +94,11 @@ def build() -> Path:
 
 
 def locate() -> Path:
-    """The library to load (see ``glm53.native.libraries`` for where it is looked for), built in the source tree if need be.
+    """The library to load (``glm53.native.cpu.locate``), built in the source tree if need be.
 
     :raise NativeBuildError: found nowhere and not built; the message says where it looked and what to do.
     """
-    fix = (f"To fix: reinstall glm53 with g++ and make present (the package build compiles it), or put a "
-           f"{libraries.CPU_LIBRARY} built with `make -C native` in ${libraries.OVERRIDE_ENV}.")
-    return libraries.find_or_build(libraries.CPU_LIBRARY, libraries.named(libraries.CPU_LIBRARY), _sources(), build, fix)
+    return cpu.locate(NATIVE, LIBRARY)
 
 
 @cache

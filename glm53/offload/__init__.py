@@ -1,6 +1,9 @@
 """The offload core: where each routed expert lives and how the GPU reads it.
 
 - ``host_store``: every expert's trellises once, in page-locked host memory the GPU reads over the link;
+- ``ram_tier``: where host RAM cannot hold every expert, slots over the checkpoint's files replaced by the cache's
+  policy (not yet on the GPU decode path);
+- ``disk``: the binding of the native disk reader (``native/disk``): O_DIRECT reads of the checkpoint's files;
 - ``cache``: the GPU expert cache (VRAM slots, the replacement policy, the elastic loan of cold slots);
 - ``ec_native``: the ctypes binding of the cache's CUDA kernels (``native/ec/expert_cache.cu``);
 - ``staging``: prefill's copies of a layer's non-resident experts into VRAM, one layer ahead;

@@ -271,6 +271,16 @@ class HostStore:
             raise ValueError(f"{model_dir}: {self.layer_keys[row]}.experts.{e}.{PROJECTIONS[p]}_proj.{('suh', 'svh')[which]} is missing")
         return out
 
+    def shard_files(self) -> list[Path]:
+        """The checkpoint files holding expert trellises, in path order."""
+        return sorted({src.file for src in self._sources.values()}, key=str)
+
+    def block_sources(self, row: int, expert: int) -> list[tuple[Path, int, int, int]]:
+        """Where an expert block's projections are on disk: per projection ``(file, file offset, bytes, offset in the
+        block)``, what a disk read of the block asks for."""
+        return [(src.file, src.offset, src.nbytes, self.layout.offsets[p])
+                for p in range(len(PROJECTIONS)) for src in [self._sources[(row, expert, p)]]]
+
     def describe(self) -> dict:
         return {
             "layers": self.num_layers,

@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""The disk's rate on expert-sized reads, as the RAM tier reads the checkpoint: ``glm53.offload.disk`` with 1..16
+reads in flight (one a reader thread), with O_DIRECT and buffered.
+
+A scratch file of ``--experts`` records of 9.44 MB (GLM-5.3-Flash's expert trellises) plus a partial last block is
+written once next to ``--file`` and read whole at each depth, every record at an offset 8 bytes past a block
+boundary (a safetensors tensor's offset is rarely aligned) into slots of one arena laid out at the expert stride,
+so that O_DIRECT reads go through the bounce buffer as they do for a real checkpoint. The page cache:
+
+- ``o_direct``: not involved (each pass reads the device);
+- ``buffered_cold``: the file's pages are dropped (``fsync``, then ``POSIX_FADV_DONTNEED``) before each pass;
+- ``buffered_cached``: a pass reads the file once first, so every later pass is served by the page cache (what a
+  checkpoint that fits in free RAM gives, and nothing a RAM-short host gets).
+
+Each figure is the best of ``--reps`` passes (GB/s of delivered bytes) with the median beside it. A sample of the
+records is compared byte for byte with what was written.
+
+    python3 bench/disk_bw.py [--file PATH] [--experts 64] [--depths 1,2,4,8,16] [--reps 3] [--out result.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import mmap
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.output import emit_json
+from glm53.offload.disk import ALIGN, DiskReader, Read
+
+EXPERT_BYTES = 9_437_184  # gate + up + down trellises of one GLM-5.3-Flash expert (3 x 4096 x 2048 x 3 bits / 8)
+SKEW = 8  # records start this far past a block boundary
+MODES = ("o_direct", "buffered_cold", "buffered_cached")
+
+
+def write_scratch(path: Path, experts: int, expert_bytes: int, seed: int = 0) -> int:
+    """Random records (and a partial last block) into ``path``, synced; returns the file's size."""
+    rng = np.random.default_rng(seed)
+    size = SKEW + experts * expert_bytes + ALIGN // 2
+    with open(path, "wb") as f:
+        left = size
+        while left:
+            n = min(left, 64 << 20)
+            f.write(rng.integers(0, 256, n, dtype=np.uint8).tobytes())
+            left -= n
+        f.flush()
+        os.fsync(f.fileno())
+    return size
+
+
+def drop_cached(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def one_pass(path: Path, experts: int, expert_bytes: int, depth: int, direct: bool, arena: np.ndarray) -> tuple[float, dict]:
+    reads = [Read(0, SKEW + e * expert_bytes, expert_bytes, arena[e * expert_bytes:(e + 1) * expert_bytes]) for e in range(experts)]
+    with DiskReader([path], threads=depth, direct=direct) as reader:
+        t0 = time.perf_counter()
+        reader.read(reads)
+        seconds = time.perf_counter() - t0
+        return experts * expert_bytes / seconds / 1e9, {"direct": reader.direct(0), **reader.counters()}
+
+
+def check_sample(path: Path, arena: np.ndarray, experts: int, expert_bytes: int) -> None:
+    with open(path, "rb") as f:
+        for e in sorted({0, experts // 2, experts - 1}):
+            f.seek(SKEW + e * expert_bytes)
+            if f.read(expert_bytes) != arena[e * expert_bytes:(e + 1) * expert_bytes].tobytes():
+                raise SystemExit(f"record {e} read back wrong: the reader is broken")
+
+
+def filesystem(path: Path) -> dict:
+    best = ("", "?", "?")
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        device, point, fs = line.split()[:3]
+        if str(path.resolve()).startswith(point.rstrip("/") + "/") and len(point) > len(best[0]):
+            best = (point, fs, device)
+    return {"mount": best[0], "type": best[1], "device": best[2]}
+
+
+def commit() -> str | None:
+    done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, check=False)
+    return done.stdout.strip() or None
+
+
+def measure(path: Path, experts: int, expert_bytes: int, depths: list[int], reps: int) -> dict:
+    buf = mmap.mmap(-1, experts * expert_bytes)
+    arena = np.frombuffer(buf, np.uint8)
+    results: dict[str, dict] = {}
+    for mode in MODES:
+        direct = mode == "o_direct"
+        if mode == "buffered_cached":
+            one_pass(path, experts, expert_bytes, 4, False, arena)
+        rows = {}
+        for depth in depths:
+            rates, counters = [], None
+            for _ in range(reps):
+                if mode == "buffered_cold":
+                    drop_cached(path)
+                rate, counters = one_pass(path, experts, expert_bytes, depth, direct, arena)
+                rates.append(rate)
+            check_sample(path, arena, experts, expert_bytes)
+            rows[str(depth)] = {"best_gbs": round(max(rates), 3), "median_gbs": round(statistics.median(rates), 3),
+                                "read_direct": counters["direct"], "bounced_share": round(counters["bounced_bytes"] / counters["bytes"], 3)}
+        results[mode] = rows
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--file", type=Path, default=Path("disk_bw.scratch"), help="the scratch file (default: here, on this disk)")
+    ap.add_argument("--experts", type=int, default=64, help="records in the file (64: 604 MB)")
+    ap.add_argument("--expert-bytes", type=int, default=EXPERT_BYTES)
+    ap.add_argument("--depths", default="1,2,4,8,16", help="reads in flight to measure at")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--keep", action="store_true", help="leave the scratch file")
+    ap.add_argument("--out", help="write the JSON here (default: standard output)")
+    ns = ap.parse_args(argv)
+    depths = [int(d) for d in ns.depths.split(",")]
+    size = write_scratch(ns.file, ns.experts, ns.expert_bytes)
+    try:
+        results = measure(ns.file, ns.experts, ns.expert_bytes, depths, ns.reps)
+    finally:
+        if not ns.keep:
+            ns.file.unlink()
+    emit_json({
+        "command": shlex.join(["python3", "bench/disk_bw.py", *(argv if argv is not None else sys.argv[1:])]),
+        "commit": commit(),
+        "machine": {"host": platform.node(), "kernel": platform.release(), "cpus": os.cpu_count(), "filesystem": filesystem(ns.file.parent)},
+        "file_bytes": size, "experts": ns.experts, "expert_bytes": ns.expert_bytes, "offset_skew": SKEW, "reps": ns.reps,
+        "page_cache": {"o_direct": "bypassed", "buffered_cold": "the file's pages dropped (fsync + POSIX_FADV_DONTNEED) before each pass",
+                       "buffered_cached": "the file read once first: every pass served from the page cache"},
+        "gbs_by_reads_in_flight": results,
+    }, ns.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,261 @@
+"""The disk reader's binding (``native/disk/disk_reader.h``): the checkpoint's own files read into caller memory
+(the RAM tier's pinned slots) with ``O_DIRECT``, by a pool of threads with several requests in flight.
+
+``O_DIRECT`` skips the page cache, so an expert read from disk is in host RAM once (its slot), not twice. A
+filesystem that refuses it (``EINVAL``: tmpfs before Linux 6.6, some network and FUSE filesystems) is read buffered,
+with one warning; ``direct=False`` asks for buffered reads outright. Every request's outcome is its own: a failed
+read (an I/O error, retried once; a file that ends early) fails that request, with a sentence naming the file and
+offset, and its destination is not to be used.
+
+Destinations are writable C-contiguous buffers of exactly the request's length: NumPy arrays, CPU torch tensors,
+``mmap`` slices, ``bytearray``. The reader may copy through an aligned bounce buffer (a range's unaligned head and
+tail, or all of it when the destination is not aligned like the file offset); ``counters()`` says how much.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+
+from ..native import abi, cpu
+
+log = logging.getLogger(__name__)
+
+ALIGN = 4096  # a multiple of every logical block size in use (512, 4096): O_DIRECT's offset, length and memory
+PIECE_BYTES = 4 << 20  # one pread and each thread's bounce buffer
+THREADS = 8
+STATES = ("pending", "done", "failed")
+DONE, FAILED = STATES.index("done"), STATES.index("failed")
+COUNTERS = ("requests", "failed", "bytes", "disk_bytes", "bounced_bytes", "retries", "short_reads", "fallbacks")
+
+
+class _CRequest(ctypes.Structure):
+    _fields_ = [("dest", ctypes.c_void_p), ("offset", ctypes.c_uint64), ("length", ctypes.c_uint64),
+                ("file", ctypes.c_int32), ("state", ctypes.c_int32), ("error", ctypes.c_int32), ("pad", ctypes.c_int32),
+                ("error_offset", ctypes.c_uint64)]
+
+
+@cache
+def library() -> ctypes.CDLL:
+    """The CPU library with the reader's signatures set. :raise NativeBuildError, AbiMismatch: none, or a stale one."""
+    path = cpu.locate()
+    lib = ctypes.CDLL(str(path))
+    abi.check(lib.glm53_dr_abi, path, {"glm53_dr_request": _CRequest},
+              {**{f"state.{s}": i for i, s in enumerate(STATES)}, "counter.count": len(COUNTERS), "fault.short_read": -1})
+    i32, u64, ptr = ctypes.c_int32, ctypes.c_uint64, ctypes.c_void_p
+    signatures = {
+        "glm53_dr_error": (ctypes.c_char_p, []),
+        "glm53_dr_start": (ptr, [ctypes.POINTER(ctypes.c_char_p), i32, i32, i32, u64, u64]),
+        "glm53_dr_stop": (None, [ptr]),
+        "glm53_dr_submit": (i32, [ptr, ptr, i32]),
+        "glm53_dr_wait": (i32, [ptr, ptr, i32, ctypes.c_int64]),
+        "glm53_dr_file_direct": (i32, [ptr, i32]),
+        "glm53_dr_file_fallback": (i32, [ptr, i32, ctypes.POINTER(ctypes.c_int64)]),
+        "glm53_dr_counters": (None, [ptr, ptr]),
+        "glm53_dr_inject": (i32, [ptr, i32, u64, i32, i32]),
+    }
+    for name, (restype, argtypes) in signatures.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return lib
+
+
+@dataclass(frozen=True)
+class Read:
+    """``length`` bytes of file ``file`` (an index into the reader's paths) at ``offset``, into ``dest``."""
+
+    file: int
+    offset: int
+    length: int
+    dest: object
+
+
+class DiskReadError(OSError):
+    """A read that failed; the message names the file, the offset and what to do. ``request`` is its index in the
+    submission, ``failed_at`` the file byte it stopped at, ``truncated`` whether the file ended there (errno EIO)."""
+
+    def __init__(self, message: str, errno_value: int, path: Path, request: int, offset: int, failed_at: int, truncated: bool):
+        super().__init__(errno_value, message, str(path))
+        self.message, self.path, self.request, self.offset, self.failed_at = message, path, request, offset, failed_at
+        self.truncated = truncated
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class Batch:
+    """Submitted reads in flight; :meth:`wait` for them. Keeps their destinations alive until then."""
+
+    def __init__(self, reader: DiskReader, reads: Sequence[Read], requests, keep: list):
+        self.reader, self.reads, self._requests, self._keep = reader, list(reads), requests, keep
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """True once every read has finished (done or failed); False when ``timeout_s`` passed first."""
+        timeout_us = -1 if timeout_s is None else max(0, int(timeout_s * 1e6))
+        finished = library().glm53_dr_wait(self.reader._handle, self._requests, len(self.reads), timeout_us) == 0
+        self.reader._warn_fallbacks()
+        return finished
+
+    def errors(self) -> list[DiskReadError]:
+        """The failed reads (after :meth:`wait`), in submission order."""
+        return [self.reader._error(i, r, self._requests[i]) for i, r in enumerate(self.reads) if self._requests[i].state == FAILED]
+
+    def done(self) -> list[bool]:
+        """Per read, whether its bytes are all in its destination."""
+        return [self._requests[i].state == DONE for i in range(len(self.reads))]
+
+
+class DiskReader:
+    """A pool of ``threads`` reading ``paths`` (opened now, with ``O_DIRECT`` when ``direct``).
+
+    :raise OSError: a path that cannot be opened (the message names it).
+    :raise ValueError: threads < 1, or an ``align`` that is not a power of two dividing ``piece_bytes``.
+    """
+
+    def __init__(self, paths: Sequence[Path | str], threads: int = THREADS, direct: bool = True, align: int = ALIGN,
+                 piece_bytes: int = PIECE_BYTES):
+        if threads < 1 or align < 1 or align & (align - 1) or piece_bytes < align or piece_bytes % align:
+            raise ValueError(f"threads {threads} must be >= 1, align {align} a power of two, piece_bytes {piece_bytes} a multiple of it")
+        self.paths = [Path(p) for p in paths]
+        if not self.paths:
+            raise ValueError("a disk reader needs at least one file")
+        lib = library()
+        names = (ctypes.c_char_p * len(self.paths))(*(os.fsencode(p) for p in self.paths))
+        self._handle = lib.glm53_dr_start(names, len(self.paths), threads, int(direct), align, piece_bytes)
+        if not self._handle:
+            raise OSError(lib.glm53_dr_error().decode())
+        self.threads, self.align, self.asked_direct = threads, align, direct
+        self._warned = False
+
+    # ---- reading
+
+    def submit(self, reads: Sequence[Read]) -> Batch:
+        """Start ``reads``; returns at once.
+
+        :raise ValueError: a file index out of range, a negative offset, a length below 1, or a destination that is
+            not a writable contiguous buffer of exactly ``length`` bytes.
+        """
+        self._open()
+        requests = (_CRequest * max(1, len(reads)))()
+        keep = []
+        for i, r in enumerate(reads):
+            if not 0 <= r.file < len(self.paths):
+                raise ValueError(f"read {i}: file {r.file} is not one of the reader's {len(self.paths)} files")
+            if r.offset < 0 or r.length < 1:
+                raise ValueError(f"read {i}: offset {r.offset} must be >= 0 and length {r.length} >= 1")
+            dest = _buffer(r.dest, r.length, i)
+            keep.append(dest)
+            requests[i] = _CRequest(dest.ctypes.data, r.offset, r.length, r.file)
+        if reads and library().glm53_dr_submit(self._handle, requests, len(reads)) != 0:
+            raise ValueError(library().glm53_dr_error().decode())
+        return Batch(self, reads, requests, keep)
+
+    def read(self, reads: Sequence[Read]) -> None:
+        """Read and wait. Every read is finished when this returns or raises.
+
+        :raise DiskReadError: the first failed read (the others' bytes are in place; ``Batch.errors`` has them all).
+        """
+        batch = self.submit(reads)
+        batch.wait()
+        errors = batch.errors()
+        if errors:
+            raise errors[0]
+
+    # ---- what happened
+
+    def direct(self, file: int) -> bool:
+        """Whether ``file`` is read with O_DIRECT (False when asked for buffered reads, or after a fallback)."""
+        self._open()
+        return library().glm53_dr_file_direct(self._handle, file) == 1
+
+    def counters(self) -> dict[str, int]:
+        """Requests finished and failed, bytes delivered, bytes read from disk (the aligned supersets), bytes copied
+        through a bounce buffer, retried errors, continued short reads, files fallen back to buffered reads."""
+        self._open()
+        out = (ctypes.c_uint64 * len(COUNTERS))()
+        library().glm53_dr_counters(self._handle, out)
+        return dict(zip(COUNTERS, (int(v) for v in out)))
+
+    def inject(self, file: int, offset: int, error: int | None, times: int = 1) -> None:
+        """Tests' faults: the next ``times`` reads of ``file`` covering ``offset`` fail with errno ``error``
+        (None: they return half the bytes asked)."""
+        self._open()
+        if library().glm53_dr_inject(self._handle, file, offset, -1 if error is None else error, times) != 0:
+            raise ValueError(f"cannot inject a fault into file {file} {times} times")
+
+    def close(self) -> None:
+        """Wait for the reads in flight and close the files."""
+        if self._handle:
+            library().glm53_dr_stop(self._handle)
+            self._handle = None
+
+    def __enter__(self) -> DiskReader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- messages
+
+    def _open(self) -> None:
+        if not self._handle:
+            raise ValueError("the disk reader is closed")
+
+    def _error(self, index: int, read: Read, request: _CRequest) -> DiskReadError:
+        path, at = self.paths[read.file], int(request.error_offset)
+        what = f"{path}: reading {read.length} bytes at byte {read.offset}"
+        if request.error == 0:
+            size = _size(path)
+            message = (f"{what} failed: the file ends at byte {at}{f' (it is {size} bytes now)' if size is not None else ''}, "
+                       f"before the read's last byte {read.offset + read.length - 1}: the file is truncated or was changed "
+                       "while being served; fetch the checkpoint again and restart")
+            return DiskReadError(message, errno.EIO, path, index, read.offset, at, True)
+        name = errno.errorcode.get(request.error, str(request.error))
+        message = (f"{what} failed at byte {at} with {name} ({os.strerror(request.error)}), also when retried: the disk or "
+                   "its filesystem failed there; check the kernel log (dmesg) and the drive's health (smartctl -a), or move "
+                   "the checkpoint to another disk and restart")
+        return DiskReadError(message, request.error, path, index, read.offset, at, False)
+
+    def _warn_fallbacks(self) -> None:
+        if self._warned or not self.asked_direct or not self._handle:
+            return
+        lib = library()
+        refused = []
+        for i, path in enumerate(self.paths):
+            where = ctypes.c_int64()
+            err = lib.glm53_dr_file_fallback(self._handle, i, ctypes.byref(where))
+            if err:
+                refused.append((path, err, where.value))
+        if refused:
+            self._warned = True
+            path, err, where = refused[0]
+            at = "opening it" if where < 0 else f"a read at byte {where}"
+            more = f" (and {len(refused) - 1} more of its {len(self.paths)} files)" if len(refused) > 1 else ""
+            log.warning("%s%s refused O_DIRECT (%s at %s): reading buffered, so each expert read from disk passes through "
+                        "the page cache too; keep the checkpoint on a filesystem with O_DIRECT (ext4, xfs, btrfs) for "
+                        "direct reads", path, more, errno.errorcode.get(err, str(err)), at)
+
+
+def _buffer(dest, length: int, index: int) -> np.ndarray:
+    if hasattr(dest, "numpy") and not isinstance(dest, np.ndarray):
+        dest = dest.numpy()  # a CPU torch tensor
+    array = dest if isinstance(dest, np.ndarray) else np.frombuffer(dest, dtype=np.uint8)
+    if not (array.flags.c_contiguous and array.flags.writeable) or array.nbytes != length:
+        raise ValueError(f"read {index}: the destination must be a writable contiguous buffer of {length} bytes, "
+                         f"not {array.nbytes} bytes{'' if array.flags.writeable else ', read-only'}")
+    return array
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None

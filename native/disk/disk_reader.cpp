@@ -1,0 +1,379 @@
+// The disk reader of disk_reader.h: a pread thread pool. io_uring would save a system call per piece, which is
+// nothing beside a piece's megabytes, and liburing would be a new build dependency (and Docker's default seccomp
+// profile refuses io_uring_setup); one blocking pread of several megabytes already keeps many of the device's
+// queue slots busy, and the threads give the rest.
+#include "disk_reader.h"
+
+#include "../abi.h"
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+thread_local std::string last_error;
+
+struct File {
+    std::string path;
+    int direct_fd = -1;
+    int buffered_fd = -1;
+    std::atomic<bool> direct{false};
+    std::atomic<int32_t> fallback_errno{0};
+    std::atomic<int64_t> fallback_offset{-1};
+};
+
+struct Fault {
+    int32_t file;
+    uint64_t offset;
+    int32_t error;
+    int32_t times;
+};
+
+enum class Read { ok, eof, refused, failed };
+
+struct Reader {
+    std::vector<File> files;
+    uint64_t align = 4096, piece = 4 << 20;
+    std::mutex queue_mutex, done_mutex, fault_mutex;
+    std::condition_variable queued, finished;
+    std::deque<glm53_dr_request*> queue;
+    bool stopping = false;
+    std::vector<std::thread> threads;
+    std::atomic<uint64_t> counters[GLM53_DR_C_N] = {};
+    std::vector<Fault> faults;
+    std::atomic<int32_t> fault_count{0};  // lets reads skip the fault mutex when no fault is armed
+
+    explicit Reader(size_t n) : files(n) {}
+    void count(int c, uint64_t n = 1) { counters[c].fetch_add(n, std::memory_order_relaxed); }
+};
+
+uint64_t down(uint64_t n, uint64_t a) { return n & ~(a - 1); }
+uint64_t up(uint64_t n, uint64_t a) { return (n + a - 1) & ~(a - 1); }
+
+// pread, or the fault armed for a read covering this offset (a short one stays a multiple of `step`)
+ssize_t read_at(Reader& r, int32_t file, int fd, char* buf, uint64_t n, uint64_t at, uint64_t step)
+{
+    if (r.fault_count.load(std::memory_order_acquire) > 0) {
+        std::lock_guard<std::mutex> lock(r.fault_mutex);
+        for (Fault& f : r.faults)
+            if (f.times > 0 && f.file == file && at <= f.offset && f.offset < at + n) {
+                if (--f.times == 0)
+                    r.fault_count.fetch_sub(1, std::memory_order_release);
+                if (f.error != GLM53_DR_SHORT_READ) {
+                    errno = f.error;
+                    return -1;
+                }
+                if (down(n / 2, step) > 0)
+                    n = down(n / 2, step);
+                break;
+            }
+    }
+    return pread(fd, buf, n, static_cast<off_t>(at));
+}
+
+// Reads [at, at + size) into buf until at least `need` bytes are there (the rest may lie past the end of the file).
+// `step` is the alignment reads keep (1: buffered). A failure other than EINTR is retried once per request.
+Read read_full(Reader& r, const glm53_dr_request* q, int fd, char* buf, uint64_t size, uint64_t at, uint64_t need,
+               uint64_t step, bool& retried, int32_t& error, uint64_t& error_offset)
+{
+    uint64_t got = 0;
+    while (got < need) {
+        ssize_t n = read_at(r, q->file, fd, buf + got, size - got, at + got, step);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EINVAL && step > 1)
+                return Read::refused;
+            if (!retried) {
+                retried = true;
+                r.count(GLM53_DR_C_RETRIES);
+                continue;
+            }
+            error = errno;
+            error_offset = at + got;
+            return Read::failed;
+        }
+        got += static_cast<uint64_t>(n);
+        r.count(GLM53_DR_C_DISK_BYTES, static_cast<uint64_t>(n));
+        if (got >= need)
+            break;
+        // O_DIRECT returns a part of a block only where the file ends; a read of nothing is the end too
+        if (n == 0 || got % step != 0) {
+            error = 0;
+            error_offset = at + got;
+            return Read::eof;
+        }
+        r.count(GLM53_DR_C_SHORT_READS);
+    }
+    return Read::ok;
+}
+
+Read read_buffered(Reader& r, glm53_dr_request* q, File& f, bool& retried)
+{
+    return read_full(r, q, f.buffered_fd, static_cast<char*>(q->dest), q->length, q->offset, q->length, 1, retried,
+                     q->error, q->error_offset);
+}
+
+Read read_direct(Reader& r, glm53_dr_request* q, File& f, char* bounce, bool& retried)
+{
+    const uint64_t a = r.align, begin = q->offset, end = q->offset + q->length;
+    char* dest = static_cast<char*>(q->dest);
+    for (uint64_t p0 = down(begin, a), last = up(end, a); p0 < last; p0 += r.piece) {
+        uint64_t p1 = p0 + r.piece < last ? p0 + r.piece : last;
+        uint64_t want0 = p0 > begin ? p0 : begin, want1 = p1 < end ? p1 : end;
+        char* to = dest + (want0 - begin);
+        bool straight = want0 == p0 && want1 == p1 && reinterpret_cast<uintptr_t>(to) % a == 0;
+        Read got = read_full(r, q, f.direct_fd, straight ? to : bounce, p1 - p0, p0, want1 - p0, a, retried, q->error,
+                             q->error_offset);
+        if (got != Read::ok)
+            return got;
+        if (!straight) {
+            memcpy(to, bounce + (want0 - p0), want1 - want0);
+            r.count(GLM53_DR_C_BOUNCED_BYTES, want1 - want0);
+        }
+    }
+    return Read::ok;
+}
+
+void finish(Reader& r, glm53_dr_request* q, bool ok)
+{
+    r.count(GLM53_DR_C_REQUESTS);
+    r.count(ok ? GLM53_DR_C_BYTES : GLM53_DR_C_FAILED, ok ? q->length : 1);
+    {
+        std::lock_guard<std::mutex> lock(r.done_mutex);  // a waiter checks the states under it: no lost wake-up
+        __atomic_store_n(&q->state, ok ? GLM53_DR_DONE : GLM53_DR_FAILED, __ATOMIC_RELEASE);
+    }
+    r.finished.notify_all();
+}
+
+void perform(Reader& r, glm53_dr_request* q, char* bounce)
+{
+    File& f = r.files[static_cast<size_t>(q->file)];
+    bool retried = false;
+    Read got = Read::refused;
+    if (f.direct.load(std::memory_order_acquire))
+        got = read_direct(r, q, f, bounce, retried);
+    if (got == Read::refused) {
+        if (f.direct.exchange(false, std::memory_order_acq_rel)) {
+            f.fallback_errno.store(EINVAL);
+            f.fallback_offset.store(static_cast<int64_t>(q->offset));
+            r.count(GLM53_DR_C_FALLBACKS);
+        }
+        got = read_buffered(r, q, f, retried);
+    }
+    finish(r, q, got == Read::ok);
+}
+
+void work(Reader* r)
+{
+    char* bounce = static_cast<char*>(aligned_alloc(r->align, r->piece));
+    for (;;) {
+        glm53_dr_request* q;
+        {
+            std::unique_lock<std::mutex> lock(r->queue_mutex);
+            r->queued.wait(lock, [r] { return r->stopping || !r->queue.empty(); });
+            if (r->queue.empty())
+                break;
+            q = r->queue.front();
+            r->queue.pop_front();
+        }
+        if (bounce == nullptr) {  // no bounce buffer: this thread's requests fail rather than read into nothing
+            q->error = ENOMEM;
+            q->error_offset = q->offset;
+            finish(*r, q, false);
+        } else {
+            perform(*r, q, bounce);
+        }
+    }
+    free(bounce);
+}
+
+bool pending(const glm53_dr_request* requests, int32_t n)
+{
+    for (int32_t i = 0; i < n; ++i)
+        if (__atomic_load_n(&requests[i].state, __ATOMIC_ACQUIRE) == GLM53_DR_PENDING)
+            return true;
+    return false;
+}
+
+void close_files(Reader* r)
+{
+    for (File& f : r->files) {
+        if (f.direct_fd >= 0)
+            close(f.direct_fd);
+        if (f.buffered_fd >= 0)
+            close(f.buffered_fd);
+    }
+}
+
+}  // namespace
+
+extern "C" {
+
+int32_t glm53_dr_abi(const char* name, int64_t* value)
+{
+    static const glm53_abi_entry table[] = {
+        GLM53_ABI_SIZE(glm53_dr_request),
+        GLM53_ABI_FIELD(glm53_dr_request, dest),
+        GLM53_ABI_FIELD(glm53_dr_request, offset),
+        GLM53_ABI_FIELD(glm53_dr_request, length),
+        GLM53_ABI_FIELD(glm53_dr_request, file),
+        GLM53_ABI_FIELD(glm53_dr_request, state),
+        GLM53_ABI_FIELD(glm53_dr_request, error),
+        GLM53_ABI_FIELD(glm53_dr_request, pad),
+        GLM53_ABI_FIELD(glm53_dr_request, error_offset),
+        GLM53_ABI_VALUE("state.pending", GLM53_DR_PENDING),
+        GLM53_ABI_VALUE("state.done", GLM53_DR_DONE),
+        GLM53_ABI_VALUE("state.failed", GLM53_DR_FAILED),
+        GLM53_ABI_VALUE("fault.short_read", GLM53_DR_SHORT_READ),
+        GLM53_ABI_VALUE("counter.count", GLM53_DR_C_N),
+    };
+    return value ? glm53_abi_lookup(table, sizeof(table) / sizeof(table[0]), name, value) : -1;
+}
+
+const char* glm53_dr_error(void) { return last_error.c_str(); }
+
+void* glm53_dr_start(const char* const* paths, int32_t files, int32_t threads, int32_t direct, uint64_t align,
+                     uint64_t piece_bytes)
+{
+    if (files < 1 || threads < 1 || align == 0 || (align & (align - 1)) != 0 || piece_bytes < align ||
+        piece_bytes % align != 0) {
+        last_error = "files and threads must be >= 1, align a power of two, piece_bytes a multiple of it";
+        return nullptr;
+    }
+    Reader* r = new Reader(static_cast<size_t>(files));
+    r->align = align;
+    r->piece = piece_bytes;
+    for (int32_t i = 0; i < files; ++i) {
+        File& f = r->files[static_cast<size_t>(i)];
+        f.path = paths[i];
+        f.buffered_fd = open(paths[i], O_RDONLY | O_CLOEXEC);
+        if (f.buffered_fd < 0) {
+            last_error = f.path + ": cannot open: " + strerror(errno);
+            close_files(r);
+            delete r;
+            return nullptr;
+        }
+        if (direct) {
+            f.direct_fd = open(paths[i], O_RDONLY | O_CLOEXEC | O_DIRECT);
+            f.direct.store(f.direct_fd >= 0);
+            if (f.direct_fd < 0) {
+                f.fallback_errno.store(errno);
+                r->count(GLM53_DR_C_FALLBACKS);
+            }
+        }
+    }
+    try {
+        for (int32_t i = 0; i < threads; ++i)
+            r->threads.emplace_back(work, r);
+    } catch (const std::exception& e) {
+        last_error = std::string("cannot start the reader's threads: ") + e.what();
+        glm53_dr_stop(r);
+        return nullptr;
+    }
+    return r;
+}
+
+void glm53_dr_stop(void* reader)
+{
+    Reader* r = static_cast<Reader*>(reader);
+    if (r == nullptr)
+        return;
+    {
+        std::lock_guard<std::mutex> lock(r->queue_mutex);
+        r->stopping = true;
+    }
+    r->queued.notify_all();
+    for (std::thread& t : r->threads)
+        t.join();
+    close_files(r);
+    delete r;
+}
+
+int32_t glm53_dr_submit(void* reader, glm53_dr_request* requests, int32_t n)
+{
+    Reader* r = static_cast<Reader*>(reader);
+    for (int32_t i = 0; i < n; ++i)
+        if (requests[i].file < 0 || static_cast<size_t>(requests[i].file) >= r->files.size() || requests[i].length == 0 ||
+            requests[i].dest == nullptr) {
+            last_error = "request " + std::to_string(i) + ": no file " + std::to_string(requests[i].file) +
+                         ", a length of 0 or no destination";
+            return -1;
+        }
+    for (int32_t i = 0; i < n; ++i) {
+        requests[i].error = 0;
+        requests[i].error_offset = 0;
+        __atomic_store_n(&requests[i].state, GLM53_DR_PENDING, __ATOMIC_RELEASE);
+    }
+    {
+        std::lock_guard<std::mutex> lock(r->queue_mutex);
+        for (int32_t i = 0; i < n; ++i)
+            r->queue.push_back(&requests[i]);
+    }
+    r->queued.notify_all();
+    return 0;
+}
+
+int32_t glm53_dr_wait(void* reader, const glm53_dr_request* requests, int32_t n, int64_t timeout_us)
+{
+    Reader* r = static_cast<Reader*>(reader);
+    std::unique_lock<std::mutex> lock(r->done_mutex);
+    if (timeout_us < 0) {
+        r->finished.wait(lock, [&] { return !pending(requests, n); });
+        return 0;
+    }
+    return r->finished.wait_for(lock, std::chrono::microseconds(timeout_us), [&] { return !pending(requests, n); }) ? 0 : 1;
+}
+
+int32_t glm53_dr_file_direct(void* reader, int32_t file)
+{
+    Reader* r = static_cast<Reader*>(reader);
+    if (file < 0 || static_cast<size_t>(file) >= r->files.size())
+        return -1;
+    return r->files[static_cast<size_t>(file)].direct.load() ? 1 : 0;
+}
+
+int32_t glm53_dr_file_fallback(void* reader, int32_t file, int64_t* offset)
+{
+    Reader* r = static_cast<Reader*>(reader);
+    if (file < 0 || static_cast<size_t>(file) >= r->files.size())
+        return -1;
+    const File& f = r->files[static_cast<size_t>(file)];
+    if (offset)
+        *offset = f.fallback_offset.load();
+    return f.fallback_errno.load();
+}
+
+void glm53_dr_counters(void* reader, uint64_t* out)
+{
+    Reader* r = static_cast<Reader*>(reader);
+    for (int i = 0; i < GLM53_DR_C_N; ++i)
+        out[i] = r->counters[i].load(std::memory_order_relaxed);
+}
+
+int32_t glm53_dr_inject(void* reader, int32_t file, uint64_t offset, int32_t error, int32_t times)
+{
+    Reader* r = static_cast<Reader*>(reader);
+    if (file < 0 || static_cast<size_t>(file) >= r->files.size() || times < 1)
+        return -1;
+    std::lock_guard<std::mutex> lock(r->fault_mutex);
+    r->faults.push_back({file, offset, error, times});
+    r->fault_count.fetch_add(1, std::memory_order_release);
+    return 0;
+}
+}

@@ -1,0 +1,82 @@
+/* The disk reader: (file, offset, length) requests read into caller memory by a pool of threads, several in flight.
+ *
+ * Each file is opened twice, with O_DIRECT and without. A request on a direct file reads the aligned superset of
+ * its range, [offset rounded down, offset + length rounded up to `align`), in pieces of at most `piece_bytes`:
+ * a piece that lies inside the range and whose destination is aligned is read straight into the caller's memory;
+ * any other piece (the unaligned head and tail, or every piece when the destination and the file offset are not
+ * congruent modulo `align`) is read into the thread's aligned bounce buffer and its exact bytes copied out. The
+ * shard's last block may be partial: a read past the end of the file returns what there is, and only the bytes
+ * the request wants must be there.
+ *
+ * Errors:
+ *  - EINVAL from an O_DIRECT open or read (tmpfs on older kernels, some network and FUSE filesystems): the file
+ *    falls back to buffered reads for good, counted, with the errno and offset kept for one warning;
+ *  - a short read is continued where it stopped (after an unaligned short direct read, from the block it stopped
+ *    in); the end of the file before the request's last byte fails the request (error 0, error_offset where the
+ *    file ended);
+ *  - any other errno (EIO) is retried once, then fails the request with the errno and the file offset.
+ * A failed request's destination holds no defined bytes; the other requests of a submission are not affected.
+ *
+ * Requests are caller memory: the reader writes each one's out fields, then its state last (a release store), so
+ * a poller that sees DONE or FAILED (an acquire load) sees the rest. The caller keeps a request and its destination
+ * alive until then. One reader may be used from several threads at once.
+ */
+#ifndef GLM53_DISK_READER_H
+#define GLM53_DISK_READER_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GLM53_DR_API __attribute__((visibility("default")))
+
+enum { GLM53_DR_PENDING = 0, GLM53_DR_DONE = 1, GLM53_DR_FAILED = 2 };
+enum { GLM53_DR_SHORT_READ = -1 };  /* an injected fault that returns half the bytes asked (glm53_dr_inject) */
+enum {
+    GLM53_DR_C_REQUESTS, GLM53_DR_C_FAILED, GLM53_DR_C_BYTES, GLM53_DR_C_DISK_BYTES, GLM53_DR_C_BOUNCED_BYTES,
+    GLM53_DR_C_RETRIES, GLM53_DR_C_SHORT_READS, GLM53_DR_C_FALLBACKS, GLM53_DR_C_N
+};
+
+typedef struct glm53_dr_request {
+    void* dest;             /* length bytes of caller memory */
+    uint64_t offset;        /* in the file */
+    uint64_t length;        /* > 0 */
+    int32_t file;           /* index into the paths the reader was started with */
+    int32_t state;          /* out: PENDING until the request finishes */
+    int32_t error;          /* out: the errno of a failed request, 0 when the file ended before its last byte */
+    int32_t pad;
+    uint64_t error_offset;  /* out: the file byte a failed request stopped at */
+} glm53_dr_request;
+
+GLM53_DR_API int32_t glm53_dr_abi(const char* name, int64_t* value);
+GLM53_DR_API const char* glm53_dr_error(void);  /* this thread's last failure, in words */
+
+/* NULL on failure (a path that cannot be opened, a bad argument: glm53_dr_error says which). direct = 0 opens
+ * every file buffered; align is a power of two, piece_bytes a multiple of it. */
+GLM53_DR_API void* glm53_dr_start(const char* const* paths, int32_t files, int32_t threads, int32_t direct,
+                                  uint64_t align, uint64_t piece_bytes);
+GLM53_DR_API void glm53_dr_stop(void* reader);  /* waits for the requests in flight */
+
+/* Queues n requests (their states set PENDING first); 0, or -1 for a request the reader cannot take (no file of
+ * that index, length 0: nothing is queued). */
+GLM53_DR_API int32_t glm53_dr_submit(void* reader, glm53_dr_request* requests, int32_t n);
+/* Waits until none of the n requests is PENDING: 0, or 1 when timeout_us (>= 0) passed first (-1: no limit). */
+GLM53_DR_API int32_t glm53_dr_wait(void* reader, const glm53_dr_request* requests, int32_t n, int64_t timeout_us);
+
+GLM53_DR_API int32_t glm53_dr_file_direct(void* reader, int32_t file);  /* 1 direct, 0 buffered, -1 no such file */
+/* Why a file reads buffered: the errno O_DIRECT was refused with (0: it was never refused) and the offset of the
+ * refused read (-1: at open). */
+GLM53_DR_API int32_t glm53_dr_file_fallback(void* reader, int32_t file, int64_t* offset);
+GLM53_DR_API void glm53_dr_counters(void* reader, uint64_t* out);  /* GLM53_DR_C_N values */
+
+/* Fault injection for tests: the next `times` reads of `file` whose range covers `offset` fail with errno `error`
+ * (GLM53_DR_SHORT_READ: they return half the bytes asked instead). */
+GLM53_DR_API int32_t glm53_dr_inject(void* reader, int32_t file, uint64_t offset, int32_t error, int32_t times);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,274 @@
+"""The disk reader on real files (CPU): every expert trellis byte for byte against a plain read, shards' last partial
+blocks included, with O_DIRECT where the filesystem takes it and buffered, from concurrent readers; and its faults
+(an I/O error, a short read, a file truncated under it, O_DIRECT refused), each with its sentence and nothing served."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import mmap
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from glm53.offload.disk import ALIGN, DiskReader, DiskReadError, Read
+from glm53.offload.host_store import HostStore
+from tests.offload.test_host_store import PREFIX, _write_shard
+
+# 18,432 B a projection: each spans five 4 KiB blocks and, with 8 KiB pieces, three pieces at least
+SHAPES = {"gate": (16, 12, 48), "up": (16, 12, 48), "down": (12, 16, 48)}
+PIECE = 2 * ALIGN
+
+
+def trellis_checkpoint(root: Path, layers=(1, 2), experts=4, seed=0) -> tuple[Path, dict[str, bytes]]:
+    """Two shards of expert trellises only, so that each shard ends with a trellis in a partial block."""
+    rng = np.random.default_rng(seed)
+    tensors = {f"{PREFIX}.{layer}.mlp.experts.{e}.{proj}_proj.trellis": rng.integers(-32768, 32767, size=shape, dtype=np.int64).astype(np.int16)
+               for layer in layers for e in range(experts) for proj, shape in SHAPES.items()}
+    names = list(tensors)
+    root.mkdir(parents=True, exist_ok=True)
+    _write_shard(root / "a.safetensors", {n: tensors[n] for n in names[: len(names) // 2 + 1]})
+    _write_shard(root / "b.safetensors", {n: tensors[n] for n in names[len(names) // 2 + 1:]})
+    return root, {n: t.tobytes() for n, t in tensors.items()}
+
+
+def read_every_block(store: HostStore, reader: DiskReader, arena: np.ndarray) -> None:
+    """Every expert block of the store read into ``arena`` (laid out as the host store's arenas, one after another)."""
+    files = {f: i for i, f in enumerate(store.shard_files())}
+    b = store.layout.block_bytes
+    reads = [Read(files[f], at, n, arena[(row * store.num_experts + e) * b + off:][:n])
+             for row in range(store.num_layers) for e in range(store.num_experts) for f, at, n, off in store.block_sources(row, e)]
+    reader.read(reads)
+
+
+def assert_blocks(store: HostStore, arena: np.ndarray, tensors: dict[str, bytes]) -> None:
+    b = store.layout.block_bytes
+    for row, key in enumerate(store.layer_keys):
+        for e in range(store.num_experts):
+            for p, proj in enumerate(("gate", "up", "down")):
+                want = tensors[f"{key}.experts.{e}.{proj}_proj.trellis"]
+                at = (row * store.num_experts + e) * b + store.layout.offsets[p]
+                assert arena[at: at + len(want)].tobytes() == want, (key, e, proj)
+
+
+def fs_type(path: Path) -> str:
+    """The filesystem a path is on, from the longest mount point above it."""
+    best, kind = "", "?"
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        _, point, fs = line.split()[:3]
+        if str(path.resolve()).startswith(point.rstrip("/") + "/") and len(point) > len(best):
+            best, kind = point, fs
+    return kind
+
+
+def o_direct_opens(path: Path) -> bool:
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_DIRECT))
+        return True
+    except OSError as e:
+        assert e.errno == errno.EINVAL, e
+        return False
+
+
+def scratch_dirs(tmp_path: Path) -> list[Path]:
+    """tmp_path and, where the host has one, a tmpfs: the two kinds of filesystem the reader meets."""
+    dirs = [tmp_path]
+    shm = Path("/dev/shm")
+    if fs_type(tmp_path) != "tmpfs" and shm.is_dir() and os.access(shm, os.W_OK):
+        dirs.append(shm / f"glm53-test-disk-{os.getpid()}-{tmp_path.name}")
+    return dirs
+
+
+@pytest.fixture
+def checkpoints(tmp_path):
+    made = []
+    for d in scratch_dirs(tmp_path):
+        made.append(trellis_checkpoint(d / "ckpt"))
+    yield made
+    for d, _ in made:
+        if not str(d).startswith(str(tmp_path)):
+            for f in d.iterdir():
+                f.unlink()
+            d.rmdir()
+            d.parent.rmdir()
+
+
+def test_the_shards_end_in_a_partial_block_with_a_trellis(checkpoints):
+    for ckpt, _ in checkpoints:
+        store = HostStore.scan(ckpt)
+        for f in store.shard_files():
+            size = f.stat().st_size
+            assert size % ALIGN != 0
+            last = max((at + n for row in range(store.num_layers) for e in range(store.num_experts)
+                        for g, at, n, _ in store.block_sources(row, e) if g == f))
+            assert last == size  # the shard's last bytes are a trellis's
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["o_direct", "buffered"])
+def test_every_expert_byte_for_byte_on_each_filesystem(checkpoints, direct):
+    for ckpt, tensors in checkpoints:
+        store = HostStore.scan(ckpt)
+        arena = np.full(store.arena_bytes, 0xA5, dtype=np.uint8)  # poisoned: a byte not written shows
+        with DiskReader(store.shard_files(), threads=3, direct=direct, piece_bytes=PIECE) as reader:
+            read_every_block(store, reader, arena)
+            c = reader.counters()
+            expect_direct = direct and o_direct_opens(store.shard_files()[0])
+            assert [reader.direct(i) for i in range(2)] == [expect_direct] * 2, fs_type(ckpt)
+        assert_blocks(store, arena, tensors)
+        delivered = store.trellis_bytes
+        assert c["requests"] == 3 * store.num_layers * store.num_experts and c["failed"] == 0 and c["bytes"] == delivered
+        if expect_direct:
+            # aligned supersets: more read than delivered; the arena is not aligned like the file, so all of it bounces
+            assert c["disk_bytes"] > delivered and c["bounced_bytes"] == delivered
+        else:
+            assert c["disk_bytes"] == delivered and c["bounced_bytes"] == 0
+
+
+def test_a_destination_aligned_like_the_file_is_read_straight_into_but_its_head_and_tail(tmp_path):
+    path = tmp_path / "f.bin"
+    data = np.random.default_rng(1).integers(0, 256, 10 * ALIGN + 123, dtype=np.uint8)
+    path.write_bytes(data.tobytes())
+    offset, length = ALIGN + 100, 7 * ALIGN
+    buf = mmap.mmap(-1, 10 * ALIGN)
+    dest = np.frombuffer(buf, np.uint8)[100: 100 + length]  # same offset within a block as in the file
+    with DiskReader([path], threads=2, piece_bytes=ALIGN) as reader:
+        assert reader.direct(0)
+        reader.read([Read(0, offset, length, dest)])
+        c = reader.counters()
+    assert dest.tobytes() == data[offset: offset + length].tobytes()
+    # the head block and the tail block bounce, the six between are read in place
+    assert c["bounced_bytes"] == (ALIGN - 100) + 100 and c["disk_bytes"] == 8 * ALIGN
+
+
+def test_concurrent_submitters_and_readers_get_their_own_bytes(tmp_path):
+    ckpt, tensors = trellis_checkpoint(tmp_path / "ckpt", layers=(1, 2, 3), experts=6, seed=2)
+    store = HostStore.scan(ckpt)
+    arenas = [np.zeros(store.arena_bytes, np.uint8) for _ in range(4)]
+    shared = DiskReader(store.shard_files(), threads=4, piece_bytes=PIECE)
+    own = [DiskReader(store.shard_files(), threads=2, direct=False), DiskReader(store.shard_files(), threads=2)]
+    errors = []
+
+    def run(reader, arena):
+        try:
+            read_every_block(store, reader, arena)
+        except Exception as e:  # noqa: BLE001 (reported below, with the thread's failure)
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(r, a)) for r, a in zip([shared, shared, *own], arenas)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for r in [shared, *own]:
+        r.close()
+    assert errors == []
+    for arena in arenas:
+        assert_blocks(store, arena, tensors)
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["o_direct", "buffered"])
+def test_an_io_error_is_retried_once_then_fails_that_read_alone_naming_file_and_offset(tmp_path, direct):
+    ckpt, tensors = trellis_checkpoint(tmp_path / "ckpt")
+    store = HostStore.scan(ckpt)
+    f, at, n, _ = store.block_sources(1, 2)[1]
+    file = store.shard_files().index(f)
+    with DiskReader(store.shard_files(), threads=2, direct=direct, piece_bytes=PIECE) as reader:
+        reader.inject(file, at + 5000, errno.EIO, times=1)  # once: the retry reads it
+        once = np.zeros(n, np.uint8)
+        reader.read([Read(file, at, n, once)])
+        assert once.tobytes() == tensors[f"{store.layer_keys[1]}.experts.2.up_proj.trellis"]
+        assert reader.counters()["retries"] == 1
+
+        reader.inject(file, at + 5000, errno.EIO, times=2)
+        other_f, other_at, other_n, _ = store.block_sources(0, 0)[0]
+        dests = [np.zeros(n, np.uint8), np.zeros(other_n, np.uint8)]
+        batch = reader.submit([Read(file, at, n, dests[0]), Read(store.shard_files().index(other_f), other_at, other_n, dests[1])])
+        batch.wait()
+        assert batch.done() == [False, True]
+        assert dests[1].tobytes() == tensors[f"{store.layer_keys[0]}.experts.0.gate_proj.trellis"]
+        (err,) = batch.errors()
+        assert isinstance(err, DiskReadError) and err.errno == errno.EIO and err.request == 0 and not err.truncated
+        a0 = at // ALIGN * ALIGN
+        assert err.failed_at == (a0 + (at + 5000 - a0) // PIECE * PIECE if direct else at)  # where the failed pread began
+        assert str(err).startswith(f"{f}: reading {n} bytes at byte {at} failed at byte {err.failed_at} with EIO")
+        assert "dmesg" in str(err) and "also when retried" in str(err)
+        with pytest.raises(DiskReadError, match="with EIO"):
+            reader.inject(file, at + 5000, errno.EIO, times=2)
+            reader.read([Read(file, at, n, dests[0])])
+        assert reader.counters()["failed"] == 2
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["o_direct", "buffered"])
+def test_a_short_read_is_continued_to_the_last_byte(tmp_path, direct):
+    ckpt, tensors = trellis_checkpoint(tmp_path / "ckpt")
+    store = HostStore.scan(ckpt)
+    f, at, n, _ = store.block_sources(0, 3)[2]
+    file = store.shard_files().index(f)
+    with DiskReader(store.shard_files(), threads=1, direct=direct, piece_bytes=4 * ALIGN) as reader:
+        reader.inject(file, at + n - 10, None, times=3)
+        dest = np.zeros(n, np.uint8)
+        reader.read([Read(file, at, n, dest)])
+        assert reader.counters()["short_reads"] >= 1 and reader.counters()["retries"] == 0
+    assert dest.tobytes() == tensors[f"{store.layer_keys[0]}.experts.3.down_proj.trellis"]
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["o_direct", "buffered"])
+def test_a_file_truncated_under_the_reader_fails_with_where_it_ends(tmp_path, direct):
+    ckpt, _ = trellis_checkpoint(tmp_path / "ckpt")
+    store = HostStore.scan(ckpt)
+    shard = store.shard_files()[1]
+    f, at, n, _ = store.block_sources(1, 3)[2]  # the last trellis of the last shard
+    assert f == shard and at + n == shard.stat().st_size
+    with DiskReader(store.shard_files(), threads=2, direct=direct) as reader:
+        os.truncate(shard, at + n - 1000)
+        dest = np.zeros(n, np.uint8)
+        with pytest.raises(DiskReadError) as info:
+            reader.read([Read(1, at, n, dest)])
+    err = info.value
+    assert err.truncated and err.failed_at == at + n - 1000 and err.errno == errno.EIO
+    assert str(err) == (f"{shard}: reading {n} bytes at byte {at} failed: the file ends at byte {at + n - 1000} (it is "
+                        f"{at + n - 1000} bytes now), before the read's last byte {at + n - 1}: the file is truncated or was "
+                        "changed while being served; fetch the checkpoint again and restart")
+
+
+def test_o_direct_refused_falls_back_to_buffered_reads_with_one_warning(tmp_path, caplog):
+    ckpt, tensors = trellis_checkpoint(tmp_path / "ckpt")
+    store = HostStore.scan(ckpt)
+    arena = np.zeros(store.arena_bytes, np.uint8)
+    with DiskReader(store.shard_files(), threads=2, piece_bytes=PIECE) as reader:
+        assert reader.direct(0) and reader.direct(1)
+        f, at, _, _ = store.block_sources(0, 1)[0]
+        reader.inject(store.shard_files().index(f), at, errno.EINVAL)  # what a filesystem without O_DIRECT answers
+        with caplog.at_level(logging.WARNING, logger="glm53.offload.disk"):
+            read_every_block(store, reader, arena)
+            read_every_block(store, reader, arena)
+        assert [reader.direct(i) for i in range(2)] == [False, True]
+        assert reader.counters()["fallbacks"] == 1 and reader.counters()["failed"] == 0
+    assert_blocks(store, arena, tensors)
+    (record,) = [r for r in caplog.records if "O_DIRECT" in r.getMessage()]
+    assert record.getMessage().startswith(f"{f} refused O_DIRECT (EINVAL at a read at byte {at}): reading buffered")
+
+
+def test_bad_arguments_are_refused_before_anything_is_read(tmp_path):
+    path = tmp_path / "f.bin"
+    path.write_bytes(bytes(range(256)) * 64)
+    with pytest.raises(OSError, match="nope.bin: cannot open: No such file"):
+        DiskReader([tmp_path / "nope.bin"])
+    with pytest.raises(ValueError, match="align 3000 a power of two"):
+        DiskReader([path], align=3000)
+    reader = DiskReader([path], threads=1)
+    with pytest.raises(ValueError, match="file 1 is not one of the reader's 1 files"):
+        reader.submit([Read(1, 0, 16, np.zeros(16, np.uint8))])
+    with pytest.raises(ValueError, match="a writable contiguous buffer of 16 bytes, not 32 bytes"):
+        reader.submit([Read(0, 0, 16, np.zeros(32, np.uint8))])
+    with pytest.raises(ValueError, match="not 16 bytes, read-only"):
+        reader.submit([Read(0, 0, 16, bytes(16))])
+    with pytest.raises(ValueError, match="length 0 >= 1"):
+        reader.submit([Read(0, 0, 0, np.zeros(0, np.uint8))])
+    assert reader.counters()["requests"] == 0
+    reader.close()
+    with pytest.raises(ValueError, match="closed"):
+        reader.submit([Read(0, 0, 16, np.zeros(16, np.uint8))])

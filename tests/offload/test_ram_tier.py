@@ -1,0 +1,164 @@
+"""The RAM tier on real files (CPU): routing traces replayed through the VRAM cache's policy, the RAM tier and the
+disk reader, every pick served from exactly one place with its bytes; the budget's limits; a failed read serving
+nothing; and a budget that holds every expert changing nothing."""
+
+from __future__ import annotations
+
+import errno
+
+import numpy as np
+import pytest
+
+from glm53.offload.cache_policy import ReferenceCache
+from glm53.offload.disk import DiskReader, DiskReadError
+from glm53.offload.host_store import HostStore
+from glm53.offload.ram_tier import RamBudgetError, RamTier, TierPlan, plan
+from tests.offload.test_disk import trellis_checkpoint
+
+LAYERS, EXPERTS, TOP_K, ROWS = (1, 2, 3), 16, 2, 2
+DECAY, HYSTERESIS, VRAM_MAX_ADMIT = 0.9, 1.25, 2
+
+
+def skewed(seed: int) -> tuple[np.ndarray, np.random.Generator]:
+    """A routing profile with a few hot experts a layer, and the generator the trace is drawn with."""
+    rng = np.random.default_rng(seed)
+    return np.stack([rng.permutation(1.0 / np.arange(1, EXPERTS + 1) ** 1.1) for _ in LAYERS]), rng
+
+
+def trace(profile: np.ndarray, rng: np.random.Generator, steps: int) -> np.ndarray:
+    """int [steps, layers, rows, top_k] picks drawn from the profile (distinct within a row, as a router's are)."""
+    p = profile / profile.sum(axis=1, keepdims=True)
+    return np.array([[[rng.choice(EXPERTS, TOP_K, replace=False, p=p[l]) for _ in range(ROWS)] for l in range(len(LAYERS))]
+                     for _ in range(steps)])
+
+
+def expected(store: HostStore, tensors: dict[str, bytes], layer: int, expert: int) -> list[bytes]:
+    return [tensors[f"{store.layer_keys[layer]}.experts.{expert}.{p}_proj.trellis"] for p in ("gate", "up", "down")]
+
+
+def projections(store: HostStore, block: np.ndarray) -> list[bytes]:
+    return [block[off:off + n].tobytes() for off, n in zip(store.layout.offsets, store.layout.nbytes)]
+
+
+class Hierarchy:
+    """VRAM slots (the cache policy's reference, their bytes as arrays) over the RAM tier over the disk."""
+
+    def __init__(self, store, tier: RamTier, profile, vram_slots: int):
+        self.store, self.tier = store, tier
+        self.vram = ReferenceCache.warm(profile, vram_slots, TOP_K, DECAY)
+        self.vram_bytes = [np.zeros(store.layout.block_bytes, np.uint8) for _ in range(vram_slots)]
+        E = store.num_experts
+        tier.read_into([(int(o) // E, int(o) % E) for o in self.vram.owner], self.vram_bytes)  # the cache's warm start
+        self.sources = {"vram": 0, "ram": 0, "disk": 0}
+
+    def step(self, layer: int, selected: np.ndarray) -> dict[int, tuple[str, np.ndarray]]:
+        """One layer's decode step: where each picked expert is served from, and the bytes there."""
+        resident = self.vram.slot_of[layer] >= 0
+        picked = [int(e) for e in np.unique(selected)]
+        hits = {e: int(self.vram.slot_of[layer, e]) for e in picked if resident[e]}
+        admitted = self.vram.step(layer, selected, DECAY, HYSTERESIS, VRAM_MAX_ADMIT)
+        missed = np.array([e for e in selected.reshape(-1) if not resident[e]], dtype=np.int64)
+        served = self.tier.step(layer, missed)
+        out = {e: ("vram", self.vram_bytes[slot]) for e, slot in hits.items()}
+        for where, experts in (("ram", served.ram), ("disk", served.disk)):
+            for e in experts:
+                assert e not in out, f"expert {e} of layer {layer} served twice"
+                out[e] = (where, self.tier.block(layer, e))
+        assert sorted(out) == picked
+        for a in admitted:  # copied from where the tier holds it, as the cache's copy kernel does from its home
+            self.vram_bytes[a.slot][:] = self.tier.block(layer, a.expert)
+        for where, _ in out.values():
+            self.sources[where] += 1
+        return out
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    ckpt, tensors = trellis_checkpoint(tmp_path / "ckpt", layers=LAYERS, experts=EXPERTS, seed=5)
+    store = HostStore.scan(ckpt)
+    reader = DiskReader(store.shard_files(), threads=2)
+    yield store, tensors, reader
+    reader.close()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_trace_through_vram_ram_and_disk_serves_every_pick_from_one_place_with_its_bytes(checkpoint, seed):
+    store, tensors, reader = checkpoint
+    profile, rng = skewed(seed)
+    block = store.layout.block_bytes
+    vram_slots = 6
+    tier_plan = plan(store, 12 * block, TOP_K, ROWS)  # a quarter of the 48 experts
+    assert (tier_plan.policy_slots, tier_plan.staging_slots) == (8, TOP_K * ROWS)
+    tier = RamTier(store, reader, tier_plan, profile, TOP_K, vram_slots, DECAY, HYSTERESIS)
+    tier.load()
+    assert reader.counters()["requests"] == 3 * 8  # three projections a block
+    vram_placed = {(int(o) // EXPERTS, int(o) % EXPERTS) for o in ReferenceCache.warm(profile, vram_slots, TOP_K, DECAY).owner}
+    ram_placed = {(int(o) // EXPERTS, int(o) % EXPERTS) for o in tier.policy.owner}
+    assert not vram_placed & ram_placed  # the tier starts with the next-hottest, not what VRAM holds
+    h = Hierarchy(store, tier, profile, vram_slots)
+    loaded = reader.counters()["requests"]
+    assert loaded == 3 * (8 + vram_slots)
+    for step in trace(profile, rng, 40):
+        for layer, selected in enumerate(step):
+            for e, (where, got) in h.step(layer, selected).items():
+                assert projections(store, got) == expected(store, tensors, layer, e), (where, layer, e)
+    served = h.sources
+    assert min(served.values()) > 20, served  # every level served (not vacuous)
+    assert tier.reads["disk"] == served["disk"] and tier.reads["ram"] == served["ram"]
+    assert reader.counters()["requests"] == loaded + 3 * served["disk"] and reader.counters()["failed"] == 0
+    assert tier.reads["admitted"] > 0 and tier.verify() == []
+
+
+def test_with_ram_for_every_expert_there_is_no_tier_and_no_disk_read_after_load(checkpoint):
+    store, tensors, reader = checkpoint
+    assert plan(store, store.arena_bytes, TOP_K, ROWS) is None  # the host store loads as today
+    store.load()
+    profile, rng = skewed(2)
+    vram = ReferenceCache.warm(profile, 6, TOP_K, DECAY)
+    for step in trace(profile, rng, 10):
+        for layer, selected in enumerate(step):
+            vram.step(layer, selected, DECAY, HYSTERESIS, VRAM_MAX_ADMIT)
+            for e in np.unique(selected):
+                assert projections(store, store.host_block(layer, int(e)).numpy()) == expected(store, tensors, layer, int(e))
+    # a tier forced to hold every expert reads them once and never again
+    full = RamTier(store, reader, TierPlan(len(LAYERS) * EXPERTS, TOP_K * ROWS, store.layout.block_bytes), profile, TOP_K, 0,
+                   DECAY, HYSTERESIS)
+    full.load()
+    after_load = reader.counters()
+    for step in trace(profile, rng, 10):
+        for layer, selected in enumerate(step):
+            served = full.step(layer, selected)
+            assert served.disk == [] and len(served.ram) == len(np.unique(selected))
+    assert reader.counters() == after_load
+
+
+def test_a_budget_below_one_layers_active_experts_is_refused_with_what_it_needs(checkpoint):
+    store, _, _ = checkpoint
+    block = store.layout.block_bytes
+    with pytest.raises(RamBudgetError) as info:
+        plan(store, 3 * block, TOP_K, ROWS, what="GLM53_HOST_RAM_GB=0.0001")
+    assert str(info.value) == (
+        f"GLM53_HOST_RAM_GB=0.0001 gives {3 * block / 1e9:.2f} GB for routed experts, 3 blocks of {block / 1e6:.2f} MB; one MoE "
+        f"layer's decode step can touch 4 experts (2 a token x 2 rows), which must be in RAM together: give at least "
+        f"{4 * block / 1e9:.2f} GB (GLM53_HOST_RAM_GB), or free host memory")
+    assert plan(store, 4 * block, TOP_K, ROWS).policy_slots == 0  # staging alone: every miss read from disk
+
+
+def test_a_failed_read_serves_nothing_and_the_expert_is_read_again_next_time(checkpoint):
+    store, tensors, reader = checkpoint
+    profile, _ = skewed(3)
+    tier = RamTier(store, reader, plan(store, 8 * store.layout.block_bytes, TOP_K, ROWS), profile, TOP_K, 0, DECAY, HYSTERESIS)
+    tier.load()
+    layer = 1
+    cold = next(e for e in range(EXPERTS) if tier.policy.slot_of[layer, e] < 0)
+    f, at, n, _ = store.block_sources(layer, cold)[2]
+    reader.inject(store.shard_files().index(f), at + n // 2, errno.EIO, times=2)  # past the one retry
+    picks = np.array([cold] * 8)  # picked often enough to be admitted
+    with pytest.raises(DiskReadError, match=f"{f}: reading {n} bytes at byte {at} failed at byte .* with EIO"):
+        tier.step(layer, picks)
+    assert tier.block(layer, cold) is None and tier.policy.slot_of[layer, cold] < 0
+    assert tier.verify() == []  # no slot claims bytes it does not hold (a victim overwritten is stale)
+    served = tier.step(layer, picks)
+    assert served.disk == [cold]
+    assert projections(store, tier.block(layer, cold)) == expected(store, tensors, layer, cold)
+    assert tier.verify() == []
