@@ -17,7 +17,7 @@
 let
   inherit (cudaPackages)
     backendStdenv
-    cuda_cccl
+    cccl
     cuda_cudart
     cuda_nvcc
     libcublas
@@ -48,7 +48,7 @@ in
     autoAddDriverRunpath
   ];
   buildInputs = [
-    cuda_cccl
+    cccl
     cuda_cudart
     libcublas
     libcurand

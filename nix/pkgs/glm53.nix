@@ -55,7 +55,7 @@ in
     autoAddDriverRunpath
   ];
   buildInputs = [
-    cudaPackages.cuda_cccl
+    cudaPackages.cccl
     cudaPackages.cuda_cudart
   ];
   env = {
