@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The offline Nix checks, run by `make test` on every submission. Needs no nixpkgs and no Nix binary cache:
+# The offline Nix checks, run by `make test` on every submission. Need no network but PyPI's and Debian's, and no Nix
+# binary cache:
 #
 #   1 parse   every .nix file of the repository parses
 #   2 lock    flake.lock: one nixpkgs node at the revision of nix/pins/nixpkgs.nix, a well-formed narHash, and
@@ -9,15 +10,20 @@
 #             (nix/ci/driver-libs.sh) on fixtures against nix/tests/golden/driver-libs.txt
 #   4 pins    pyproject.toml still asks for what nix/pins/pypi.json pins, and every pinned PyPI file is fetched
 #             through Nix's fixed-output fetcher and matched against its hash
+#   5 eval    the flake evaluated against an offline nixpkgs tree close to the pin (NIXPKGS_EVAL_FILE below): every
+#             package's, check's and release build's derivation, the NixOS configurations (the appliance and its disk
+#             image, services.glm53 with every option set, the VM test's node) with their assertions, and no warning
+#             but those the project raises on purpose (nix/ci/eval.nix, nix/ci/eval_warnings.py); nothing is built
 #
 # Which Nix runs them: a `nix` of version 2.18 or later on PATH, as it is. Otherwise, as root on Debian, Nix 2.26
 # from Debian trixie in a chroot made by mmdebstrap and cached outside the repository (NIXCI_CHROOT, default
 # $XDG_CACHE_HOME/glm53/nix-trixie or /var/cache/glm53/nix-trixie; delete it to start afresh). On any other machine
-# the tier does not run and says why. With CI=true it must run: anything that keeps it from running fails the run.
+# the tier does not run and says why. With CI=true it must run: anything that keeps it from running fails the run,
+# the eval tier's nixpkgs tree missing included.
 # Measured on a 2-core Debian 12 machine: about 40 s without the cache (chroot ~30 s, ~1 GB of wheels ~10 s), 1 s
-# with it.
+# with it, for tiers 1 to 4. The eval tier adds the time of its evaluation, which the README gives (Checks).
 #
-#   nix/ci/check.sh                   run the four tiers
+#   nix/ci/check.sh                   run the tiers
 #   nix/ci/check.sh --update-golden   rewrite nix/tests/golden/*.json from nix/tests/golden.nix (review the diff)
 set -euo pipefail
 
@@ -37,6 +43,14 @@ sandbox = false
 max-jobs = 8
 '
 HOST_CA=${NIX_SSL_CERT_FILE:-${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}}
+# The nixpkgs tree the eval tier evaluates the flake against: nixpkgs master of 2026-07-15, three months before the pin
+# (../shared/nixpkgs-eval/README.md says what it is and the two evaluation-only stubs it carries). At 33 MB it is not
+# in the repository: NIXCI_NIXPKGS_EVAL names the tarball, else it is taken from ../shared/nixpkgs-eval/ beside the
+# checkout or /work/shared/nixpkgs-eval/.
+NIXPKGS_EVAL_FILE=nixpkgs-2026-07-15-eval.tar.xz
+# The NAR hash of the unpacked tree. Nix checks it when it unpacks the tarball into its store, once, and later finds
+# the tree there by it without reading the tarball again.
+NIXPKGS_EVAL_NARHASH=sha256-sQbZi17TSQvNuuWtczjAT7jMT6uAT8fOpOLWQ9H88Nc=
 
 case "${CI:-}" in true | 1) in_ci=1 ;; *) in_ci=0 ;; esac
 update_golden=0
@@ -160,9 +174,32 @@ ensure_chroot() {
 	say "chroot ready in $(($(date +%s) - started)) s: $version" >&2
 }
 
+# --- the eval tier's nixpkgs tree ----------------------------------------------------------------------------------
+# Prints the tarball's path, or why there is none and returns 1 (none found) or 2 (NIXCI_NIXPKGS_EVAL names no file).
+nixpkgs_eval_tarball() {
+	if [ -n "${NIXCI_NIXPKGS_EVAL:-}" ]; then
+		if [ -f "$NIXCI_NIXPKGS_EVAL" ]; then
+			realpath "$NIXCI_NIXPKGS_EVAL"
+			return 0
+		fi
+		echo "NIXCI_NIXPKGS_EVAL=$NIXCI_NIXPKGS_EVAL is not a file"
+		return 2
+	fi
+	local dir
+	for dir in "$REPO/../shared/nixpkgs-eval" /work/shared/nixpkgs-eval; do
+		if [ -f "$dir/$NIXPKGS_EVAL_FILE" ]; then
+			realpath "$dir/$NIXPKGS_EVAL_FILE"
+			return 0
+		fi
+	done
+	echo "$NIXPKGS_EVAL_FILE is in neither $(realpath -m "$REPO/../shared/nixpkgs-eval") nor /work/shared/nixpkgs-eval (NIXCI_NIXPKGS_EVAL=PATH names it)"
+	return 1
+}
+
 # --- choose the Nix ----------------------------------------------------------------------------------------------
 if version=$(host_nix_version) && version_at_least "$version" "$MIN_NIX"; then
 	run() { (cd "$REPO" && NIX_CONFIG="extra-experimental-features = nix-command flakes" "$@"); }
+	chroot_root=""
 	say "using nix $version from PATH"
 else
 	have=${version:+nix $version on PATH is older than $MIN_NIX}
@@ -278,6 +315,56 @@ elif fetched=$(run nix-build --no-out-link --quiet nix/ci/pins.nix -A fetch 2>&1
 	pass "$out, all fetched and matching"
 else
 	fail "$(printf '%s\n' "$fetched" | grep -v '^/nix/store/' | tail -n 20)"
+fi
+
+# 5. eval: the flake evaluated against the offline nixpkgs tree, as `nix eval --override-input nixpkgs` would: every
+# output's derivation (nothing is built), the NixOS configurations' assertions and warnings (nix/ci/eval.nix), and
+# no warning printed that the project does not raise on purpose (nix/ci/eval_warnings.py)
+begin eval
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+evaluated=0
+if tarball=$(nixpkgs_eval_tarball); then found=0; else found=$?; fi
+if ((found)); then
+	if ((in_ci)) || ((found == 2)); then
+		fail "the eval tier cannot run: $tarball"
+	else
+		printf 'NOT RUN (%s)\n' "$tarball"
+		say "NOT RUN: the flake was not evaluated against nixpkgs; no derivation, module or warning was checked" >&2
+	fi
+elif ! command -v python3 >/dev/null 2>&1 || ! git -C "$REPO" rev-parse --git-dir >/dev/null 2>&1; then
+	fail "the eval tier needs python3 and a git checkout (git names the flake's files)"
+else
+	# Nix reads the tarball where it runs: the chroot sees a copy in its own cache.
+	if [ -n "$chroot_root" ]; then
+		mkdir -p "$chroot_root/var/cache/glm53"
+		cmp -s "$tarball" "$chroot_root/var/cache/glm53/$NIXPKGS_EVAL_FILE" ||
+			cp "$tarball" "$chroot_root/var/cache/glm53/$NIXPKGS_EVAL_FILE"
+		tree_url=file:///var/cache/glm53/$NIXPKGS_EVAL_FILE
+	else
+		tree_url=file://$tarball
+	fi
+	tree_url="tarball+$tree_url?narHash=$(printf '%s' "$NIXPKGS_EVAL_NARHASH" | sed 's/+/%2B/g; s|/|%2F|g; s/=/%3D/g')"
+	# The flake as `nix build` would see it (git's files, tracked or not ignored), copied where Nix runs, with its
+	# lock pointed at the tree: the evaluation then prints nothing about the override.
+	mapfile -t src_files < <(cd "$REPO" && git ls-files --cached --others --exclude-standard | while IFS= read -r f; do
+		[ -e "$f" ] && printf '%s\n' "$f"
+	done)
+	nix_flags=(--offline --option flake-registry "" --accept-flake-config)
+	if ! src=$(run sh -c 'd=$(mktemp -d /tmp/glm53-eval.XXXXXX) && cp --parents -t "$d" -- "$@" && echo "$d"' sh "${src_files[@]}" 2>&1); then
+		fail "could not copy the flake's files: $src"
+	elif ! out=$(run nix flake lock "${nix_flags[@]}" --override-input nixpkgs "$tree_url" "path:$src" 2>&1); then
+		fail "nix flake lock --override-input nixpkgs $tree_url:" "$out"
+	elif ! run nix eval "${nix_flags[@]}" --option eval-cache false --json "path:$src#." \
+		--apply "$(<"$REPO/nix/ci/eval.nix")" >"$work/eval.json" 2>"$work/eval.err"; then
+		fail "$(tail -n 40 "$work/eval.err")"
+	elif ! out=$(python3 "$REPO/nix/ci/eval_warnings.py" "$work/eval.json" "$work/eval.err" 2>&1); then
+		fail "$out"
+	else
+		evaluated=1
+		pass "$out"
+	fi
+	if [[ ${src:-} == /tmp/glm53-eval.* ]]; then run rm -rf "$src"; fi
 fi
 
 if ((failed)); then
