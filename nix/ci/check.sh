@@ -14,6 +14,10 @@
 #             package's, check's and release build's derivation, the NixOS configurations (the appliance and its disk
 #             image, services.glm53 with every option set, the VM test's node) with their assertions, and no warning
 #             but those the project raises on purpose (nix/ci/eval.nix, nix/ci/eval_warnings.py); nothing is built
+#   6 wheels  a dry run of autoPatchelf: every library each ELF file of the native wheels needs (NEEDED) is provided
+#             by the wheel, the build inputs the eval tier found, glibc, or is the driver's and left to the host; and
+#             the two run-time loaders the packages patch (cuda-bindings' through cuda.pathfinder, Triton's libcuda
+#             lookup) find what they load (nix/ci/wheel_deps.py)
 #
 # Which Nix runs them: a `nix` of version 2.18 or later on PATH, as it is. Otherwise, as root on Debian, Nix 2.26
 # from Debian trixie in a chroot made by mmdebstrap and cached outside the repository (NIXCI_CHROOT, default
@@ -303,26 +307,30 @@ else
 	pass "$(run nix eval --raw --file nix/tests/golden.nix names --apply 'n: toString (builtins.length n)') cases and the driver-library fixtures; $settings_note"
 fi
 
+# Outputs of one tier that a later one reads.
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
 # 4. pins
 begin pins
+fetched=0
 if ! out=$(run nix eval --raw --file nix/ci/pins.nix requirements 2>&1); then
 	fail "$out"
 elif ! ((in_ci)) && command -v curl >/dev/null 2>&1 &&
 	! curl --silent --head --max-time 10 --output /dev/null https://files.pythonhosted.org/; then
 	printf 'NOT RUN (files.pythonhosted.org unreachable; %s)\n' "$out"
 	say "NOT RUN: the PyPI pins were not fetched; their hashes are unchecked" >&2
-elif fetched=$(run nix-build --no-out-link --quiet nix/ci/pins.nix -A fetch 2>&1); then
+elif run nix-build --no-out-link --quiet nix/ci/pins.nix -A fetch >"$work/wheels" 2>"$work/fetch.err"; then
+	fetched=1
 	pass "$out, all fetched and matching"
 else
-	fail "$(printf '%s\n' "$fetched" | grep -v '^/nix/store/' | tail -n 20)"
+	fail "$(tail -n 20 "$work/fetch.err")"
 fi
 
 # 5. eval: the flake evaluated against the offline nixpkgs tree, as `nix eval --override-input nixpkgs` would: every
 # output's derivation (nothing is built), the NixOS configurations' assertions and warnings (nix/ci/eval.nix), and
 # no warning printed that the project does not raise on purpose (nix/ci/eval_warnings.py)
 begin eval
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
 evaluated=0
 if tarball=$(nixpkgs_eval_tarball); then found=0; else found=$?; fi
 if ((found)); then
@@ -365,6 +373,20 @@ else
 		pass "$out"
 	fi
 	if [[ ${src:-} == /tmp/glm53-eval.* ]]; then run rm -rf "$src"; fi
+fi
+
+# 6. wheels: a dry run of autoPatchelf over the wheels the pins tier fetched, with what the eval tier found the
+# derivations give it, and of the two run-time loaders the packages patch (nix/ci/wheel_deps.py)
+begin wheels
+if ((evaluated && fetched)); then
+	if out=$(python3 "$REPO/nix/ci/wheel_deps.py" "$work/eval.json" "$work/wheels" "$chroot_root" 2>&1); then
+		pass "$out"
+	else
+		fail "$out"
+	fi
+else
+	printf 'NOT RUN (it reads what the pins and eval tiers fetched and evaluated)\n'
+	say "NOT RUN: no wheel was checked for the libraries it needs" >&2
 fi
 
 if ((failed)); then

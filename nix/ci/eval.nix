@@ -42,6 +42,44 @@ let
     };
   };
 
+  # What autoPatchelf is given for each wheel that holds machine code, for nix/ci/wheel_deps.py's dry run of it: the
+  # wheel's file, the build inputs it searches, the libraries it may leave missing, and what the inputs that are
+  # neither glibc's nor gcc's nor zlib provide. The packages are those of the flake's nixpkgs instance, which the
+  # appliance is evaluated with.
+  py = appliance.nixpkgs.pkgs.glm53.pythonPackages;
+  autoPatchelf = d: {
+    wheel = d.src.name;
+    inputs = map (i: i.pname or (builtins.parseDrvName i.name).name) d.buildInputs;
+    ignore = d.autoPatchelfIgnoreMissingDeps or [ ];
+  };
+  wheels = {
+    packages = builtins.listToAttrs (
+      map (name: {
+        inherit name;
+        value = autoPatchelf py.${name};
+      }) (filter (name: py.pins.packages.${name}.native) (builtins.attrNames py.pins.packages))
+    );
+    cudaWheelLibs = mapAttrs (name: _: autoPatchelf py.cudaWheelLibs.${name} // py.cudaWheelLibs.${name}.layout) py.pins.libraries;
+    # nixpkgs' CUDA packages torch is linked against, by pname, with the sonames torch takes from each
+    cudaPackages = builtins.listToAttrs (
+      builtins.attrValues (
+        mapAttrs (attr: l: {
+          name = py.torch.cudaPackages.${attr}.pname;
+          value = l.sonames;
+        }) py.torch.cudaLibraries.nixpkgs
+      )
+    );
+    # the two run-time loaders the packages patch, and what they patch
+    triton = py.triton.libcudaLookup // {
+      wheel = py.triton.src.name;
+    };
+    cuda-pathfinder = {
+      wheel = py.cuda-pathfinder.src.name;
+      bindings = py.cuda-bindings.src.name;
+      inherit (py.cuda-pathfinder) search libraries elsewhere;
+    };
+  };
+
   has = phrase: text: length (split phrase text) > 1;
   checked =
     name:
@@ -71,4 +109,5 @@ in
   nixosConfigurations = mapAttrs (_: c: c.config.system.build.toplevel.drvPath) outputs.nixosConfigurations;
   # nixosModules.default is evaluated in module-options and the appliance
   configurations = mapAttrs checked configurations;
+  inherit wheels;
 }

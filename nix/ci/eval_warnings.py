@@ -50,6 +50,7 @@ def main(argv: list[str]) -> int:
     with open(argv[2]) as f:
         printed = messages(f.read())
     configurations = result.pop("configurations")
+    result.pop("wheels")  # what autoPatchelf is given, for the wheels tier
     on_purpose = {w.strip() for c in configurations.values() for w in c["warnings"]}
     unexpected = [m for m in printed if m not in on_purpose]
     if unexpected:
