@@ -215,6 +215,9 @@ def check_loaders(wheels: dict, path_of) -> tuple[list[str], str]:
             if store[name]["dir"] not in desc["anchor_rel_dirs_linux"]:
                 problems.append(f"cuda-bindings binds {name} ({sonames}): cuda-pathfinder.nix links it under "
                                 f"{store[name]['dir']}, pathfinder looks under {', '.join(desc['anchor_rel_dirs_linux'])}")
+            if not fnmatch.fnmatchcase(desc["linux_sonames"][0], store[name]["files"]):
+                problems.append(f"cuda-bindings binds {name} ({sonames}): cuda-pathfinder.nix links only "
+                                f"{store[name]['files']} of {store[name]['package']}")
         elif name not in elsewhere:
             problems.append(f"cuda-bindings binds {name} ({sonames}, packaged with the {desc['packaged_with']}), which "
                             "cuda-pathfinder.nix neither links into its root nor names as taken elsewhere")

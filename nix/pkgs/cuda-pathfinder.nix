@@ -18,32 +18,38 @@
   wheel,
 }:
 let
-  # pathfinder's name of each library cuda-bindings binds -> the nixpkgs package that holds it and where under the
-  # root pathfinder looks for it
+  # pathfinder's name of each library cuda-bindings binds -> the nixpkgs package that holds it, its files (with those
+  # it loads beside itself, such as libnvrtc-builtins), and where under the root pathfinder looks for them
   libraries = {
     cudart = {
       package = "cuda_cudart";
       dir = "lib";
+      files = "libcudart*.so*";
     };
     nvrtc = {
       package = "cuda_nvrtc";
       dir = "lib";
+      files = "libnvrtc*.so*";
     };
     nvJitLink = {
       package = "libnvjitlink";
       dir = "lib";
+      files = "libnvJitLink*.so*";
     };
     nvvm = {
       package = "libnvvm";
       dir = "nvvm/lib64";
+      files = "libnvvm*.so*";
     };
     cufile = {
       package = "libcufile";
       dir = "lib";
+      files = "libcufile*.so*";
     };
     nvfatbin = {
       package = "libnvfatbin";
       dir = "lib";
+      files = "libnvfatbin*.so*";
     };
   };
   # bound by cuda-bindings but not taken from the store, and why
@@ -58,7 +64,9 @@ let
       lib.mapAttrsToList (_: l: ''
         mkdir -p "$out/${l.dir}"
         for dir in ${lib.getLib cudaPackages.${l.package}}/lib ${lib.getLib cudaPackages.${l.package}}/lib64; do
-          [ -d "$dir" ] && find "$dir" -maxdepth 1 -name '*.so*' -exec ln -s -t "$out/${l.dir}" {} +
+          if [ -d "$dir" ]; then
+            find "$dir" -maxdepth 1 -name ${lib.escapeShellArg l.files} -exec ln -s -t "$out/${l.dir}" {} +
+          fi
         done
       '') libraries
     )
