@@ -2,16 +2,20 @@
 # flake's outputs, which check.sh gives to `nix eval --apply` over the flake: the evaluation is pure, as that of
 # `nix build`, so this file imports nothing and reaches everything through the outputs.
 #
-# It returns every derivation path it evaluates (no derivation is built) and, per NixOS configuration, the warnings
-# the project raises there on purpose; it throws when a configuration warns otherwise. check.sh fails on any warning
-# printed during the evaluation that is not one of those.
+# It returns every derivation path it evaluates (no derivation is built); per NixOS configuration, the warnings the
+# project raises there on purpose, throwing when a configuration warns otherwise (check.sh then fails on any warning
+# printed that is not one of those); and, for the wheels tier, what autoPatchelf is given for each native wheel.
 outputs:
 let
   inherit (builtins)
+    attrNames
+    attrValues
     concatStringsSep
     filter
     length
+    listToAttrs
     mapAttrs
+    parseDrvName
     split
     ;
 
@@ -43,33 +47,33 @@ let
   };
 
   # What autoPatchelf is given for each wheel that holds machine code, for nix/ci/wheel_deps.py's dry run of it: the
-  # wheel's file, the build inputs it searches, the libraries it may leave missing, and what the inputs that are
-  # neither glibc's nor gcc's nor zlib provide. The packages are those of the flake's nixpkgs instance, which the
-  # appliance is evaluated with.
+  # wheel, the build inputs it searches (by pname), the libraries it may leave missing; the sonames of the inputs
+  # that are nixpkgs' CUDA packages and the files the CUDA library wheels install; and the text the two patched
+  # run-time loaders depend on. The packages are those of the flake's nixpkgs instance, the appliance's.
   py = appliance.nixpkgs.pkgs.glm53.pythonPackages;
   autoPatchelf = d: {
     wheel = d.src.name;
-    inputs = map (i: i.pname or (builtins.parseDrvName i.name).name) d.buildInputs;
+    inputs = map (i: i.pname or (parseDrvName i.name).name) d.buildInputs;
     ignore = d.autoPatchelfIgnoreMissingDeps or [ ];
   };
   wheels = {
-    packages = builtins.listToAttrs (
+    packages = listToAttrs (
       map (name: {
         inherit name;
         value = autoPatchelf py.${name};
-      }) (filter (name: py.pins.packages.${name}.native) (builtins.attrNames py.pins.packages))
+      }) (filter (name: py.pins.packages.${name}.native) (attrNames py.pins.packages))
     );
-    cudaWheelLibs = mapAttrs (name: _: autoPatchelf py.cudaWheelLibs.${name} // py.cudaWheelLibs.${name}.layout) py.pins.libraries;
-    # nixpkgs' CUDA packages torch is linked against, by pname, with the sonames torch takes from each
-    cudaPackages = builtins.listToAttrs (
-      builtins.attrValues (
+    cudaWheelLibs = mapAttrs (
+      name: _: autoPatchelf py.cudaWheelLibs.${name} // py.cudaWheelLibs.${name}.layout
+    ) py.pins.libraries;
+    cudaPackages = listToAttrs (
+      attrValues (
         mapAttrs (attr: l: {
           name = py.torch.cudaPackages.${attr}.pname;
           value = l.sonames;
         }) py.torch.cudaLibraries.nixpkgs
       )
     );
-    # the two run-time loaders the packages patch, and what they patch
     triton = py.triton.libcudaLookup // {
       wheel = py.triton.src.name;
     };
