@@ -25,8 +25,8 @@
 # the tier does not run and says why. With CI=true it must run: anything that keeps it from running fails the run,
 # the eval tier's nixpkgs tree missing included.
 # Measured on a 2-core Debian 12 machine shared with other work: tiers 1 to 4 about 40 s without the cache (chroot
-# ~25 s, ~1 GB of wheels ~15 s), 1 s with it; eval about 70 s without it (Nix unpacks the tree into its store) and
-# 60 s with it, nearly all evaluation; wheels 15 s either way (it decompresses the ELF files it reads).
+# ~20 s, ~1 GB of wheels ~17 s), 1 s with it; eval 80 s without it (Nix unpacks the tree into its store) and 40 s
+# with it, all evaluation; wheels 15 s either way (it decompresses the ELF files it reads).
 #
 #   nix/ci/check.sh                   run the tiers
 #   nix/ci/check.sh --update-golden   rewrite nix/tests/golden/*.json from nix/tests/golden.nix (review the diff)
