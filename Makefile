@@ -50,9 +50,10 @@ $(NPM_STAMP):
 native:
 	$(MAKE) -C native -j$$(nproc)
 
-# The offline Nix checks (flake.lock, golden tests of nix/lib, PyPI pins). They use a Nix >= 2.18 on PATH, else
-# (as root on Debian) a cached trixie chroot with Nix 2.26; elsewhere they say they did not run, and with CI=true
-# that fails the run.
+# The offline Nix checks (flake.lock, golden tests of nix/lib, PyPI pins, the flake evaluated against the offline
+# nixpkgs tree of ../shared/nixpkgs-eval, a dry run of autoPatchelf over the wheels). They use a Nix >= 2.18 on PATH,
+# else (as root on Debian) a cached trixie chroot with Nix 2.26; elsewhere they say they did not run, and with
+# CI=true that fails the run.
 test-nix:
 	nix/ci/check.sh
 

@@ -68,12 +68,45 @@
 
       devShells.${system}.default = glm53.devShell;
 
-      # What needs nixpkgs (and so the network): nix/ci/release-check.sh runs `nix flake check`.
+      # Evaluation checks: `nix flake check` builds them in seconds, with no GPU, no KVM and none of the CUDA closure.
+      # nix/ci/check.sh evaluates them offline (nix/ci/eval.nix); nix/ci/release-check.sh runs `nix flake check`.
       checks.${system} = {
-        inherit (glm53) serve-fast serve-exact;
         golden =
           assert lib.assertMsg (golden.failures == [ ]) (lib.concatStringsSep "\n" golden.failures);
           pkgs.runCommand "glm53-golden" { } "touch $out";
+        # The disk image keeps the appliance's file systems, the weights partition among them (appliance/hardware.nix).
+        appliance-mounts =
+          let
+            wanted = import ./appliance/mounts.nix;
+            inherit (import ./nix/lib/mounts.nix) missing;
+            inherit (self.nixosConfigurations.appliance) extendModules;
+            appliance = self.nixosConfigurations.appliance.config;
+            # The configuration the image is built from: what nixos/modules/image/images.nix passes through, or the
+            # same extension of the appliance by the image's module where a nixpkgs does not pass it.
+            image =
+              appliance.system.build.images.raw-efi.passthru.config
+                or (extendModules { modules = [ appliance.image.modules.raw-efi ]; }).config;
+            problems =
+              map (p: "toplevel: ${p}") (missing wanted appliance.fileSystems)
+              ++ map (p: "raw-efi image: ${p}") (missing wanted image.fileSystems);
+          in
+          assert lib.assertMsg (problems == [ ]) ''
+            file systems of appliance/mounts.nix missing from the appliance:
+              ${lib.concatStringsSep "\n  " problems}'';
+          pkgs.runCommand "glm53-appliance-mounts" { } "touch $out";
+        module-options = pkgs.callPackage ./nix/tests/module-options.nix {
+          inherit (nixpkgs.lib) nixosSystem;
+          module = self.nixosModules.default;
+          packages = self.packages.${system};
+        };
+      };
+
+      # The release builds, `hydraJobs.<job>.<system>` as Hydra names them: `nix flake check` evaluates them and
+      # nix/ci/release-check.sh builds them, one step each, on a networked machine (the VM test needs KVM).
+      hydraJobs = lib.mapAttrs (_: job: { ${system} = job; }) {
+        inherit (glm53) serve-fast serve-exact oci-fast;
+        appliance = self.nixosConfigurations.appliance.config.system.build.toplevel;
+        inherit (self.packages.${system}) appliance-image;
         # The images must take libcuda.so.1 and libnvidia-ml.so.1 from the host driver: no driver library anywhere in
         # the closure. NVIDIA's link-time stubs, which nixpkgs' cuda_cudart installs in lib/stubs, are allowed
         # (nix/ci/driver-libs.sh tells the two apart; nix/tests/driver-libs.sh is its golden test).
@@ -95,27 +128,6 @@
               fi
               cp found $out
             '';
-        # The disk image keeps the appliance's file systems, the weights partition among them: nixpkgs' disk-image
-        # module defines its own at a raised priority, which would otherwise drop them (appliance/hardware.nix).
-        appliance-mounts =
-          let
-            wanted = import ./appliance/mounts.nix;
-            inherit (import ./nix/lib/mounts.nix) missing;
-            inherit (self.nixosConfigurations.appliance) extendModules;
-            appliance = self.nixosConfigurations.appliance.config;
-            # The configuration the image is built from: what nixos/modules/image/images.nix passes through, or the
-            # same extension of the appliance by the image's module where a nixpkgs does not pass it.
-            image =
-              appliance.system.build.images.raw-efi.passthru.config
-                or (extendModules { modules = [ appliance.image.modules.raw-efi ]; }).config;
-            problems =
-              map (p: "toplevel: ${p}") (missing wanted appliance.fileSystems)
-              ++ map (p: "raw-efi image: ${p}") (missing wanted image.fileSystems);
-          in
-          assert lib.assertMsg (problems == [ ]) ''
-            file systems of appliance/mounts.nix missing from the appliance:
-              ${lib.concatStringsSep "\n  " problems}'';
-          pkgs.runCommand "glm53-appliance-mounts" { } "touch $out";
         vm = import ./nix/tests/vm.nix {
           inherit pkgs;
           module = self.nixosModules.default;

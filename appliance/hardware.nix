@@ -1,7 +1,6 @@
 # Boot and disks of the appliance. The weights partition is made by the operator on a disk of its own:
 #
 #   mkfs.ext4 -L glm53-data /dev/nvme1n1
-{ lib, ... }:
 {
   boot.loader.systemd-boot.enable = true;
   # A copied image must not rewrite the firmware's boot order of the machine it lands on.
@@ -17,12 +16,11 @@
   ];
   boot.growPartition = true;
 
-  # At the priority of nixpkgs' disk-image module (nixos/modules/virtualisation/disk-image.nix, which builds the
-  # raw-efi image), which sets its own "/" and "/boot" with lib.mkImageMediaOverride (priority 60): a definition at
-  # the normal priority (100) would be dropped from the image as a whole, the data partition with it, and the 125 GB
-  # download would land on the root file system. At equal priority the two merge. A configuration extending the
-  # appliance with file systems of its own must define them at this priority too.
-  fileSystems = lib.mkImageMediaOverride (import ./mounts.nix);
+  # At the normal priority, where nixpkgs' disk-image module (nixos/modules/virtualisation/disk-image.nix, which builds
+  # the raw-efi image) defines its "/" and "/boot" too: the definitions merge, so the image keeps the weights
+  # partition and /boot's umask, and file systems a configuration extending the appliance adds are kept as well.
+  # checks.appliance-mounts fails if a nixpkgs drops any of them from the image again.
+  fileSystems = import ./mounts.nix;
 
   # Creating the mount point leaves /var/lib/private world-readable (0755); systemd wants it 0700, the boundary that
   # keeps other users out of dynamic users' files.

@@ -24,8 +24,9 @@ MODES = ("fast", "exact")
 GB = 1000**3  # the unit of every *_gb setting: decimal, as GPU and RAM sizes are quoted
 ENV_PREFIX = "GLM53_"
 # Variables with the prefix that are not settings: the GPU kit's prep.sh exports GLM53_SITE (its wheel dir);
-# GLM53_NATIVE_BUILD is where the native libraries are looked for first (glm53/native/libraries.py).
-FOREIGN_ENV = frozenset({"GLM53_SITE", "GLM53_NATIVE_BUILD"})
+# GLM53_NATIVE_BUILD is where the native libraries are looked for first (glm53/native/libraries.py); the Nix serve
+# wrappers look for the NVIDIA driver in GLM53_DRIVER_DIR first (nix/pkgs/host-driver.sh).
+FOREIGN_ENV = frozenset({"GLM53_SITE", "GLM53_NATIVE_BUILD", "GLM53_DRIVER_DIR"})
 # nix/ci/check.sh's variables had the prefix once; a shell that still exports one is told the new name.
 RENAMED_ENV = {"GLM53_NIX_CHROOT": "NIXCI_CHROOT", "GLM53_DEBIAN_MIRROR": "NIXCI_DEBIAN_MIRROR"}
 

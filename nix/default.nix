@@ -10,7 +10,8 @@ import nixpkgs {
     # The closure holds NVIDIA's CUDA libraries, cuDNN and NCCL, and the appliance the NVIDIA driver: unfree but
     # redistributable. This instance builds only this flake's outputs.
     allowUnfree = true;
-    cudaSupport = true;
+    # No cudaSupport: the project's packages take cudaPackages_13_2 by name (nix/pkgs/default.nix), and the switch
+    # would rebuild any nixpkgs package of the closures that has a CUDA variant against nixpkgs' default, CUDA 12.
     inherit cudaCapabilities;
     # Machine code for each listed GPU and no PTX for newer ones (nix/lib/cuda.nix says why).
     cudaForwardCompat = false;

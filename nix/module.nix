@@ -236,7 +236,11 @@ in
           } Set hardware.nvidia.package to a driver of the ${driver.full} series or newer.
         '';
 
-    systemd.services.glm53 = unit.service;
+    systemd.services.glm53 = lib.mkMerge [
+      unit.service
+      # preflight reads the driver's version and the GPU's memory with nvidia-smi, which the driver package holds
+      { path = lib.optional hasNvidiaDriver (lib.getBin config.hardware.nvidia.package); }
+    ];
 
     networking.firewall = lib.mkIf cfg.openFirewall { allowedTCPPorts = [ cfg.port ]; };
 

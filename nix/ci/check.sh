@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The offline Nix checks, run by `make test` on every submission. Needs no nixpkgs and no Nix binary cache:
+# The offline Nix checks, run by `make test` on every submission. Need no network but PyPI's and Debian's, and no Nix
+# binary cache:
 #
 #   1 parse   every .nix file of the repository parses
 #   2 lock    flake.lock: one nixpkgs node at the revision of nix/pins/nixpkgs.nix, a well-formed narHash, and
@@ -9,15 +10,25 @@
 #             (nix/ci/driver-libs.sh) on fixtures against nix/tests/golden/driver-libs.txt
 #   4 pins    pyproject.toml still asks for what nix/pins/pypi.json pins, and every pinned PyPI file is fetched
 #             through Nix's fixed-output fetcher and matched against its hash
+#   5 eval    the flake evaluated against an offline nixpkgs tree close to the pin (NIXPKGS_EVAL_FILE below): every
+#             package's, check's and release build's derivation, the NixOS configurations (the appliance and its disk
+#             image, services.glm53 with every option set, the VM test's node) with their assertions, and no warning
+#             but those the project raises on purpose (nix/ci/eval.nix, nix/ci/eval_warnings.py); nothing is built
+#   6 wheels  a dry run of autoPatchelf: every library each ELF file of the native wheels needs (NEEDED) is provided
+#             by the wheel, the build inputs the eval tier found, glibc, or is the driver's and left to the host; and
+#             the two run-time loaders the packages patch (cuda-bindings' through cuda.pathfinder, Triton's libcuda
+#             lookup) find what they load (nix/ci/wheel_deps.py)
 #
 # Which Nix runs them: a `nix` of version 2.18 or later on PATH, as it is. Otherwise, as root on Debian, Nix 2.26
 # from Debian trixie in a chroot made by mmdebstrap and cached outside the repository (NIXCI_CHROOT, default
 # $XDG_CACHE_HOME/glm53/nix-trixie or /var/cache/glm53/nix-trixie; delete it to start afresh). On any other machine
-# the tier does not run and says why. With CI=true it must run: anything that keeps it from running fails the run.
-# Measured on a 2-core Debian 12 machine: about 40 s without the cache (chroot ~30 s, ~1 GB of wheels ~10 s), 1 s
-# with it.
+# the tier does not run and says why. With CI=true it must run: anything that keeps it from running fails the run,
+# the eval tier's nixpkgs tree missing included.
+# Measured on a 2-core Debian 12 machine shared with other work: tiers 1 to 4 about 40 s without the cache (chroot
+# ~20 s, ~1 GB of wheels ~17 s), 1 s with it; eval 80 s without it (Nix unpacks the tree into its store) and 40 s
+# with it, all evaluation; wheels 15 s either way (it decompresses the ELF files it reads).
 #
-#   nix/ci/check.sh                   run the four tiers
+#   nix/ci/check.sh                   run the tiers
 #   nix/ci/check.sh --update-golden   rewrite nix/tests/golden/*.json from nix/tests/golden.nix (review the diff)
 set -euo pipefail
 
@@ -37,6 +48,14 @@ sandbox = false
 max-jobs = 8
 '
 HOST_CA=${NIX_SSL_CERT_FILE:-${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}}
+# The nixpkgs tree the eval tier evaluates the flake against: nixpkgs master of 2026-07-15, three months before the pin
+# (../shared/nixpkgs-eval/README.md says what it is and the two evaluation-only stubs it carries). At 33 MB it is not
+# in the repository: NIXCI_NIXPKGS_EVAL names the tarball, else it is taken from ../shared/nixpkgs-eval/ beside the
+# checkout or /work/shared/nixpkgs-eval/.
+NIXPKGS_EVAL_FILE=nixpkgs-2026-07-15-eval.tar.xz
+# The NAR hash of the unpacked tree, which Nix checks: it copies the tree into its store once, and on later runs
+# only unpacks the tarball into its tarball cache again (about 5 s) to lock the input.
+NIXPKGS_EVAL_NARHASH=sha256-sQbZi17TSQvNuuWtczjAT7jMT6uAT8fOpOLWQ9H88Nc=
 
 case "${CI:-}" in true | 1) in_ci=1 ;; *) in_ci=0 ;; esac
 update_golden=0
@@ -160,9 +179,32 @@ ensure_chroot() {
 	say "chroot ready in $(($(date +%s) - started)) s: $version" >&2
 }
 
+# --- the eval tier's nixpkgs tree ----------------------------------------------------------------------------------
+# Prints the tarball's path, or why there is none and returns 1 (none found) or 2 (NIXCI_NIXPKGS_EVAL names no file).
+nixpkgs_eval_tarball() {
+	if [ -n "${NIXCI_NIXPKGS_EVAL:-}" ]; then
+		if [ -f "$NIXCI_NIXPKGS_EVAL" ]; then
+			realpath "$NIXCI_NIXPKGS_EVAL"
+			return 0
+		fi
+		echo "NIXCI_NIXPKGS_EVAL=$NIXCI_NIXPKGS_EVAL is not a file"
+		return 2
+	fi
+	local dir
+	for dir in "$REPO/../shared/nixpkgs-eval" /work/shared/nixpkgs-eval; do
+		if [ -f "$dir/$NIXPKGS_EVAL_FILE" ]; then
+			realpath "$dir/$NIXPKGS_EVAL_FILE"
+			return 0
+		fi
+	done
+	echo "$NIXPKGS_EVAL_FILE is in neither $(realpath -m "$REPO/../shared/nixpkgs-eval") nor /work/shared/nixpkgs-eval (NIXCI_NIXPKGS_EVAL=PATH names it)"
+	return 1
+}
+
 # --- choose the Nix ----------------------------------------------------------------------------------------------
 if version=$(host_nix_version) && version_at_least "$version" "$MIN_NIX"; then
 	run() { (cd "$REPO" && NIX_CONFIG="extra-experimental-features = nix-command flakes" "$@"); }
+	chroot_root=""
 	say "using nix $version from PATH"
 else
 	have=${version:+nix $version on PATH is older than $MIN_NIX}
@@ -266,18 +308,88 @@ else
 	pass "$(run nix eval --raw --file nix/tests/golden.nix names --apply 'n: toString (builtins.length n)') cases and the driver-library fixtures; $settings_note"
 fi
 
+# Outputs of one tier that a later one reads.
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
 # 4. pins
 begin pins
+fetched=0
 if ! out=$(run nix eval --raw --file nix/ci/pins.nix requirements 2>&1); then
 	fail "$out"
 elif ! ((in_ci)) && command -v curl >/dev/null 2>&1 &&
 	! curl --silent --head --max-time 10 --output /dev/null https://files.pythonhosted.org/; then
 	printf 'NOT RUN (files.pythonhosted.org unreachable; %s)\n' "$out"
 	say "NOT RUN: the PyPI pins were not fetched; their hashes are unchecked" >&2
-elif fetched=$(run nix-build --no-out-link --quiet nix/ci/pins.nix -A fetch 2>&1); then
+elif run nix-build --no-out-link --quiet nix/ci/pins.nix -A fetch >"$work/wheels" 2>"$work/fetch.err"; then
+	fetched=1
 	pass "$out, all fetched and matching"
 else
-	fail "$(printf '%s\n' "$fetched" | grep -v '^/nix/store/' | tail -n 20)"
+	fail "$(tail -n 20 "$work/fetch.err")"
+fi
+
+# 5. eval: the flake evaluated against the offline nixpkgs tree, as `nix eval --override-input nixpkgs` would: every
+# output's derivation (nothing is built), the NixOS configurations' assertions and warnings (nix/ci/eval.nix), and
+# no warning printed that the project does not raise on purpose (nix/ci/eval_warnings.py)
+begin eval
+evaluated=0
+if tarball=$(nixpkgs_eval_tarball); then found=0; else found=$?; fi
+if ((found)); then
+	if ((in_ci)) || ((found == 2)); then
+		fail "the eval tier cannot run: $tarball"
+	else
+		printf 'NOT RUN (%s)\n' "$tarball"
+		say "NOT RUN: the flake was not evaluated against nixpkgs; no derivation, module or warning was checked" >&2
+	fi
+elif ! command -v python3 >/dev/null 2>&1 || ! git -C "$REPO" rev-parse --git-dir >/dev/null 2>&1; then
+	fail "the eval tier needs python3 and a git checkout (git names the flake's files)"
+else
+	# Nix reads the tarball where it runs: the chroot sees a copy in its own cache.
+	if [ -n "$chroot_root" ]; then
+		mkdir -p "$chroot_root/var/cache/glm53"
+		cmp -s "$tarball" "$chroot_root/var/cache/glm53/$NIXPKGS_EVAL_FILE" ||
+			cp "$tarball" "$chroot_root/var/cache/glm53/$NIXPKGS_EVAL_FILE"
+		tree_url=file:///var/cache/glm53/$NIXPKGS_EVAL_FILE
+	else
+		tree_url=file://$tarball
+	fi
+	tree_url="tarball+$tree_url?narHash=$(printf '%s' "$NIXPKGS_EVAL_NARHASH" | sed 's/+/%2B/g; s|/|%2F|g; s/=/%3D/g')"
+	# The flake as `nix build` would see it (git's files, tracked or not ignored), copied where Nix runs, with its
+	# lock pointed at the tree: the evaluation then prints nothing about the override.
+	mapfile -t src_files < <(cd "$REPO" && git ls-files --cached --others --exclude-standard | while IFS= read -r f; do
+		[ -e "$f" ] && printf '%s\n' "$f"
+	done)
+	nix_flags=(--offline --option flake-registry "" --accept-flake-config)
+	if ! src=$(run sh -c 'd=$(mktemp -d /tmp/glm53-eval.XXXXXX) && cp --parents -t "$d" -- "$@" && echo "$d"' sh "${src_files[@]}" 2>&1); then
+		fail "could not copy the flake's files: $src"
+	elif ! out=$(run nix flake lock "${nix_flags[@]}" --override-input nixpkgs "$tree_url" "path:$src" 2>&1); then
+		fail "nix flake lock --override-input nixpkgs $tree_url:" "$out"
+	# --read-only: the derivations' paths are computed as always but not written to the store, where writing a few
+	# thousand .drv files took minutes on a busy disk; no evaluation cache, so that every run prints its warnings.
+	elif ! run nix eval "${nix_flags[@]}" --read-only --option eval-cache false --json "path:$src#." \
+		--apply "$(<"$REPO/nix/ci/eval.nix")" >"$work/eval.json" 2>"$work/eval.err"; then
+		fail "$(tail -n 40 "$work/eval.err")"
+	elif ! out=$(python3 "$REPO/nix/ci/eval_warnings.py" "$work/eval.json" "$work/eval.err" 2>&1); then
+		fail "$out"
+	else
+		evaluated=1
+		pass "$out"
+	fi
+	if [[ ${src:-} == /tmp/glm53-eval.* ]]; then run rm -rf "$src"; fi
+fi
+
+# 6. wheels: a dry run of autoPatchelf over the wheels the pins tier fetched, with what the eval tier found the
+# derivations give it, and of the two run-time loaders the packages patch (nix/ci/wheel_deps.py)
+begin wheels
+if ((evaluated && fetched)); then
+	if out=$(python3 "$REPO/nix/ci/wheel_deps.py" "$work/eval.json" "$work/wheels" "$chroot_root" 2>&1); then
+		pass "$out"
+	else
+		fail "$out"
+	fi
+else
+	printf 'NOT RUN (it reads what the pins and eval tiers fetched and evaluated)\n'
+	say "NOT RUN: no wheel was checked for the libraries it needs" >&2
 fi
 
 if ((failed)); then

@@ -7,22 +7,33 @@
 #
 #   nix/ci/release-check.sh 2>&1 | tee release-check.log
 #
-# Every step prints what it proves and each command it runs ("$ ..."), so that a run on a networked builder can be
-# reported step by step; the first failure stops the run and names the step and the command. The steps:
-#   1 nix flake check
+# Every step prints what it proves, each command it runs ("$ ...") and how long it took, and the run ends with the
+# time of every step, so that a run on a networked builder can be reported step by step with its cost; the first
+# failure stops the run and names the step and the command. The steps (the builds are the flake's hydraJobs):
+#   1 nix flake check (every output evaluates; the evaluation checks build)
 #   2 the servers' closure
 #   3 serve-fast with the CPU demo engine
 #   4 the OCI image under Docker
-#   5 the appliance: toplevel and raw-efi disk image
+#   5 the appliance: toplevel, raw-efi disk image and the NixOS VM test of the unit
 #   6 with a GPU: the exl3 engine on a synthetic checkpoint
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 
 port=30871
 current="setup"
+started=$(date +%s)
+costs=()
 
+# The time the current step took, printed and kept for the summary.
+end_step() {
+	local took=$(($(date +%s) - started))
+	printf '(step %s: %s s)\n' "$current" "$took"
+	costs+=("$(printf '%6s s  step %s' "$took" "$current")")
+}
 step() { # NUMBER TITLE PROOF...: a step's heading and what it proves
+	[ "$current" = setup ] || end_step
 	current="$1 $2"
+	started=$(date +%s)
 	printf '\n== step %s: %s\n' "$1" "$2"
 	shift 2
 	printf 'proves: %s\n' "$1"
@@ -40,8 +51,11 @@ on_exit() {
 	local status=$?
 	eval "$cleanup"
 	if [ "$status" != 0 ]; then
+		end_step
 		printf '\nFAILED in step %s (exit %s): the last command printed above\n' "$current" "$status" >&2
 	fi
+	printf '\n== time per step\n'
+	printf '%s\n' "${costs[@]}"
 }
 trap on_exit EXIT
 
@@ -61,17 +75,20 @@ wait_healthy() { # URL PID: until the URL answers 200, or fail when PID has exit
 
 step 1 "nix flake check" \
 	"nixpkgs is fetched at the locked revision and its narHash is the one in flake.lock (Nix refuses a mismatch);" \
-	"every output evaluates (packages, apps, the NixOS module, the appliance, the VM test), including torch.nix's" \
-	"assertion that cudaPackages_13_2's builds are ones nix/pins/torch-cuda.json shows to satisfy torch; the checks" \
-	"build: both servers (torch's import check loads every CUDA library it NEEDs, binding all their symbols), the" \
-	"golden tests, no-libcuda (no driver library in the closure, stubs allowed), appliance-mounts (the disk image's" \
-	"evaluated fileSystems hold the weights partition), and the NixOS VM test of the unit with the CPU demo engine"
+	"every output evaluates against the pinned nixpkgs (packages, apps, the NixOS module, the appliance, the release" \
+	"builds of hydraJobs), including torch.nix's assertion that cudaPackages_13_2's builds are ones" \
+	"nix/pins/torch-cuda.json shows to satisfy torch; the evaluation checks build: the golden tests," \
+	"appliance-mounts (the disk image's evaluated fileSystems hold the weights partition) and module-options (every" \
+	"option of services.glm53 reaches the unit)"
 run nix flake check -L
 
 step 2 "the servers' closure" \
-	"torch reports CUDA 13.2 and takes each CUDA library from where nix/lib/torch-cuda.nix says; triton, exllamav3" \
-	"and exllamav3_ext import; exllamav3_ext and glm53's expert-cache library hold machine code for exactly the" \
-	"configured capabilities; glm53 loads its CPU kernels from the package"
+	"both servers build (torch's import check loads every CUDA library it NEEDs, binding all their symbols), and" \
+	"no-libcuda: no driver library in their closure, stubs allowed; torch reports CUDA 13.2 and takes each CUDA" \
+	"library from where nix/lib/torch-cuda.nix says; triton, exllamav3 and exllamav3_ext import; exllamav3_ext and" \
+	"glm53's expert-cache library hold machine code for exactly the configured capabilities; glm53 loads its CPU" \
+	"kernels from the package"
+nix_build .#hydraJobs.serve-fast.x86_64-linux .#hydraJobs.serve-exact.x86_64-linux .#hydraJobs.no-libcuda.x86_64-linux
 run nix eval --json ".#torch.cudaLibraries"
 env=$(nix_build ".#serve-fast.env")
 printf '$ %s\n' "$env/bin/python -c 'import torch, triton, exllamav3_ext, exllamav3, glm53; ...'" >&2
@@ -116,7 +133,7 @@ cleanup=:
 
 step 4 "the OCI image" \
 	"the streamed image loads into Docker, and the server in it starts and answers /v1/models"
-image=$(nix_build ".#oci-fast")
+image=$(nix_build .#hydraJobs.oci-fast.x86_64-linux)
 printf '$ %s | docker load\n' "$image" >&2
 "$image" | docker load
 container=glm53-release-check-$$
@@ -132,10 +149,12 @@ run docker rm --force "$container" >/dev/null
 cleanup=:
 
 step 5 "the appliance" \
-	"the appliance's NixOS system (driver, service, SSH, file systems) and its raw-efi disk image build; the" \
-	"image's build VM needs KVM"
-nix_build ".#nixosConfigurations.appliance.config.system.build.toplevel"
-nix_build ".#appliance-image"
+	"the appliance's NixOS system (driver, service, SSH, file systems) and its raw-efi disk image build (the" \
+	"image's build VM needs KVM); the NixOS VM test: the unit turns active once /health answers, serves the OpenAI" \
+	"API with the CPU demo engine and keeps its hardening"
+nix_build .#hydraJobs.appliance.x86_64-linux
+nix_build .#hydraJobs.appliance-image.x86_64-linux
+nix_build .#hydraJobs.vm.x86_64-linux
 
 step 6 "the exl3 engine on a GPU" \
 	"on this machine's GPU and driver: preflight passes, serve-exact loads a synthetic checkpoint (real shapes and" \
@@ -160,5 +179,6 @@ else
 	echo "skipped: no NVIDIA GPU on this machine; run the release check on a GPU host before a release"
 fi
 
+end_step
 current=done
 printf '\n== release checks passed\n'

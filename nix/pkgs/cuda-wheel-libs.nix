@@ -102,6 +102,9 @@ let
       # NVIDIA's binaries, as nixpkgs' own CUDA redistributables are installed: not stripped.
       dontStrip = true;
 
+      # what is installed, for nix/ci/wheel_deps.py
+      passthru.layout = { inherit (layout) dir files; };
+
       meta = {
         description = "${name}'s shared libraries from its PyPI wheel, for torch";
         homepage = "https://pypi.org/project/${name}/${pin.version}/";

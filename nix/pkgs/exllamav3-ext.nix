@@ -17,7 +17,7 @@
 let
   inherit (cudaPackages)
     backendStdenv
-    cuda_cccl
+    cccl
     cuda_cudart
     cuda_nvcc
     libcublas
@@ -48,7 +48,7 @@ in
     autoAddDriverRunpath
   ];
   buildInputs = [
-    cuda_cccl
+    cccl
     cuda_cudart
     libcublas
     libcurand
@@ -69,9 +69,17 @@ in
     EXLLAMA_EXT_COMPRESS = "require";
     EXLLAMAV3_VERSION = pin.version;
   };
+  # ninja runs one nvcc per kernel file, each compiling it for every capability; exllamav3's README has MAX_JOBS
+  # lowered to about 4 where ninja runs out of RAM, so allow one job per 4 GiB of available memory, and at most one
+  # per core.
   preBuild = ''
-    export MAX_JOBS="$NIX_BUILD_CORES"
+    byRam=$(( $(awk '/^MemAvailable:/ { print $2 }' /proc/meminfo) / (4 * 1024 * 1024) ))
+    export MAX_JOBS=$(( byRam < NIX_BUILD_CORES ? byRam : NIX_BUILD_CORES ))
+    if (( MAX_JOBS < 1 )); then MAX_JOBS=1; fi
+    echo "exllamav3-ext: $MAX_JOBS parallel nvcc jobs ($NIX_BUILD_CORES cores, $byRam x 4 GiB available)"
   '';
+  # 177 kernel files x the configured capabilities: hours on a small builder (README, "Build cost")
+  requiredSystemFeatures = [ "big-parallel" ];
 
   # torch first: the extension resolves its libtorch symbols from the libraries torch has loaded, as it does when
   # exllamav3/ext.py imports it.

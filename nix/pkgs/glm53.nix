@@ -55,7 +55,7 @@ in
     autoAddDriverRunpath
   ];
   buildInputs = [
-    cudaPackages.cuda_cccl
+    cudaPackages.cccl
     cudaPackages.cuda_cudart
   ];
   env = {
@@ -66,6 +66,14 @@ in
     # kernels name their instruction set themselves (-mavx2 -mfma -mf16c) and dispatch to wider units at run time.
     NIX_ENFORCE_NO_NATIVE = "1";
   };
+  # nixpkgs' default hardening flags cost the CPU kernels 3-9 % of their AVX-512 VBMI rate, these two most:
+  # -fno-strict-overflow rewrites the kernels' loops and -fzero-call-used-regs every kernel function's return. With
+  # the others (fortify3, stack protector, stack clash protection) the rate is within 2 % of a build with none
+  # (bench/results/2026-12-02-cpu-kernel-hardening.md).
+  hardeningDisable = [
+    "strictoverflow"
+    "zerocallusedregs"
+  ];
   preBuild = ''
     export MAX_JOBS="$NIX_BUILD_CORES"
   '';

@@ -1,7 +1,8 @@
 # Every Python package of the server and the development shell, from the wheels pinned in nix/pins/pypi.json: the
 # same files, with the same hashes, that `pip install glm53[serve,gpu,hub]` picks for CPython 3.13 on Linux. A
 # wheel that holds machine code is patched to load its libraries from the Nix store (autoPatchelfHook); torch,
-# triton and exllamav3 get their own recipes on top of that (torch.nix, triton.nix, exllamav3*.nix).
+# triton, cuda-pathfinder and exllamav3 get their own recipes on top of that (torch.nix, triton.nix,
+# cuda-pathfinder.nix, exllamav3*.nix).
 {
   lib,
   stdenv,
@@ -62,6 +63,10 @@ let
         inherit python cudaPackages;
         wheel = fromWheel self "torch" pins.packages.torch;
         inherit pins cudaWheelLibs;
+      };
+      cuda-pathfinder = callPackage ./cuda-pathfinder.nix {
+        inherit python cudaPackages;
+        wheel = fromWheel self "cuda-pathfinder" pins.packages.cuda-pathfinder;
       };
       triton = callPackage ./triton.nix {
         inherit python;

@@ -80,10 +80,14 @@ wheel {
 
   passthru = {
     inherit cudaPackages;
-    # where each CUDA library torch NEEDs comes from (nix/ci/release-check.sh prints it)
+    # where each CUDA library torch NEEDs comes from (nix/ci/release-check.sh prints it, nix/ci/wheel_deps.py
+    # checks torch's ELF files against it)
     cudaLibraries = {
-      nixpkgs = lib.mapAttrs (attr: _: cudaPackages.${attr}.version) cuda.nixpkgs;
-      wheels = lib.mapAttrs (_: w: w.version) cuda.wheels;
+      nixpkgs = lib.mapAttrs (attr: want: {
+        inherit (cudaPackages.${attr}) version;
+        inherit (want) sonames;
+      }) cuda.nixpkgs;
+      wheels = lib.mapAttrs (_: w: { inherit (w) version sonames; }) cuda.wheels;
     };
     cudaSupport = true;
     cudaCapabilities = cudaPackages.flags.cudaCapabilities;

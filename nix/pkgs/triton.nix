@@ -17,6 +17,12 @@
 }:
 let
   driverLib = "${addDriverRunpath.driverLink}/lib";
+  # triton 3.9.0's backends/nvidia/driver.py: --replace-fail stops the build if the text moved, and
+  # nix/ci/wheel_deps.py checks it in the pinned wheel.
+  libcudaLookup = {
+    file = "triton/backends/nvidia/driver.py";
+    text = ''libs = subprocess.check_output(["/sbin/ldconfig", "-p"]).decode(errors="ignore")'';
+  };
 in
 wheel {
   nativeBuildInputs = [ autoPatchelfHook ];
@@ -25,11 +31,9 @@ wheel {
     zlib
   ];
 
-  # The text replaced is triton 3.9.0's backends/nvidia/driver.py; --replace-fail stops the build if it moved.
   postInstall = ''
-    substituteInPlace "$out/${python.sitePackages}/triton/backends/nvidia/driver.py" \
-      --replace-fail \
-        'libs = subprocess.check_output(["/sbin/ldconfig", "-p"]).decode(errors="ignore")' \
+    substituteInPlace "$out/${python.sitePackages}/${libcudaLookup.file}" \
+      --replace-fail ${lib.escapeShellArg libcudaLookup.text} \
         'libs = "libcuda.so.1 => ${driverLib}/libcuda.so.1" if os.path.exists("${driverLib}/libcuda.so.1") else ""'
   '';
 
@@ -39,6 +43,8 @@ wheel {
   '';
 
   pythonImportsCheck = [ "triton" ];
+
+  passthru = { inherit libcudaLookup; };
 
   meta = {
     description = "Triton from its PyPI wheel, with its driver lookup patched for Nix";

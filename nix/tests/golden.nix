@@ -51,15 +51,6 @@ let
       toJSON (data // { packages = data.packages // { ${name} = data.packages.${name} // { ${field} = value; }; }; })
     );
 
-  # The appliance's hardware module, given the one lib function it calls as nixpkgs' lib/modules.nix defines it:
-  # mkImageMediaOverride = mkOverride 60, which wraps the value with its priority.
-  applianceHardware = import ../../appliance/hardware.nix {
-    lib.mkImageMediaOverride = content: {
-      _type = "override";
-      priority = 60;
-      inherit content;
-    };
-  };
   applianceMounts = import ../../appliance/mounts.nix;
 
   cases = {
@@ -140,14 +131,11 @@ let
       not-a-wheel = rejects (pins (brokenPins "packaging" "filename" "packaging-26.4.tar.gz"));
     };
 
-    # The image's file systems (checks.appliance-mounts applies the same function to the evaluated image).
-    appliance-mounts = {
-      # The module system keeps only the definitions of an option at its best (lowest) priority, so hardware.nix's
-      # must be at most that of nixpkgs' disk-image module, 60; a plain definition is 100 and drops out of the image.
-      priority = applianceHardware.fileSystems.priority or 100;
-      mountPoints = attrNames (applianceHardware.fileSystems.content or applianceHardware.fileSystems);
-      # The image as it was with hardware.nix at the normal priority: only what disk-image.nix defines.
-      dropped = mounts.missing applianceMounts {
+    # How checks.appliance-mounts tells an evaluated `fileSystems` from the appliance's own (appliance/mounts.nix): the
+    # check itself runs on the evaluated toplevel and disk image (nix/ci/check.sh's eval tier).
+    mounts-missing = {
+      # what nixpkgs' disk-image module defines alone
+      image-module-only = mounts.missing applianceMounts {
         "/" = {
           device = "/dev/disk/by-label/nixos";
           autoResize = true;
@@ -158,7 +146,7 @@ let
           fsType = "vfat";
         };
       };
-      # Both definitions merged, with the option NixOS adds to every mount.
+      # all of them, with the option NixOS adds to every mount
       merged = mounts.missing applianceMounts (
         builtins.mapAttrs (_: fs: fs // { options = [ "defaults" ] ++ fs.options or [ ]; }) applianceMounts
       );
@@ -171,9 +159,6 @@ let
         }
       );
     };
-
-    # Read without evaluating the rest of the module (attributes are lazy).
-    appliance-platform = (import ../../appliance/default.nix { config = { }; lib = { }; }).nixpkgs.hostPlatform;
 
     # Where torch's CUDA libraries come from, for the pinned torch and its recorded imports.
     torch-cuda = torchCuda { };
