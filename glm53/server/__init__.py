@@ -46,9 +46,9 @@ def create_app(
     errors.init_app(app)
     drain.init_app(app, rt.drain)  # before auth: while draining, every client gets the same 503
     auth.init_app(app, settings.api_key)
-    from . import anthropic, chat, completions, info, openapi, responses_api, sglang
+    from . import anthropic, chat, completions, info, openapi, responses_api, sglang, web
 
-    for module in (info, chat, completions, anthropic, responses_api, sglang, openapi):
+    for module in (info, chat, completions, anthropic, responses_api, sglang, openapi, web):
         app.register_blueprint(module.bp)
 
     @app.after_request

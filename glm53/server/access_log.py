@@ -10,7 +10,7 @@ API key travels in one).
 The same moment counts the request in the metrics, with the status it really ended with: a client that went away
 (noticed while its job ran, or because the server could not send it everything) is 499, nginx's "client closed
 request", whatever the response would have said; 5xx counts only the server's own faults. Probes (``/health``,
-``/metrics``) are logged at DEBUG: polled several times a second, at INFO they would bury the requests.
+``/metrics``, ``/stats``) are logged at DEBUG: polled several times a second, at INFO they would bury the requests.
 """
 
 from __future__ import annotations
@@ -63,7 +63,8 @@ def current_record() -> RequestRecord | None:
     return request.environ.get(ENVIRON_KEY)
 
 
-PROBE_PATHS = frozenset({"/health", "/metrics"})  # logged at DEBUG
+# logged at DEBUG; the built-in page's dashboard polls /health and /stats every second
+PROBE_PATHS = frozenset({"/health", "/metrics", "/stats"})
 
 
 class AccessLog:

@@ -1,5 +1,6 @@
 """Optional API key: ``Authorization: Bearer <key>`` (or ``x-api-key: <key>``, as Anthropic's clients send it) on
-every endpoint but ``/health``.
+every endpoint but ``/health`` and the built-in page (``/`` and its assets, ``server/web``: they hold nothing of the
+model, and the page asks for the key itself).
 
 The comparison takes constant time: both sides are hashed first, so not even the key's length shows in the
 timing (``hmac.compare_digest`` is constant-time only for inputs of equal length). Neither the key nor the
@@ -16,6 +17,7 @@ from flask import Flask, request
 from .errors import APIError, json_error
 
 OPEN_PATHS = frozenset({"/health"})
+OPEN_BLUEPRINTS = frozenset({"web"})
 
 
 def init_app(app: Flask, api_key: str | None) -> None:
@@ -25,7 +27,7 @@ def init_app(app: Flask, api_key: str | None) -> None:
 
     @app.before_request
     def _require_key():
-        if request.path in OPEN_PATHS:
+        if request.path in OPEN_PATHS or request.blueprint in OPEN_BLUEPRINTS:
             return None
         header = request.headers.get("Authorization", "")
         scheme, _, presented = header.partition(" ")

@@ -58,6 +58,7 @@ def stats():
         "requests": rt.metrics.snapshot(),
         "scheduler": sched.snapshot(),
         "engine": sched.backend.stats() if sched.state == "ready" else None,
+        "process": rt.metrics.process(),
     }
 
 

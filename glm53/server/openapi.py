@@ -65,8 +65,8 @@ def describe(app: Flask) -> dict:
     _, defs = models_json_schema([(m, "validation") for m in REQUEST_BODIES.values()], ref_template="#/components/schemas/{model}")
     paths: dict[str, dict] = {}
     for rule in sorted(app.url_map.iter_rules(), key=lambda r: r.rule):
-        if rule.endpoint == "static":
-            continue
+        if rule.endpoint == "static" or rule.endpoint.startswith("web."):
+            continue  # the built-in page is no API
         path = re.sub(r"<(?:[^:<>]+:)?([^<>]+)>", r"{\1}", rule.rule)  # flask <path:model_id> -> {model_id}
         for method in sorted(rule.methods - {"HEAD", "OPTIONS"}):
             paths.setdefault(path, {})[method.lower()] = _operation(app, rule, method)

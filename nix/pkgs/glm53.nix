@@ -37,6 +37,9 @@ let
     "libglm53_cpu_expert.so"
     (cuda.ecLibrary cudaCapabilities)
   ];
+
+  # the built-in page (glm53/server/web/): every file the source has, as the package must carry it
+  webPage = [ "index.html" ] ++ map (name: "assets/${name}") (builtins.attrNames (builtins.readDir (root + "/glm53/server/web/assets")));
 in
 # nvcc accepts only some host compilers; backendStdenv is the one nixpkgs pairs with this CUDA release. Its C++
 # compiler also builds the CPU kernels (native/Makefile).
@@ -78,11 +81,18 @@ in
     export MAX_JOBS="$NIX_BUILD_CORES"
   '';
 
-  # A package without its kernels would fail only on the GPU machine: refuse to build one.
+  # A package without its kernels would fail only on the GPU machine: refuse to build one. The built-in page's files
+  # are package data (pyproject.toml): without them `/` would answer 500, so their absence fails the build too.
   postInstall = ''
     for library in ${lib.escapeShellArgs nativeLibraries}; do
       if [ ! -f "$out/${python.sitePackages}/glm53/_native/$library" ]; then
         echo "glm53/_native/$library is missing from the package; setup.py builds it (see nix/pkgs/glm53.nix)" >&2
+        exit 1
+      fi
+    done
+    for page in ${lib.escapeShellArgs webPage}; do
+      if [ ! -f "$out/${python.sitePackages}/glm53/server/web/$page" ]; then
+        echo "glm53/server/web/$page is missing from the package; pyproject.toml's package-data ships it" >&2
         exit 1
       fi
     done

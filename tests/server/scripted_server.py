@@ -8,15 +8,19 @@ PREFILL_STEPS steps prefilling; ``[[script:long]]`` writes LONG_TOKENS tokens. `
 token report N prompt tokens served from a prefix cache. An agent script (AGENT_CALLS) plays one tool-use turn:
 until a tool result follows its marker it calls its tool, then it answers with that result.
 Run: ``python -m tests.server.scripted_server [setting flags]``; ``SCRIPTED_STEP_S`` in the environment makes each
-engine step take that many seconds (so a test can act while a job is in a given phase).
+engine step take that many seconds (so a test can act while a job is in a given phase); ``SCRIPTED_OFFLOAD=1`` adds
+the offload figures of a recorded GPU run to ``/stats`` (:func:`recorded_offload`), for the built-in page's dashboard.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import sys
+from functools import cache
+from pathlib import Path
 
 from glm53 import config
 from glm53.server.gunicorn_app import serve
@@ -42,6 +46,11 @@ SCRIPTS = {
     "stop_demo": "alpha beta STOP gamma",
     "unicode": "</think>Grüße, 世界 😀!",
     "forced": "<arg_key>city</arg_key><arg_value>Oslo</arg_value></tool_call>",
+    # markup that a page must show as text; and Markdown it should render
+    "html": (
+        "</think>Look: <script>window.injected = 1</script> and <img src=x onerror=\"window.injected = 2\">.\n\n"
+        "A **bold** claim, `code`, [a link](javascript:alert(1)).\n\n```html\n<b>not bold</b>\n```\n"
+    ),
 }
 
 # Agent scripts: the tool called and its arguments. The command's output (glm53-42) differs from its text, so an
@@ -73,6 +82,40 @@ class FailingBackend(ScriptedBackend):
         return super().step()
 
 
+# An H200 run of fast mode on the scaled synthetic checkpoint (12 MoE layers) with the link emulated at 25 GB/s:
+# the expert cache per layer, the CPU tier's split, the measured link, VRAM and pinned host RAM as /stats shows them.
+RECORDED_RUN = Path(__file__).resolve().parents[2] / "bench/results/2026-12-02-h200-link-emulated-25-stock-mcs.json"
+SCALED = {"picks", "hits", "misses", "admissions", "evictions", "cpu_experts", "cpu_picks"}
+
+
+@cache
+def _recorded_fast_arm() -> dict:
+    arm = next(a for a in json.loads(RECORDED_RUN.read_text())["arms"] if a["name"] == "fast")
+    return arm["engine_stats"]
+
+
+def recorded_offload(steps: int) -> dict:
+    """The recorded run's memory and offload figures, its counters scaled from the run's decode steps to ``steps``
+    (so they grow while this server decodes, at the recorded rates)."""
+    stats = _recorded_fast_arm()
+    offload = stats["offload"]
+    scale = steps / offload["cache"]["decode_steps"]
+
+    def scaled(figures: dict) -> dict:
+        return {k: round(v * scale) if k in SCALED else v for k, v in figures.items()}
+
+    cache_figures = {**scaled(offload["cache"]), "decode_steps": steps,
+                     "per_layer": [scaled(layer) for layer in offload["cache"]["per_layer"]]}
+    cpu_tier = {**offload["cpu_tier"], "split": scaled(offload["cpu_tier"]["split"])}
+    return {"vram_allocated_gb": stats["vram_allocated_gb"], "vram_reserved_gb": stats["vram_reserved_gb"],
+            "offload": {**offload, "cache": cache_figures, "cpu_tier": cpu_tier}}
+
+
+class RecordedOffloadBackend(FailingBackend):
+    def stats(self) -> dict:
+        return {**super().stats(), **recorded_offload(self.steps)}
+
+
 def script(prompt_ids: list[int]) -> list[int]:
     text = ByteTokens().decode(prompt_ids)  # GLM's markers are tokens of their own
     names = re.findall(r"\[\[script:(\w+)\]\]", text)
@@ -99,10 +142,11 @@ def cached(prompt_ids: list[int]) -> int:
 SCORE_LIMIT = 64  # tokens one scoring forward takes (the GPU engine's is its prefill chunk)
 
 
-def backend_factory(settings: config.Settings, step_s: float = 0.0):
+def backend_factory(settings: config.Settings, step_s: float = 0.0, offload: bool = False):
     """What makes the scripted model for these settings: the one this server runs, and ``tests.server.apps``'
-    in-process apps."""
-    return lambda: FailingBackend(
+    in-process apps; ``offload``: with a recorded GPU run's offload figures in its stats."""
+    backend = RecordedOffloadBackend if offload else FailingBackend
+    return lambda: backend(
         script=script, max_batch_size=settings.max_batch_size, context_length=settings.cache_size, step_seconds=step_s,
         refuse_leading_zero=False, cached=cached, max_score_tokens=SCORE_LIMIT)
 
@@ -111,7 +155,7 @@ def main() -> None:
     settings = config.load(sys.argv[1:])
     step_s = float(os.environ.get("SCRIPTED_STEP_S", "0"))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    serve(settings, backend_factory=backend_factory(settings, step_s))
+    serve(settings, backend_factory=backend_factory(settings, step_s, os.environ.get("SCRIPTED_OFFLOAD") == "1"))
 
 
 if __name__ == "__main__":

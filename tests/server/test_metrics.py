@@ -144,4 +144,5 @@ def test_each_app_counts_in_its_own_registry():
                               ("glm53_ignored_request_fields_total", (("endpoint", "/tokenize"),)): 3}
         assert counted(b) == {("glm53_requests_total", (("endpoint", "/v1/models"), ("status", "200"))): 1}
         assert a.get("/stats").get_json()["requests"] == {"requests": {"/metrics 200": 1, "/tokenize 200": 3}, "requests_total": 4,
-                                                          "ttft_seconds_mean": None, "request_seconds_mean": None}
+                                                          "ttft_seconds_mean": None, "request_seconds_mean": None,
+                                                          "ttft_seconds_sum": 0.0, "ttft_count": 0}
