@@ -220,7 +220,7 @@ export class Dashboard {
     const gbs = (v) => (num(v) ? `${v.toFixed(1)} GB/s` : "—");
     const rows = [
       ["zero-copy reads (misses)", measured.zero_copy_gbs],
-      ["copies (admissions, prefetch)", measured.copy_gbs],
+      ["copies (prefill staging)", measured.copy_gbs],
     ];
     if (num(link.emulated_gbs)) rows.push(["emulated link (GLM53_LINK_EMULATE_GBS)", link.emulated_gbs]);
     box.replaceChildren(...rows.map(([label, v]) => meter(label, gbs(v), num(v) ? v / top : null, "")), el("p", { className: "muted note" }, "measured on this machine at start"));
