@@ -8,6 +8,7 @@ import errno
 import logging
 import mmap
 import os
+import re
 import threading
 from pathlib import Path
 
@@ -249,7 +250,10 @@ def test_o_direct_refused_falls_back_to_buffered_reads_with_one_warning(tmp_path
         assert reader.counters()["fallbacks"] == 1 and reader.counters()["failed"] == 0
     assert_blocks(store, arena, tensors)
     (record,) = [r for r in caplog.records if "O_DIRECT" in r.getMessage()]
-    assert record.getMessage().startswith(f"{f} refused O_DIRECT (EINVAL at a read at byte {at}): reading buffered")
+    # the read that met the fault names its own first byte: the injected one, or an earlier one of a read covering it
+    # (which of the threads' reads gets there first varies)
+    found = re.match(rf"{re.escape(str(f))} refused O_DIRECT \(EINVAL at a read at byte (\d+)\): reading buffered", record.getMessage())
+    assert found and int(found.group(1)) <= at
 
 
 def test_bad_arguments_are_refused_before_anything_is_read(tmp_path):
