@@ -33,9 +33,13 @@ demo: $(STAMP)
 # The offline Nix checks run beside the CPU suite (nix/ci/check.sh holds about one core and the suite waits on its
 # servers most of the time: together they take the longer of the two, not their sum) and print their report after it;
 # either failing fails the target.
-test: $(STAMP) native agent-clis exllamav3-source
+# The environment, the native library and the agent CLIs are set up side by side (pip and npm wait on downloads while
+# g++ compiles).
+test:
+	@$(MAKE) --no-print-directory -j3 $(STAMP) native agent-clis
+	@$(MAKE) --no-print-directory exllamav3-source
 	@nix/ci/check.sh > $(VENV)/nix-checks.log 2>&1 & checks=$$!; \
-	$(BIN)/python -m pytest -q -m 'not gpu'; tests=$$?; \
+	$(BIN)/python -m pytest -q -m 'not gpu' --durations=15; tests=$$?; \
 	wait $$checks; nix=$$?; cat $(VENV)/nix-checks.log; \
 	[ $$tests -eq 0 ] && [ $$nix -eq 0 ]
 
