@@ -22,8 +22,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
 
 from bench.output import emit_json
 
@@ -150,20 +148,10 @@ def hbm(nbytes: int, reps: int = 5) -> dict:
     return {"hbm_copy_gbs": 2 * nbytes / seconds / 1e9, "hbm_bytes": nbytes}
 
 
-def dram(nbytes: int, threads: int, reps: int = 3) -> dict:
-    import numpy as np
+def dram(nbytes: int, threads: int) -> dict:
+    from glm53.plan import dram_read_gbs
 
-    buf = np.ones(nbytes // 8, dtype=np.int64)  # [n], written so every page is real
-    slices = np.array_split(buf, threads)
-    best = float("inf")
-    with ThreadPoolExecutor(threads) as pool:
-        for _ in range(reps + 1):  # the first pass warms the pool and the TLB
-            t0 = time.perf_counter()
-            total = sum(pool.map(np.sum, slices))
-            best = min(best, time.perf_counter() - t0)
-    if total != buf.size:
-        raise RuntimeError(f"DRAM read summed {total}, expected {buf.size}")
-    return {"dram_read_gbs": buf.nbytes / best / 1e9, "dram_threads": threads, "dram_bytes": buf.nbytes}
+    return {"dram_read_gbs": dram_read_gbs(nbytes, threads), "dram_threads": threads, "dram_bytes": nbytes // 8 * 8}
 
 
 def measure(gib: float = 1.0, dram_gib: float = 4.0, threads: int | None = None) -> dict:

@@ -30,6 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from glm53.config import CPUS
 from glm53.cpu_tier import kernel as ce
+from glm53.plan import random_linear
 
 HIDDEN, INTER, BITS = 4096, 2048, 3
 EXPERT_BYTES = 3 * HIDDEN * INTER * BITS // 8
@@ -46,13 +47,6 @@ def last_level_cache(sys_cpu: Path = Path("/sys/devices/system/cpu/cpu0/cache"))
         scale = {"K": 1 << 10, "M": 1 << 20}.get(text[-1:], 1)
         sizes.append(int(text.rstrip("KM")) * scale)
     return max(sizes, default=32 << 20)
-
-
-def random_linear(rng: np.random.Generator, n_in: int, n_out: int) -> ce.Linear:
-    trellis = np.frombuffer(rng.bytes(n_in * n_out * BITS // 8), dtype=np.int16).reshape(n_in // 16, n_out // 16, 16 * BITS)
-    suh = rng.choice([-1.0, 1.0], n_in).astype(np.float16)
-    svh = (rng.choice([-1.0, 1.0], n_out) / math.sqrt(n_in)).astype(np.float16)
-    return ce.Linear(trellis, suh, svh)
 
 
 def best_pass(fn, reps: int) -> float:
@@ -116,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{cpu_model()}; CPUs {cpus}; last-level cache {llc >> 20} MiB; {n_experts} experts "
           f"({n_experts * EXPERT_BYTES / 1e9:.2f} GB) of {HIDDEN} -> {INTER} -> {HIDDEN}, K = {BITS}", flush=True)
     rng = np.random.default_rng(1)
-    experts = [(random_linear(rng, HIDDEN, INTER), random_linear(rng, HIDDEN, INTER), random_linear(rng, INTER, HIDDEN))
+    experts = [(random_linear(rng, HIDDEN, INTER, BITS), random_linear(rng, HIDDEN, INTER, BITS), random_linear(rng, INTER, HIDDEN, BITS))
                for _ in range(n_experts)]
     buf = np.frombuffer(rng.bytes(max(1 << 30, 4 * llc)), dtype=np.uint64)
 

@@ -87,7 +87,7 @@ def run_engine(mode: str, args) -> dict:
                 run.update(split=split, worth=stats["worth"], costs=stats["costs"], worker=stats["worker"], device=stats["device"])
             out["runs"][str(rate)] = run
         out["link"] = {k: v for k, v in link.stats().items() if k != "held"}
-        out["block_bytes"] = offload.store.layout.block_bytes
+        out["block_bytes"], out["moe_layers"] = offload.store.layout.block_bytes, offload.store.num_layers
         return out
     finally:
         engine.close()

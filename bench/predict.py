@@ -153,7 +153,7 @@ class Replay:
         B = exact.get("block_bytes") or (doc["engines"].get("fast") or {}).get("block_bytes")
         measured = ((exact.get("link") or {}).get("measured") or {}).get("zero_copy_gbs")
         full = (exact.get("runs") or {}).get("full")
-        layers = _layers(doc)
+        layers = exact.get("moe_layers") or _layers(doc)
         if not (full and measured and B and layers):
             return []
         fixed = 1e-3 * full["ms_per_step"] - full["misses_per_step"] * B / (measured * 1e9)
@@ -184,7 +184,8 @@ class Replay:
 
 
 def _layers(doc: Mapping) -> int | None:
-    """A link sweep's MoE layers (its checkpoint's name holds the preset; the scaled one has 12)."""
+    """The MoE layers of a link sweep run before it recorded them (2026-12-02): its checkpoint's name holds the preset,
+    and only the scaled one (12) was swept."""
     return 12 if "scaled" in str(doc.get("checkpoint", "")) else None
 
 

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from bench import scoreboard
+from glm53 import cost_model as cm
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO / "bench" / "results"
@@ -229,8 +230,6 @@ def _quality_line(docs) -> list[str]:
 
 
 def _projection_rows() -> list[str]:
-    from glm53 import cost_model as cm
-
     profile = cm.load_profile(cm.PROFILE)
     band = cm.error_band()
     rows = ["Projections by the cost model (`glm53 plan`), not measurements; its error on the recorded runs "

@@ -415,6 +415,11 @@ HBM = {"H200": 4800, "H100": 3350, "A100": 1935, "RTX 5090": 1792, "RTX 4090": 1
 
 
 
+def pcie_link_gbs(gen: int | None, width: int | None) -> float | None:
+    """The zero-copy read rate a PCIe link of this generation and width gives (None when either is not known)."""
+    return LANE_GBS.get(gen, LANE_GBS[4]) * width if gen and width else None
+
+
 def hbm_gbs(gpu: str) -> float | None:
     """A known GPU's memory bandwidth by its name (``nvidia-smi``'s or a user's), else None."""
     return next((v for k, v in HBM.items() if k.lower() in gpu.lower()), None)

@@ -38,6 +38,8 @@ class Gpu:
     free: int  # bytes
     driver: str  # the NVIDIA driver's version
     compute_capability: str  # "9.0" for an H100/H200
+    pcie_gen: int | None = None  # the PCIe link's generation and width at their maximum (None: not reported)
+    pcie_width: int | None = None
 
 
 def meminfo(path: Path) -> dict[str, int]:
@@ -120,11 +122,12 @@ def shm_bytes(path: Path) -> int | None:
 
 
 def query_gpus(run=subprocess.run) -> list[Gpu]:
-    """The GPUs ``nvidia-smi`` sees, in its order, with their memory, driver version and compute capability.
+    """The GPUs ``nvidia-smi`` sees, in its order, with their memory, driver version, compute capability and PCIe link.
 
     :raise OSError: nvidia-smi is missing or failed (its message says why).
     """
-    cmd = ["nvidia-smi", "--query-gpu=index,uuid,name,memory.total,memory.free,driver_version,compute_cap", "--format=csv,noheader,nounits"]
+    cmd = ["nvidia-smi", "--query-gpu=index,uuid,name,memory.total,memory.free,driver_version,compute_cap,pcie.link.gen.max,"
+           "pcie.link.width.max", "--format=csv,noheader,nounits"]
     try:
         out = run(cmd, capture_output=True, text=True, timeout=20)
     except subprocess.TimeoutExpired:
@@ -133,9 +136,14 @@ def query_gpus(run=subprocess.run) -> list[Gpu]:
         raise OSError(f"nvidia-smi failed: {(out.stderr or out.stdout).strip().splitlines()[0] if (out.stderr or out.stdout).strip() else out.returncode}")
     gpus = []
     for line in out.stdout.strip().splitlines():
-        index, uuid, name, total, free, driver, cc = (f.strip() for f in line.split(","))
-        gpus.append(Gpu(int(index), uuid, name, int(total) * 2**20, int(free) * 2**20, driver, cc))
+        index, uuid, name, total, free, driver, cc, gen, width = (f.strip() for f in line.split(","))
+        gpus.append(Gpu(int(index), uuid, name, int(total) * 2**20, int(free) * 2**20, driver, cc, _count(gen), _count(width)))
     return gpus
+
+
+def _count(text: str) -> int | None:
+    """A number nvidia-smi reports, or None for its "[N/A]" (a virtual machine may not say)."""
+    return int(text) if text.isdigit() else None
 
 
 def selected_gpu(gpus: list[Gpu], cuda_visible_devices: str | None) -> Gpu | None:
@@ -149,20 +157,3 @@ def selected_gpu(gpus: list[Gpu], cuda_visible_devices: str | None) -> Gpu | Non
         if first == str(gpu.index) or gpu.uuid.startswith(first):
             return gpu
     return None
-
-
-def nvidia_gpu(lane_gbs: dict[int, float], run=subprocess.run) -> tuple[str, float, float] | None:
-    """(name, memory GB, zero-copy link GB/s) of the first GPU ``nvidia-smi`` reports, the link from its PCIe generation
-    and width at their maximum (``lane_gbs``: GB/s a lane by generation); None without one."""
-    cmd = ["nvidia-smi", "--query-gpu=name,memory.total,pcie.link.gen.max,pcie.link.width.max", "--format=csv,noheader,nounits"]
-    try:
-        out = run(cmd, capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode != 0 or not out.stdout.strip():
-        return None
-    name, memory, gen, width = (f.strip() for f in out.stdout.strip().splitlines()[0].split(","))
-    try:
-        return name, int(memory) * 2**20 / 1e9, lane_gbs.get(int(gen), lane_gbs[4]) * int(width)
-    except ValueError:
-        return None

@@ -43,6 +43,16 @@ def dram_read_gbs(nbytes: int = 1 << 30, threads: int | None = None) -> float:
     return buf.nbytes / best / 1e9
 
 
+def random_linear(rng: np.random.Generator, n_in: int, n_out: int, bits: int = 3):
+    """A projection of random EXL3 trellis bits (any bits decode to valid weights) and random sign/scale vectors, as
+    the CPU tier's kernel takes it (``cpu_tier.kernel.Linear``): what it is timed on without a checkpoint."""
+    from .cpu_tier import kernel as ce
+
+    trellis = np.frombuffer(rng.bytes(n_in * n_out * bits // 8), dtype=np.int16).reshape(n_in // 16, n_out // 16, 16 * bits)
+    return ce.Linear(trellis, rng.choice([-1.0, 1.0], n_in).astype(np.float16),
+                     (rng.choice([-1.0, 1.0], n_out) / math.sqrt(n_in)).astype(np.float16))
+
+
 def local_cpu_figures(experts: int = 16, seed: int = 0) -> tuple[dict[int, float], dict[int, float], int, str]:
     """The CPU tier's kernel timed on this host as the tier times it at start (``split.measure_cpu``), on random
     experts of GLM-5.3-Flash's shape and the threads ``GLM53_CT_CPUS=auto`` gives it: (per expert, per job, threads,
@@ -52,13 +62,7 @@ def local_cpu_figures(experts: int = 16, seed: int = 0) -> tuple[dict[int, float
     from .cpu_tier.split import measure_cpu
 
     rng = np.random.default_rng(seed)
-
-    def linear(n_in: int, n_out: int) -> ce.Linear:
-        trellis = np.frombuffer(rng.bytes(n_in * n_out * 3 // 8), dtype=np.int16).reshape(n_in // 16, n_out // 16, 48)
-        return ce.Linear(trellis, rng.choice([-1.0, 1.0], n_in).astype(np.float16),
-                         (rng.choice([-1.0, 1.0], n_out) / math.sqrt(n_in)).astype(np.float16))
-
-    table = [(linear(4096, 2048), linear(4096, 2048), linear(2048, 4096)) for _ in range(experts)]
+    table = [(random_linear(rng, 4096, 2048), random_linear(rng, 4096, 2048), random_linear(rng, 2048, 4096)) for _ in range(experts)]
     pool, caller = ce.Pool.for_caller(load([], {}), spin_us=1000)
     affinity = os.sched_getaffinity(0)
     if caller is not None:
@@ -77,7 +81,10 @@ def local_rig(paths: host.HostPaths | None = None) -> cm.Rig:
     per_expert, per_job, threads, isa = local_cpu_figures()
     dram = dram_read_gbs()
     ram = host.meminfo(paths.meminfo).get("MemTotal", 0) / 2**30
-    gpu = host.nvidia_gpu(cm.LANE_GBS)
+    try:
+        gpu = host.selected_gpu(host.query_gpus(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    except OSError:
+        gpu = None
     base = cm.PRESETS["pcie4-4090-7950x"]
     rig = replace(base, name="this host", cores=threads + 1, isa=isa, dram_gbs=dram, ram_gib=ram, cpu_expert_s=per_expert,
                   cpu_job_s=per_job[min(per_job)],
@@ -85,8 +92,8 @@ def local_rig(paths: host.HostPaths | None = None) -> cm.Rig:
                            "cpu_job_s": "timed here", "dram_gbs": "measured here"})
     if gpu is None:
         return replace(rig, sources={**rig.sources, "link_gbs": "no GPU found: the preset's PCIe 4 x16 (give --link-gbs)"})
-    name, memory, link = gpu
-    return cm.described(rig, name="this host", gpu=name, vram_gb=min(memory, 24.0) if memory else None, link_gbs=link) if link else rig
+    link = cm.pcie_link_gbs(gpu.pcie_gen, gpu.pcie_width)
+    return cm.described(rig, name="this host", gpu=gpu.name, vram_gb=min(gpu.total / 1e9, 24.0), link_gbs=link)
 
 
 # ---- the table

@@ -71,11 +71,9 @@ class Check:
     message: str
 
 
-def run_checks(settings: Settings, paths: host.HostPaths | None = None, query_gpus=host.query_gpus,
-               query_link=lambda: host.nvidia_gpu(cm.LANE_GBS)) -> list[Check]:
+def run_checks(settings: Settings, paths: host.HostPaths | None = None, query_gpus=host.query_gpus) -> list[Check]:
     """Every check for ``settings``. :param paths: where the host's figures are read (default: the real /proc,
-    /sys and /dev/shm; tests pass fakes). :param query_gpus: lists the GPUs (``host.query_gpus``; tests pass a fake).
-    :param query_link: the GPU's name, memory and PCIe link (``host.nvidia_gpu``; tests pass a fake)."""
+    /sys and /dev/shm; tests pass fakes). :param query_gpus: lists the GPUs (``host.query_gpus``; tests pass a fake)."""
     paths = paths or host.HostPaths()
     engine, why = resolve_engine(settings)
     checks = [Check("engine", "ok", f"{engine}: {why}"), _python()]
@@ -89,7 +87,7 @@ def run_checks(settings: Settings, paths: host.HostPaths | None = None, query_gp
     checks += [model, _host_ram(experts, settings, paths), _memlock(experts), _shm(paths)]
     if settings.mode == "fast":
         checks.append(_cpu_features(paths))
-        checks += [c for c in [_fast_projection(settings, paths, query_link)] if c]
+        checks += [c for c in [_fast_projection(settings, paths, query_gpus)] if c]
     return checks
 
 
@@ -292,14 +290,19 @@ def widest_isa(flags: set[str]) -> str | None:
     return "avx2" if {"avx2", "fma", "f16c"} <= flags else None
 
 
-def _fast_projection(settings: Settings, paths: host.HostPaths, query_link) -> Check | None:
-    """The cost model's projection of the CPU tier's share here (no measurement: the ISA's measured rate a core)."""
+def _fast_projection(settings: Settings, paths: host.HostPaths, query_gpus) -> Check | None:
+    """The cost model's projection of the CPU tier's share here (no measurement: the ISA's measured rate a core), over
+    the server's GPU's PCIe link."""
     isa = widest_isa(host.cpu_flags(paths.cpuinfo) or set())
     if isa is None:
         return None  # the CPU check has said what is missing
     threads = _cpu_tier_threads(settings) if settings.ct_threads or isinstance(settings.ct_cpus, tuple) else len(tier_cpus(settings.ct_cpus))
-    gpu = query_link()
-    link, where = (gpu[2], f"{gpu[0]}'s PCIe link") if gpu else (25.0, "a PCIe 4 x16 link (nvidia-smi gave none)")
+    try:
+        gpu = host.selected_gpu(query_gpus(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    except OSError:
+        gpu = None  # the GPU check has said why
+    link = cm.pcie_link_gbs(gpu.pcie_gen, gpu.pcie_width) if gpu else None
+    link, where = (link, f"{gpu.name}'s PCIe link") if link else (25.0, "a PCIe 4 x16 link (nvidia-smi gave none)")
     rig = cm.described(cm.PRESETS["pcie4-4090-7950x"], name="this host", link_gbs=link, cores=threads + 1, isa=isa, dram_gbs=1e6)
     p = cm.project(rig, cm.load_profile(cm.PROFILE), streams=(1,))
     exact, fast = p.decode_tok_s["exact"][1], p.decode_tok_s["fast"][1]

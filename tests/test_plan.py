@@ -33,11 +33,12 @@ def test_a_described_rig_as_json(capsys):
 def test_this_host_from_its_measurements(monkeypatch, capsys):
     monkeypatch.setattr(plan, "local_cpu_figures", lambda: ({1: 250e-6, 4: 400e-6}, {1: 200e-6, 4: 200e-6}, 15, "avx512vbmi"))
     monkeypatch.setattr(plan, "dram_read_gbs", lambda: 70.0)
-    monkeypatch.setattr(plan.host, "nvidia_gpu", lambda lanes: ("NVIDIA GeForce RTX 4090", 25.8, lanes[4] * 16))
+    monkeypatch.setattr(plan.host, "query_gpus", lambda: [plan.host.Gpu(0, "GPU-a", "NVIDIA GeForce RTX 4090", int(25.8e9), int(25e9),
+                                                                         "595.71.05", "8.9", pcie_gen=4, pcie_width=16)])
     rig = plan.local_rig()
     assert rig.cores == 16 and rig.link_gbs == pytest.approx(25.6) and rig.vram_gb == 24.0 and rig.dram_gbs == 70.0
     assert rig.cpu_expert_s == {1: 250e-6, 4: 400e-6} and rig.sources["cpu_expert_s"].startswith("timed here")
-    monkeypatch.setattr(plan.host, "nvidia_gpu", lambda lanes: None)
+    monkeypatch.setattr(plan.host, "query_gpus", lambda: [])
     assert "no GPU found" in plan.local_rig().sources["link_gbs"]
 
 

@@ -216,7 +216,7 @@ def nvidia_smi(stdout: str, returncode: int = 0):
 def test_free_vram_from_nvidia_smi(monkeypatch):
     monkeypatch.setattr(preflight, "cuda_gpu_visible", lambda: True)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
-    out = "0, GPU-aaa, NVIDIA H200, 143771, 143000, 580.159.04, 9.0\n1, GPU-bbb, NVIDIA RTX 3090, 24576, 24000, 550.54.15, 8.6\n"
+    out = "0, GPU-aaa, NVIDIA H200, 143771, 143000, 580.159.04, 9.0, 5, 16\n1, GPU-bbb, NVIDIA RTX 3090, 24576, 24000, 550.54.15, 8.6, [N/A], [N/A]\n"
     gpus = host.query_gpus(run=nvidia_smi(out))
     assert host.selected_gpu(gpus, "GPU-aaa").name == "NVIDIA H200"
     settings = config.load(["--vram-limit-gb", "20"], {})
@@ -322,14 +322,15 @@ def test_fast_mode_warns_where_the_cost_model_gives_the_cpu_tier_no_share(tmp_pa
     link take a share."""
     flags = "flags\t: fpu avx2 fma f16c avx512f avx512bw avx512vl avx512vbmi avx512_vnni\n"
     few = config.load(["--mode", "fast", "--ct-threads", "3"], {})
-    c = preflight._fast_projection(few, fake_host(tmp_path, 1, cpuinfo="flags\t: fpu avx2 fma f16c\n"), lambda: ("NVIDIA H200", 141.0, 51.2))
+    h200 = host.Gpu(0, "GPU-a", "NVIDIA H200", 141 * GiB, 141 * GiB, "580.159.04", "9.0", pcie_gen=5, pcie_width=16)
+    c = preflight._fast_projection(few, fake_host(tmp_path, 1, cpuinfo="flags\t: fpu avx2 fma f16c\n"), lambda: [h200])
     assert c.level == "warn" and "3 CPU-tier threads (avx2), NVIDIA H200's PCIe link at 51.2 GB/s" in c.message
     assert "serve as exact mode does" in c.message
     many = config.load(["--mode", "fast", "--ct-threads", "23"], {})
-    c = preflight._fast_projection(many, fake_host(tmp_path, 1, cpuinfo=flags), lambda: None)
+    c = preflight._fast_projection(many, fake_host(tmp_path, 1, cpuinfo=flags), lambda: [])
     assert c.level == "ok" and "a PCIe 4 x16 link (nvidia-smi gave none) at 25 GB/s" in c.message
     assert float(c.message.split("take ")[1].split(" experts")[0]) >= 1.0
-    assert preflight._fast_projection(many, fake_host(tmp_path, 1, cpuinfo="flags\t: fpu sse2\n"), lambda: None) is None
+    assert preflight._fast_projection(many, fake_host(tmp_path, 1, cpuinfo="flags\t: fpu sse2\n"), lambda: []) is None
 
 
 def test_the_widest_isa_the_cpu_tier_runs():
