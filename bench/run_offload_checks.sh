@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The offload layer checked and measured on a GPU machine before and after a change to it: exactness (the store,
+# cache, staging and prefetch against stock exllamav3), the cache policy's kernel against its reference, and
+# bench.compare of exact mode, exact mode with prefetch (the router's prediction and the oracle's) and fast mode on
+# the 12-MoE-layer scaled checkpoint of each routing preset, with the real engine's routing statistics beside them.
+# A phase fits one device call (10 minutes); results go to $WORK/<phase>/ and are packed into $OUT/<phase>.tgz.
+#
+#   source .gpu/prep.sh && bench/run_offload_checks.sh trained   # bench.compare on `trained` routing, routing_stats --engine, disk_bw
+#   source .gpu/prep.sh && bench/run_offload_checks.sh random    # the same on `random` routing
+#   source .gpu/prep.sh && bench/run_offload_checks.sh tests     # the GPU tests of exactness, the policy kernel, prefetch, fast mode
+#
+# ARMS: bench.compare's arms (default exact,exact-prefetch,exact-oracle,fast); GPU_TESTS: the test files of `tests`;
+# SCALED_CHECKPOINT: also run exactness on that scaled checkpoint (with prefetch on).
+cd "$(dirname "$0")/.."
+PHASES="trained random tests"
+WORK=${WORK:-/tmp/glm53-offload-checks}
+source bench/device/phases.sh
+ARMS=${ARMS:-exact,exact-prefetch,exact-oracle,fast}
+
+compare_routing() {  # compare_routing ROUTING: the arms on that preset's checkpoint, then the engine's routing figures
+	local routing=$1 ckpt
+	step "compare-$routing" 470 python3 -m bench.compare --routing "$routing" --arms "$ARMS" --streams --decode-reps 2 \
+		--decode-tokens 128 --prefill 512 --prefill-reps 1 --repeat none --arm-timeout 110 --budget-s 450 \
+		--ckpt-root "$CKPT_ROOT" --out-dir "$dir" --name "compare-$routing"
+	ckpt=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["checkpoint"]["dir"])' "$dir/compare-$routing.json" 2>/dev/null)
+	[ -n "$ckpt" ] || return 0
+	step "routing-stats-$routing" 100 python3 -m bench.routing_stats --ckpt "$ckpt" --engine --tokens 256 \
+		--engine-args "$CARD" --out "$dir/routing-stats-engine-$routing.json"
+}
+
+trained() {
+	compare_routing trained
+	step disk-bw 60 python3 bench/disk_bw.py --file /tmp/disk_bw.scratch --experts 48 --depths 1,4,16 --reps 2 \
+		--out "$dir/disk-bw.json"
+}
+
+random() {
+	compare_routing random
+}
+
+tests() {
+	export TEST_CHECKPOINT=/tmp/glm53-ckpt/tiny
+	[ -e "$TEST_CHECKPOINT/config.json" ] || python3 -m glm53 synth --preset tiny --out "$TEST_CHECKPOINT" --seed 1 --force >/dev/null
+	step gpu-tests 540 python3 -m pytest -v -rA -p no:cacheprovider ${GPU_TESTS:-tests/gpu/test_offload_exact.py \
+		tests/gpu/test_cache_policy_kernel.py tests/gpu/test_prefetch.py tests/gpu/test_fast_tier.py}
+}
+
+run_phases "$@"
