@@ -343,7 +343,19 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         values["root"] = _default_root()
     if values["model_dir"] is None:
         values["model_dir"] = values["root"] / "models" / "GLM-5.3-Flash-exl3"
+    _refuse_impossible(values)
     return Settings(**values, sources=sources)
+
+
+def _refuse_impossible(values: Mapping[str, Any]) -> None:
+    """:raise ConfigError: settings that cannot all hold, named with what to change. Prefetch and the CPU tier
+    exclude each other (the tier's split would count a prefetched expert as a miss), so prefetch is refused wherever
+    the tier may run: decided here, the offload's start sizes the cache knowing whether the pool's slots are used."""
+    if values["prefetch"] and values["mode"] == "fast" and values["ct_enable"] is not False:
+        raise ConfigError(f"GLM53_PREFETCH=1 cannot run beside the CPU tier (GLM53_MODE=fast, GLM53_CT_ENABLE="
+                          f"{_text(values['ct_enable'])}): set GLM53_MODE=exact or GLM53_CT_ENABLE=0, or leave prefetch off")
+    if values["prefetch_lead"] and not values["prefetch"]:
+        raise ConfigError("GLM53_PREFETCH_LEAD=1 is prefetch's lead: it needs GLM53_PREFETCH=1")
 
 
 def _parse_flags(argv: Sequence[str]) -> dict[str, str]:
