@@ -246,7 +246,8 @@ class Settings:
     ec_stage_gb: float = setting(_number(float, 0, None, " GB"), 2.6, "size of each of the two prefill staging buffers")
     prefetch: bool = setting(BOOL, False, "exact mode's single-stream decode steps: after each MoE layer, predict the next layer's picks (its router on "
                              "this layer's input) and copy the predicted experts that are not in VRAM into a pool of VRAM slots while the next layer's "
-                             "attention runs; bit-identical output")
+                             "attention runs; bit-identical output. Refused beside the CPU tier, whose split would count a prefetched expert "
+                             "as a miss (in fast mode it needs GLM53_CT_ENABLE=0)")
     prefetch_slots: int = setting(_number(int, 1, 16), 2, "VRAM slots of the prefetch pool (taken from the expert cache's), the most experts copied ahead per layer")
     prefetch_extra: int = setting(_number(int, 0, 56), 0, "experts predicted per token beyond the router's top-k (candidates when the top-k are resident)")
     prefetch_lead: bool = setting(BOOL, False, "with GLM53_PREFETCH, also copy the first MoE layer's likely picks (the previous step's picks of that layer) "
