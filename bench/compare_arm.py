@@ -245,7 +245,7 @@ def thread_cpu_seconds(exclude: Collection[int] = (), proc: Path = Path("/proc/s
 def idle_cpu_percent(backend, exclude: Collection[int] = ()) -> dict:
     """The loaded engine's CPU use with nothing to do, in % of one core (its threads' CPU time over ``IDLE_S``, after
     the CPU tier's worker had time to park; the threads in ``exclude``, this measurement's, left out)."""
-    fast = backend.offload.fast
+    fast = backend.offload.tier
     time.sleep(0.2)
     cpu0, wall0 = thread_cpu_seconds(exclude), time.monotonic()
     time.sleep(IDLE_S)

@@ -317,12 +317,12 @@ def _perturbed(model, cache, vocab_size: int, arg: str | None) -> DecodePath:
 
 
 def _engine_exact(backend, cache, vocab_size: int, arg: str | None) -> DecodePath:
-    fast = backend.offload.fast
+    fast = backend.offload.tier
     return ModelPath(backend.model, cache, vocab_size, mode=fast.paused if fast is not None else None)
 
 
 def _engine_fast(backend, cache, vocab_size: int, arg: str | None) -> DecodePath:
-    if backend.offload.fast is None:
+    if backend.offload.tier is None:
         raise ValueError("the fast path needs the engine's CPU tier (GLM53_CT_ENABLE), which is off")
     return ModelPath(backend.model, cache, vocab_size)
 
@@ -403,10 +403,10 @@ def run(args: argparse.Namespace) -> dict:
         from glm53.engine.exl3.backend import Exl3Backend
 
         engine = Exl3Backend(config.load(engine_argv(args.model, cache_tokens, args.engine_args), {}), extra_caches=2)
-        if args.split == "all" and engine.offload.fast is not None:
+        if args.split == "all" and engine.offload.tier is not None:
             from glm53.cpu_tier.split import every_miss_to_the_cpu
 
-            engine.offload.fast.use_costs(every_miss_to_the_cpu(engine.offload.fast.costs))
+            engine.offload.tier.use_costs(every_miss_to_the_cpu(engine.offload.tier.costs))
         a, b = (make_engine_path(spec, engine, cache) for spec, cache in zip((args.a, args.b), engine.extra_caches))
         model, close = engine.model, engine.close
     else:

@@ -8,11 +8,11 @@ of the tier's per-step hooks timed around every step:
   the H200 host the paused fast engine decoded 5-7 % faster than the exact engine and launched a step in 4.3 ms
   against 6.5; is it the thread count, or the CPU the thread stays on?);
 - ``tier``: fast mode as it runs (its own decisions: split, rest, probes, refreshes);
-- ``no-rest``: the same, but the hooks' host time is not counted as a cost (``HOOK_WEIGHT`` 0): the tier takes part
+- ``no-rest``: the same, but the hooks' host time is not counted as a cost (``Tuning.hook_weight`` 0): the tier takes part
   whenever its table sends the CPU anything, which tells whether resting for the hooks' sake pays;
 - ``gpu-worth``: the same, with the hooks charged their time on the GPU's clock instead of the host's
-  (``HOOK_COST`` "gpu"), the rule that would replace today's if ``no-rest`` beats ``tier``;
-- ``no-probes``: no probe steps (``PROBE_STEPS`` out of reach) while it rests;
+  (``Tuning.hook_cost`` "gpu"), the rule that would replace today's if ``no-rest`` beats ``tier``;
+- ``no-probes``: no probe steps (``Tuning.probe_steps`` out of reach) while it rests;
 - ``no-refresh``: no probes, no timed layers and no cost refreshes either;
 - ``inert``: the tier paused (every expert on the GPU) and its step hooks not called: what is left is the hooks'
   Python shells on the fast engine, an upper bound for any rule that only decides when the tier works.
@@ -35,6 +35,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -101,19 +102,15 @@ def decode(path: ModelPath, prompt: Sequence[int], tokens: int, timer: StepTimer
     return ids, time.perf_counter() - t0
 
 
-@contextlib.contextmanager
-def tier_constants(**values):
-    """Module constants of ``glm53.cpu_tier.tier`` set for the block (the tier reads them at each step)."""
-    from glm53.cpu_tier import tier
+NEVER = 1 << 40  # steps: out of reach
+RUN_TUNING = {"no-rest": {"hook_weight": 0.0}, "gpu-worth": {"hook_cost": "gpu"}, "no-probes": {"probe_steps": NEVER},
+              "no-refresh": {"probe_steps": NEVER, "refresh_steps": NEVER, "sample_steps": NEVER}}
 
-    before = {k: getattr(tier, k) for k in values}
-    for k, v in values.items():
-        setattr(tier, k, v)
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            setattr(tier, k, v)
+
+def run_tuning(run: str, tuning):
+    """The CPU tier's tuning (``glm53.cpu_tier.tuning.Tuning``) for one of the fast runs: ``tuning`` changed as the
+    run asks (``tier`` and ``inert``: as it is)."""
+    return replace(tuning, **RUN_TUNING.get(run, {}))
 
 
 def run_engine(mode: str, args, runs: Sequence[str]) -> dict:
@@ -125,7 +122,7 @@ def run_engine(mode: str, args, runs: Sequence[str]) -> dict:
     engine = Exl3Backend(config.load(engine_argv(mode, args.model, cache_tokens, args.engine_args), {}), extra_caches=1)
     out = {"load_s": round(time.monotonic() - t0, 1), "runs": {}}
     try:
-        fast = engine.offload.fast if engine.offload is not None else None
+        fast = engine.offload.tier if engine.offload is not None else None
         if mode == "fast" and fast is None:
             raise SystemExit("the fast engine started without its CPU tier (see its log; GLM53_CT_ENABLE=1 forces it)")
         prompt = synthetic_prompt(engine.info.vocab_size, args.prompt_tokens)
@@ -134,9 +131,6 @@ def run_engine(mode: str, args, runs: Sequence[str]) -> dict:
         decode(path, prompt, WARMUP_TOKENS, hooked)  # kernels, the cache's admissions, the tier's first decisions
         path.reset()
         for name in runs:
-            never = 1 << 40
-            constants = {"tier": {}, "no-rest": {"HOOK_WEIGHT": 0.0}, "gpu-worth": {"HOOK_COST": "gpu"}, "no-probes": {"PROBE_STEPS": never},
-                         "no-refresh": {"PROBE_STEPS": never, "REFRESH_STEPS": never, "SAMPLE_STEPS": never}}.get(name, {})
             inert = name == "inert"
             threads, cpus = torch.get_num_threads(), os.sched_getaffinity(0)
             if name in ("exact-one-thread", "exact-one-cpu"):
@@ -144,12 +138,12 @@ def run_engine(mode: str, args, runs: Sequence[str]) -> dict:
             if name == "exact-one-cpu":
                 os.sched_setaffinity(0, {min(cpus)})
             timer = StepTimer() if inert or fast is None else StepTimer(fast.before_step, fast.after_step)
-            with tier_constants(**constants) if fast is not None else contextlib.nullcontext(), \
+            with fast.tuned(run_tuning(name, fast.tuning)) if fast is not None else contextlib.nullcontext(), \
                     fast.paused() if inert else contextlib.nullcontext():
                 if inert:
                     fast.worker.rest()
                 if name in ("no-rest", "gpu-worth") and fast is not None:
-                    fast.worth.resting = False  # a rest begun in an earlier run would otherwise last until a probe
+                    fast.controller.worth.resting = False  # a rest begun in an earlier run would otherwise last until a probe
                 misses0 = engine.offload.cache.stats()["misses"]
                 ids, seconds = decode(path, prompt, args.tokens, timer)
                 misses = engine.offload.cache.stats()["misses"] - misses0

@@ -59,7 +59,7 @@ def run_engine(mode: str, args) -> dict:
     out = {"load_s": round(time.monotonic() - t0, 1), "runs": {}}
     try:
         offload = engine.offload
-        fast, cache, link = offload.fast, offload.cache, offload.cache.link
+        fast, cache, link = offload.tier, offload.cache, offload.cache.link
         if mode == "fast" and fast is None:
             raise SystemExit("the fast engine started without its CPU tier (see its log; GLM53_CT_ENABLE=1 forces it)")
         prompt = synthetic_prompt(engine.info.vocab_size, args.prompt_tokens)

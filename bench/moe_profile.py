@@ -51,9 +51,9 @@ class LayerClock:
     its miss and CPU-expert counts, on the device, for ``capacity`` calls. ``read()`` synchronises once."""
 
     def __init__(self, offload, capacity: int):
-        if offload.fast is None:
+        if offload.tier is None:
             raise ValueError("the clock needs the CPU tier's hooks (an engine in fast mode with --ct-enable 1), also for exact")
-        self.offload, self.fast, self.capacity = offload, offload.fast, capacity
+        self.offload, self.fast, self.capacity = offload, offload.tier, capacity
         dev = offload.device
         self.events = [[torch.cuda.Event(enable_timing=True) for _ in POINTS] for _ in range(capacity)]
         self.misses = torch.zeros(capacity, dtype=torch.int32, device=dev)
@@ -62,15 +62,15 @@ class LayerClock:
         self.step_marks: list[tuple[torch.cuda.Event, int]] = []  # (event, calls so far) at each step's start
         self._open: int | None = None
         self._original_routed = offload.routed
-        self._original_sum = self.fast.on_routed_sum
+        self._original_sum = self.fast.routed_sum
         self._original_split = self.fast.producer.split_publish
         offload.routed = self._routed
-        self.fast.on_routed_sum = self._routed_sum
+        self.fast.routed_sum = self._routed_sum
         self.fast.producer.split_publish = self._split_publish
 
     def close(self) -> None:
         del self.offload.routed
-        del self.fast.on_routed_sum
+        del self.fast.routed_sum
         del self.fast.producer.split_publish
 
     def mark_step(self) -> None:
@@ -209,7 +209,7 @@ def run(args: argparse.Namespace) -> dict:
     cache_tokens = pages_for(args.prompt_tokens + args.tokens + 1)
     engine = Exl3Backend(config.load(engine_argv(args.model, cache_tokens, args.engine_args), {}), extra_caches=1)
     try:
-        offload, fast = engine.offload, engine.offload.fast
+        offload, fast = engine.offload, engine.offload.tier
         layers = offload.store.num_layers
         vocab = engine.info.vocab_size
         prompt = synthetic_prompt(vocab, args.prompt_tokens)

@@ -23,6 +23,7 @@ and read the oracle for what the machinery can give.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shlex
 import sys
 import time
@@ -111,7 +112,6 @@ def run(args: argparse.Namespace) -> dict:
                "prefetch": {"slots": pf.slots, "extra": pf.extra}, "runs": {}}
         recorded, ids_of, lead = None, {}, pf.leads
         for name in RUNS:
-            offload.prefetch = None if name == "off" else pf
             pf.leads = name != "off" and not name.endswith("-no-lead")
             if name == "router":
                 pf.replay(None)
@@ -121,7 +121,8 @@ def run(args: argparse.Namespace) -> dict:
             elif name.startswith("oracle"):
                 pf.replay(recorded)
             before = (offload.cache.counters.cpu().clone(), pf.counters.cpu().clone())
-            ids, seconds = decode(path, prompt, args.tokens)
+            with offload.detached(pf) if name == "off" else contextlib.nullcontext():
+                ids, seconds = decode(path, prompt, args.tokens)
             path.reset()
             after = (offload.cache.counters.cpu().clone(), pf.counters.cpu().clone())
             if name == "router":
@@ -129,7 +130,7 @@ def run(args: argparse.Namespace) -> dict:
             ids_of[name] = ids
             out["runs"][name] = {"decode_tok_s": round((args.tokens - 1) / seconds, 2), "lead": pf.leads and name != "off",
                                  **layer_figures(before[0], after[0], before[1], after[1], args.tokens, offload.cache.block_bytes)}
-        offload.prefetch, pf.leads = pf, lead
+        pf.leads = lead
         pf.replay(None)
         out["same_tokens"] = all(ids == ids_of["off"] for ids in ids_of.values())
         base = out["runs"]["off"]["decode_tok_s"]

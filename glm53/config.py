@@ -246,7 +246,8 @@ class Settings:
     ec_stage_gb: float = setting(_number(float, 0, None, " GB"), 2.6, "size of each of the two prefill staging buffers")
     prefetch: bool = setting(BOOL, False, "exact mode's single-stream decode steps: after each MoE layer, predict the next layer's picks (its router on "
                              "this layer's input) and copy the predicted experts that are not in VRAM into a pool of VRAM slots while the next layer's "
-                             "attention runs; bit-identical output")
+                             "attention runs; bit-identical output. Refused beside the CPU tier, whose split would count a prefetched expert "
+                             "as a miss (in fast mode it needs GLM53_CT_ENABLE=0)")
     prefetch_slots: int = setting(_number(int, 1, 16), 2, "VRAM slots of the prefetch pool (taken from the expert cache's), the most experts copied ahead per layer")
     prefetch_extra: int = setting(_number(int, 0, 56), 0, "experts predicted per token beyond the router's top-k (candidates when the top-k are resident)")
     prefetch_lead: bool = setting(BOOL, False, "with GLM53_PREFETCH, also copy the first MoE layer's likely picks (the previous step's picks of that layer) "
@@ -343,7 +344,19 @@ def load(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         values["root"] = _default_root()
     if values["model_dir"] is None:
         values["model_dir"] = values["root"] / "models" / "GLM-5.3-Flash-exl3"
+    _refuse_impossible(values)
     return Settings(**values, sources=sources)
+
+
+def _refuse_impossible(values: Mapping[str, Any]) -> None:
+    """:raise ConfigError: settings that cannot all hold, named with what to change. Prefetch and the CPU tier
+    exclude each other (the tier's split would count a prefetched expert as a miss), so prefetch is refused wherever
+    the tier may run: decided here, the offload's start sizes the cache knowing whether the pool's slots are used."""
+    if values["prefetch"] and values["mode"] == "fast" and values["ct_enable"] is not False:
+        raise ConfigError(f"GLM53_PREFETCH=1 cannot run beside the CPU tier (GLM53_MODE=fast, GLM53_CT_ENABLE="
+                          f"{_text(values['ct_enable'])}): set GLM53_MODE=exact or GLM53_CT_ENABLE=0, or leave prefetch off")
+    if values["prefetch_lead"] and not values["prefetch"]:
+        raise ConfigError("GLM53_PREFETCH_LEAD=1 is prefetch's lead: it needs GLM53_PREFETCH=1")
 
 
 def _parse_flags(argv: Sequence[str]) -> dict[str, str]:

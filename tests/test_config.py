@@ -58,6 +58,23 @@ def test_bad_values_name_the_variable_the_value_and_what_is_accepted(argv, env, 
     assert fragment in str(exc.value)
 
 
+@pytest.mark.parametrize("argv, refused", [
+    (["--prefetch", "1"], "GLM53_CT_ENABLE=auto"),  # fast mode's default: the tier may run
+    (["--prefetch", "1", "--ct-enable", "1"], "GLM53_CT_ENABLE=1"),
+    (["--prefetch-lead", "1", "--mode", "exact"], "GLM53_PREFETCH_LEAD=1 is prefetch's lead"),
+    (["--prefetch", "1", "--mode", "exact"], None),
+    (["--prefetch", "1", "--ct-enable", "0"], None),  # fast mode without its tier
+    (["--prefetch", "1", "--prefetch-lead", "1", "--mode", "exact"], None),
+])
+def test_prefetch_is_refused_wherever_the_cpu_tier_may_run_and_its_lead_without_it(argv, refused):
+    if refused is None:
+        assert config.load(argv, {}).prefetch
+        return
+    with pytest.raises(config.ConfigError, match="GLM53_") as exc:
+        config.load(argv, {})
+    assert refused in str(exc.value)
+
+
 def test_cpu_lists_and_optional_values():
     assert load(GLM53_CT_CPUS="2-4,7").ct_cpus == (2, 3, 4, 7)
     assert load(GLM53_CT_B="").ct_b is None and load(GLM53_CT_B="0.1").ct_b == 0.1

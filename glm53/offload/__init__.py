@@ -9,7 +9,10 @@
 - ``staging``: prefill's copies of a layer's non-resident experts into VRAM, one layer ahead;
 - ``budget``: how many cache slots the VRAM budget leaves, and the headroom staging may use;
 - ``profile``: the routing profile the cache starts from (the checkpoint's, else one learned while serving);
-- ``runtime``: the running offload (``Offload``): what the model's hooks call, statistics and shutdown.
+- ``prefetch``: the decode's predictive prefetch into a small VRAM pool (``prefetch_policy``: its policy);
+- ``part``: the hook protocol of the offload's optional parts (the cache, prefetch, the CPU tier);
+- ``runtime``: the running offload (``Offload``): what the model's hooks call (its parts, in a loop), statistics
+  and shutdown.
 
 Nothing here imports exllamav3 or the CPU tier: ``glm53.engine.exl3.offload`` starts the offload on a model and
 installs the hooks, and hands the CPU tier (``glm53.cpu_tier``) the host store and the cache.

@@ -26,6 +26,7 @@ from .cache_policy import C_ADMITS, C_EVICTS, C_HITS, C_N, C_PICKS, C_STEPS, pla
 from .ec_native import MAX_ADMIT, MAX_EXPERTS, EcState, Kernels
 from .host_store import HostStore
 from .link import Link
+from .part import Part
 
 CHUNK_SLOTS = 32  # slots per VRAM allocation; the elastic loan frees and reallocates whole chunks
 
@@ -46,7 +47,9 @@ class Policy:
             raise ValueError(f"bad cache policy {self}")
 
 
-class ExpertCache:
+class ExpertCache(Part):
+    name = "cache"
+
     def __init__(
         self,
         kernels: Kernels,
@@ -150,9 +153,9 @@ class ExpertCache:
 
     # ---- the decode path
 
-    def on_routing(self, layer: int, selected: torch.Tensor) -> None:
+    def routed(self, layer: int, selected: torch.Tensor, weights: torch.Tensor | None = None, z: torch.Tensor | None = None) -> None:
         """After a layer's routing, before its experts run: count, decide, rewrite tables, copy admissions (one
-        ``cache_policy.ReferenceCache.step``, on the device)."""
+        ``cache_policy.ReferenceCache.step``, on the device). The router's weights and input are not needed."""
         admit = self.policy.max_admit if self.num_slots else 0
         self.kernels.step(self.state, layer, selected, self.policy.decay, self.policy.hysteresis, admit, self.block_bytes, self.policy.copy_blocks)
         if admit:

@@ -13,7 +13,7 @@ Per decode forward, on the compute stream C and a side stream P, for MoE layer `
    home again, what was used counted); then P waits for C, plans and copies the prediction, and records the event
    that step 1 of layer ``l + 1`` waits for. So the copies overlap layer ``l + 1``'s attention (the link is idle
    then: about one expert's copy on the H200 host), and one pool serves every layer in turn.
-0. ``lead(rows)``, before a decode forward's first module (``lead``): the first MoE layer has no layer before it, but
+0. ``decode_start(rows)``, before a decode forward's first module (``lead``): the first MoE layer has no layer before it, but
    the link's longest idle window: the embedding, the dense layers and that layer's attention (1.7 ms a step on the
    scaled checkpoint, ``bench.moe_profile``'s ``lead_us``). Its prediction is the previous step's picks of that
    layer (the same stream's last token, on the bet that consecutive tokens share experts, which a synthetic
@@ -36,6 +36,7 @@ import torch
 
 from .cache import ExpertCache, Policy
 from .ec_native import PF_COUNTERS, EcPool, Kernels
+from .part import Part
 
 
 # Rows (streams decoded together) up to which the next layer is prefetched: at 4 streams the union of their picks
@@ -44,15 +45,17 @@ from .ec_native import PF_COUNTERS, EcPool, Kernels
 PREDICT_MAX_ROWS = 1
 
 
-class Prefetcher:
+class Prefetcher(Part):
     """
     :param routers: per MoE layer (in store order) its router: (gate [hidden, experts] as exllamav3 holds it, the
         selection-only correction bias [experts] or None).
     :param slots: VRAM slots of the pool (the most experts copied ahead of a layer).
     :param extra: experts predicted per token beyond ``top_k``.
     :param max_rows: the most rows (streams) of a step that is prefetched.
-    :param lead: prefetch the first MoE layer at each decode step's start (:meth:`lead`).
+    :param lead: prefetch the first MoE layer at each decode step's start (:meth:`decode_start`).
     """
+
+    name = "prefetch"
 
     def __init__(self, kernels: Kernels, cache: ExpertCache, routers: Sequence[tuple[torch.Tensor, torch.Tensor | None]],
                  slots: int, extra: int, top_k: int, device: torch.device, policy: Policy | None = None,
@@ -85,9 +88,9 @@ class Prefetcher:
         self.leads = lead
         self._last_first: torch.Tensor | None = None  # the last decode step's picks of the first MoE layer (lead's prediction)
 
-    # ---- hooks (the offload's, on the compute stream, decode forwards only for routed)
+    # ---- hooks (the offload's, ``part.Part``: on the compute stream, decode forwards only for routed)
 
-    def settle(self) -> None:
+    def forward_start(self) -> None:
         """Before a forward: a plan left from a forward that stopped before its layer (an error) is waited for and
         released, so that no table points into the pool outside the layer it was planned for."""
         for row, planned in enumerate(self.planned):
@@ -98,9 +101,9 @@ class Prefetcher:
         self._picks = [None] * len(self._picks)
         self._predictions = [None] * len(self._predictions)
 
-    def routed(self, row: int, selected: torch.Tensor, z: torch.Tensor) -> None:
+    def routed(self, row: int, selected: torch.Tensor, weights: torch.Tensor | None, z: torch.Tensor) -> None:
         """After layer ``row``'s routing, before the cache's step. Only a step of at most ``max_rows`` rows has the
-        next layer predicted."""
+        next layer predicted (from the router's input ``z``; the weights are not needed)."""
         if self.planned[row]:
             torch.cuda.current_stream().wait_event(self.ready[row])
         self._picks[row] = selected
@@ -113,8 +116,8 @@ class Prefetcher:
         if selected.shape[0] <= self.max_rows and nxt < len(self.routers):
             self._predictions[nxt] = self._predict_on_side(nxt, z)
 
-    def lead(self, rows: int) -> None:
-        """Before a decode forward of ``rows`` rows (after :meth:`settle`): the first MoE layer's prefetch, planned and
+    def decode_start(self, rows: int) -> None:
+        """Before a decode forward of ``rows`` rows (after :meth:`forward_start`): the first MoE layer's prefetch, planned and
         copied on P now, from the previous step's picks of that layer when it had as many rows (the oracle's: this
         step's true picks)."""
         if not self.leads or rows > self.max_rows:

@@ -263,7 +263,7 @@ def test_the_project_arms_step_the_engine_as_the_server_does_and_measure_it_idle
     generator = type("G", (), {"enqueue": lambda self, job: calls.append(("enqueue", job)),
                                "num_remaining_jobs": lambda self: 0})()
     backend = type("B", (), {"generator": generator, "iterate": lambda self: calls.append("iterate") or [],
-                             "offload": type("O", (), {"fast": None})()})()
+                             "offload": type("O", (), {"tier": None})()})()
     steps = compare_arm.EngineSteps(backend)
     steps.enqueue("job")
     assert steps.iterate() == [] and steps.num_remaining_jobs() == 0

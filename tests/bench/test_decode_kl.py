@@ -125,7 +125,7 @@ def test_engine_paths_pause_the_cpu_tier_for_exact_and_need_it_for_fast():
         paused = staticmethod(contextlib.nullcontext)
 
     def backend(fast):
-        return type("B", (), {"model": FakeModel(), "offload": type("O", (), {"fast": fast})(),
+        return type("B", (), {"model": FakeModel(), "offload": type("O", (), {"tier": fast})(),
                               "info": type("I", (), {"vocab_size": V})()})()
 
     tier = Tier()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.fast_ablation import StepTimer, tier_constants
-from glm53.cpu_tier import tier
+from bench.fast_ablation import NEVER, StepTimer, run_tuning
+from glm53.cpu_tier.tuning import Tuning
 
 
 class FakePath:
@@ -27,9 +27,10 @@ def test_the_step_timer_times_both_hooks_and_the_forward_of_every_step():
     assert StepTimer().summary()["forward_us"]["mean"] is None  # no steps: nothing to report
 
 
-def test_tier_constants_are_set_for_the_block_and_put_back_after_it_even_on_error():
-    before = tier.PROBE_STEPS
-    with pytest.raises(RuntimeError), tier_constants(PROBE_STEPS=1 << 40):
-        assert tier.PROBE_STEPS == 1 << 40
-        raise RuntimeError
-    assert tier.PROBE_STEPS == before
+@pytest.mark.parametrize("run, changed", [("tier", {}), ("inert", {}), ("no-rest", {"hook_weight": 0.0}),
+                                         ("gpu-worth", {"hook_cost": "gpu"}), ("no-probes", {"probe_steps": NEVER}),
+                                         ("no-refresh", {"probe_steps": NEVER, "refresh_steps": NEVER, "sample_steps": NEVER})])
+def test_each_fast_run_passes_the_tier_its_variant_of_the_tuning(run, changed):
+    base = Tuning(probe_near=0.25)  # the engine's tuning, whatever it is, is the one changed
+    tuning = run_tuning(run, base)
+    assert {k: v for k, v in vars(tuning).items() if vars(base)[k] != v} == changed and tuning.probe_near == 0.25

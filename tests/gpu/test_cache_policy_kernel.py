@@ -90,13 +90,13 @@ def _drive(cache, ref, trace, policy, device, corrupt=None) -> None:
     """Every step of the trace through both, layer by layer, compared after each; ``corrupt(step)`` may change a
     step's entries before both see them."""
     layers, experts = ref.slot_of.shape
-    admit = policy.max_admit if cache.num_slots else 0  # what ExpertCache.on_routing passes
+    admit = policy.max_admit if cache.num_slots else 0  # what ExpertCache.routed passes
     _assert_same(cache, ref, "warm start")
     for t, step in enumerate(trace):
         step = corrupt(step) if corrupt else step
         for layer in range(layers):
             sel = torch.from_numpy(np.ascontiguousarray(step[layer])).to(device)  # int64 [rows, top_k], as routing gives
-            cache.on_routing(layer, sel)
+            cache.routed(layer, sel)
             admitted = ref.step(layer, step[layer], policy.decay, policy.hysteresis, admit)
             _assert_same(cache, ref, f"step {t} layer {layer}", [(layer * experts + a.expert, a.slot) for a in admitted])
         if (t + 1) % VERIFY_EVERY == 0 or t + 1 == len(trace):

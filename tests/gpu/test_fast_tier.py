@@ -34,8 +34,8 @@ def _backend(ckpt, mode, extra=()):
             "-chunk_size", "2048", "--ec-cache-experts", "11%", "--prefill-last-page-split", "0", "--prompt-end-checkpoints", "0",
             *extra]
     backend = Exl3Backend(config.load(argv, {}))
-    if backend.offload.fast is not None:
-        backend.offload.fast.use_costs(every_miss_to_the_cpu(backend.offload.fast.costs))
+    if backend.offload.tier is not None:
+        backend.offload.tier.use_costs(every_miss_to_the_cpu(backend.offload.tier.costs))
     return backend
 
 
@@ -109,9 +109,9 @@ def test_a_worker_past_the_deadline_has_its_experts_computed_on_the_gpu(tiny_che
     steps complete with every routed expert (no request fails) and the answer is exact mode's."""
     backend = _backend(tiny_checkpoint, "fast", [*CPU_TAKES_THE_MISSES, "--ct-threads", "2", "--ct-deadline-ms", "5"])
     try:
-        debug_hold(backend.offload.fast.worker, True)
+        debug_hold(backend.offload.tier.worker, True)
         got = _greedy(backend)
-        debug_hold(backend.offload.fast.worker, False)
+        debug_hold(backend.offload.tier.worker, False)
         stats = backend.offload.stats()["cpu_tier"]["device"]
     finally:
         backend.close()
@@ -141,7 +141,7 @@ def test_an_idle_tier_parks_and_costs_no_cpu(tiny_checkpoint):
     backend = _backend(tiny_checkpoint, "fast", [*CPU_TAKES_THE_MISSES, "--ct-threads", "4"])
     try:
         _greedy(backend)
-        worker = backend.offload.fast.worker
+        worker = backend.offload.tier.worker
         deadline = time.monotonic() + 2
         while not worker.parked() and time.monotonic() < deadline:
             time.sleep(0.01)

@@ -57,7 +57,7 @@ def test_the_emulation_holds_for_what_the_kernels_read_from_the_host_store(kerne
         rows = int(rng.integers(1, 9))
         sel = torch.from_numpy(rng.integers(0, EXPERTS, size=(rows, TOP_K))).to(device)
         before = _held(link)["admissions"][0]
-        cache.on_routing(layer, sel)  # admissions: held on the cache's own stream order
+        cache.routed(layer, sel)  # admissions: held on the cache's own stream order
         torch.cuda.synchronize(device)
         admitted = int(cache.num_jobs.item())
         assert _held(link)["admissions"][0] - before == admitted * B
@@ -120,9 +120,9 @@ def test_a_fast_engine_under_emulation_holds_for_its_fallbacks_and_answers_as_wi
         extra = [*CPU_TAKES_THE_MISSES, "--ct-threads", "2", "--ct-deadline-ms", "5"] + (["--link-emulate-gbs", "10"] if emulated else [])
         backend = _backend(tiny_checkpoint, "fast", extra)
         try:
-            debug_hold(backend.offload.fast.worker, True)  # every job is taken back: the GPU falls back
+            debug_hold(backend.offload.tier.worker, True)  # every job is taken back: the GPU falls back
             answers[emulated] = [t.token_id for t in _greedy(backend)]
-            debug_hold(backend.offload.fast.worker, False)
+            debug_hold(backend.offload.tier.worker, False)
             stats, block = backend.offload.stats(), backend.offload.store.layout.block_bytes
         finally:
             backend.close()

@@ -87,15 +87,15 @@ def test_the_oracle_prefetches_every_miss_the_pool_holds_and_the_cache_decides_a
         misses = 0
         for step in trace:
             if with_prefetch:
-                pf.settle()
-                pf.lead(step.shape[1])  # the offload's forward_start
+                pf.forward_start()
+                pf.decode_start(step.shape[1])  # as the offload calls them at a decode forward's start
             for l in range(LAYERS):
                 sel = torch.from_numpy(np.ascontiguousarray(step[l])).to(device)
                 resident = cache.resident()[l] >= 0
                 misses += len({int(e) for e in step[l].reshape(-1) if not resident[e]}) if l > 0 or lead else 0
                 if with_prefetch:
-                    pf.routed(l, sel, torch.zeros((sel.shape[0], HIDDEN), dtype=torch.float16, device=device))
-                cache.on_routing(l, sel)
+                    pf.routed(l, sel, None, torch.zeros((sel.shape[0], HIDDEN), dtype=torch.float16, device=device))
+                cache.routed(l, sel)
                 if with_prefetch:
                     pf.after_layer(l)
         torch.cuda.synchronize(device)
@@ -113,21 +113,21 @@ def test_the_lead_predicts_the_first_layer_by_its_previous_step_and_skips_a_step
     pf = _prefetcher(kernels, cache, device, TOP_K, lead=True)
     z = torch.zeros((1, HIDDEN), dtype=torch.float16, device=device)
     first = torch.tensor([[3, 5, 7, 9]], device=device)
-    pf.settle()
-    pf.lead(1)  # no step before: nothing to predict by
+    pf.forward_start()
+    pf.decode_start(1)  # no step before: nothing to predict by
     assert not pf.planned[0]
-    pf.routed(0, first, z)
-    cache.on_routing(0, first)
+    pf.routed(0, first, None, z)
+    cache.routed(0, first)
     pf.after_layer(0)
-    pf.settle()
-    pf.lead(1)
+    pf.forward_start()
+    pf.decode_start(1)
     assert pf.planned[0]
-    pf.routed(0, first, z)  # the same picks again: all four come from the pool
-    cache.on_routing(0, first)
+    pf.routed(0, first, None, z)  # the same picks again: all four come from the pool
+    cache.routed(0, first)
     pf.after_layer(0)
     torch.cuda.synchronize(device)
     layer0 = pf.stats()["per_layer"][0]
     assert layer0["plans"] == 1 and layer0["copied"] == layer0["used"] == 4 and cache.verify() == []
-    pf.settle()
-    pf.lead(2)  # a step of two rows is not predicted by one of one
+    pf.forward_start()
+    pf.decode_start(2)  # a step of two rows is not predicted by one of one
     assert not pf.planned[0]

@@ -22,14 +22,15 @@ def prefetcher(max_rows: int = PREDICT_MAX_ROWS) -> Prefetcher:
 
 
 def routing(rows: int):
-    return torch.zeros((rows, 8), dtype=torch.int64), torch.zeros((rows, 16), dtype=torch.float16)
+    """(selected, router weights, router input): the weights are not the prefetcher's concern."""
+    return torch.zeros((rows, 8), dtype=torch.int64), None, torch.zeros((rows, 16), dtype=torch.float16)
 
 
 def test_a_step_of_several_streams_is_not_predicted_and_its_calls_still_count():
     p = prefetcher()
     assert PREDICT_MAX_ROWS == 1
-    sel, z = routing(4)
-    p.routed(0, sel, z)
+    sel, _, z = routing(4)
+    p.routed(0, sel, None, z)
     assert p._picks[0] is sel and p.predicted_for == [] and p._calls == 1  # the oracle's replay stays aligned
     p.after_layer(0)  # nothing predicted: no plan for layer 1
     assert p.planned == [False] * LAYERS and p._picks[0] is None
@@ -48,11 +49,11 @@ def test_a_single_stream_step_predicts_the_next_layer_at_its_routing_and_none_af
 
 def test_the_first_layers_picks_are_kept_for_the_next_steps_lead_unless_the_oracle_replays():
     p = prefetcher()
-    sel, z = routing(1)
-    p.routed(0, sel, z)
+    sel, _, z = routing(1)
+    p.routed(0, sel, None, z)
     assert torch.equal(p._last_first, sel) and p._last_first is not sel  # a copy: exllamav3 reuses the buffer
-    p.routed(1, torch.ones((1, 8), dtype=torch.int64), z)
+    p.routed(1, torch.ones((1, 8), dtype=torch.int64), None, z)
     assert torch.equal(p._last_first, sel)  # only the first MoE layer's
     p._last_first, p._oracle = None, []
-    p.routed(0, sel, z)
+    p.routed(0, sel, None, z)
     assert p._last_first is None

@@ -142,12 +142,9 @@ class Exl3Backend:
         """One step of exllamav3's generator with the offload's per-step hooks around it (the CPU tier's worker woken
         before, its live costs refreshed after): what :meth:`step` runs, and what measurement tools that read the
         generator's results directly call instead of ``generator.iterate()``."""
-        fast = self.offload.fast
-        if fast is not None:
-            fast.before_step()
+        self.offload.before_step()
         results = self.generator.iterate()
-        if fast is not None:
-            fast.after_step()
+        self.offload.after_step()
         return results
 
     def step(self) -> dict[int, list[SampledToken] | SequenceFailure]:

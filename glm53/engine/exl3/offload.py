@@ -9,14 +9,16 @@ the module that owns it:
    link      ``offload.link.start``: the host link every part below tells what it moved (measured first when
              ``GLM53_LINK_EMULATE_GBS`` emulates a slower one);
 5. size      ``budget.cache_slots``: the cache slots the VRAM budget leaves after the model, its caches and the
-             warm-up;
+             warm-up, less the prefetch pool's (``GLM53_PREFETCH``: the settings refuse it where the CPU tier may
+             run, so whether it runs is known here);
 6. fill      ``ExpertCache``: the slots partitioned between the layers and filled by the routing profile
              (``profile.warm_start``);
 7. staging   ``PrefillStager``: prefill's copies of the next layer's missing experts;
 8. CPU tier  ``cpu_tier.tier.start`` (fast mode): the tier, or the reason ``GLM53_CT_ENABLE=auto`` leaves it off;
-9. prefetch  ``offload.prefetch.Prefetcher`` (``GLM53_PREFETCH``, without the CPU tier): its pool's slots were
-             taken from the cache's at step 5;
-10. hooks    ``patches.hook_offload``: the running offload (``offload.runtime.Offload``) on every MoE layer.
+9. prefetch  ``offload.prefetch.Prefetcher`` (``GLM53_PREFETCH``): its pool's slots were taken from the cache's
+             at step 5;
+10. hooks    ``patches.hook_offload``: the running offload (``offload.runtime.Offload``, calling its parts: prefetch,
+             the cache, the CPU tier) on every MoE layer.
 """
 
 from __future__ import annotations
@@ -76,10 +78,12 @@ def start_offload(settings: Settings, model, load: Callable[[], None], warmup: C
     warm, profile_source = profile.warm_start(settings.model_dir, settings.root, store.layer_keys)
     cache = ExpertCache(kernels, store, layers.tables, slots, device, layers.top_k, policy, warm, host_link)  # 6. fill
     stager = PrefillStager(store, cache, layers.tables, device, int(settings.ec_stage_gb * GB), STAGE_MIN_ROWS)  # 7. staging
-    fast, off_reason = _cpu_tier(settings, store, cache, layers, device, kernels)              # 8. CPU tier
-    prefetch = _prefetch(settings, kernels, cache, layers, device, policy, fast)                # 9. prefetch
+    tier, off_reason = _cpu_tier(settings, store, cache, layers, device, kernels)              # 8. CPU tier
+    prefetch = _prefetch(settings, kernels, cache, layers, device, policy)                      # 9. prefetch
+    # routed's order: prefetch (the cache's step waits for its copies), the cache, the CPU tier (splits the misses left)
+    parts = [part for part in (prefetch, cache, tier) if part is not None]
     offload = Offload(settings, store, cache, stager, device=device, policy=policy, vram=vram, profile_source=profile_source,
-                      timings=timings, fast=fast, cpu_tier_off_reason=off_reason, prefetch=prefetch)
+                      timings=timings, parts=parts, cpu_tier_off_reason=off_reason)
     offload.removers += patches.hook_offload(model, layers, offload)                           # 10. hooks
     log.info("expert cache: %d of %d experts in VRAM (%.2f GB), profile: %s", cache.num_slots, total,
              cache.num_slots * store.layout.block_bytes / GB, profile_source)
@@ -87,14 +91,10 @@ def start_offload(settings: Settings, model, load: Callable[[], None], warmup: C
     return offload
 
 
-def _prefetch(settings: Settings, kernels, cache, layers: patches.MoeLayers, device, policy, fast) -> Prefetcher | None:
-    """The decode's predictive prefetch when ``GLM53_PREFETCH`` asks for it and the CPU tier does not run (its split
-    would count a prefetched expert as a miss)."""
+def _prefetch(settings: Settings, kernels, cache, layers: patches.MoeLayers, device, policy) -> Prefetcher | None:
+    """The decode's predictive prefetch when ``GLM53_PREFETCH`` asks for it (never beside the CPU tier, whose split
+    would count a prefetched expert as a miss: ``config.load`` refuses that combination)."""
     if not settings.prefetch:
-        return None
-    if fast is not None:
-        log.info("prefetch is off while the CPU tier runs (GLM53_CT_ENABLE=0 turns the tier off); its %d slots stay unused",
-                 settings.prefetch_slots)
         return None
     log.info("prefetch: %d VRAM slots, the router's top %d + %d predicted per token%s", settings.prefetch_slots,
              layers.top_k, settings.prefetch_extra, ", the first MoE layer's at each step's start" if settings.prefetch_lead else "")

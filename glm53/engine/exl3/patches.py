@@ -436,18 +436,16 @@ def routers(layers: MoeLayers) -> list[tuple[torch.Tensor, torch.Tensor | None]]
 
 def hook_offload(model, layers: MoeLayers, offload) -> list[Callable[[], None]]:
     """Install the running offload (``glm53.offload.runtime.Offload``) on the model: after each layer's routing
-    (``offload.routed``), around each MoE layer (``before_layer``/``after_layer``), on its fp32 routed sum when the
-    CPU tier runs (``offload.fast.on_routed_sum``) and before the first module's forward (``forward_start``). The
+    (``offload.routed``), around each MoE layer (``before_layer``/``after_layer``), on its fp32 routed sum where a
+    part adds to it (``routed_sum``: the CPU tier) and before the first module's forward (``forward_start``). The
     hooks look the offload's methods up at each call. Returns the removers, last installed last."""
     removers = []
+    sums = bool(offload.hooks("routed_sum"))
     for row, mlp in enumerate(layers.mlps):
-        if offload.fast is not None or offload.prefetch is not None:
-            removers.append(add_routing_hook(
-                mlp, lambda sel, w, z, params, _row=row: offload.routed(_row, sel, w, z), with_inputs=True))
-        if offload.fast is not None:
-            removers.append(wrap_routed_sum(mlp, lambda fhs, _row=row: offload.fast.on_routed_sum(_row, fhs)))
-        if offload.fast is None and offload.prefetch is None:
-            removers.append(add_routing_hook(mlp, lambda sel, params, _row=row: offload.routed(_row, sel)))
+        removers.append(add_routing_hook(
+            mlp, lambda sel, w, z, params, _row=row: offload.routed(_row, sel, w, z), with_inputs=True))
+        if sums:
+            removers.append(wrap_routed_sum(mlp, lambda fhs, _row=row: offload.routed_sum(_row, fhs)))
         removers.append(wrap_forward(mlp, before=lambda x, p, _row=row: offload.before_layer(_row),
                                      after=lambda x, p, _row=row: offload.after_layer(_row)))
     removers.append(wrap_forward(first_forward_module(model), before=lambda x, p: offload.forward_start(forward_rows(x))))

@@ -23,8 +23,8 @@ class FakeGenerator:
         return self.results
 
 
-class FakeFastTier:
-    """Records the backend's calls around each step."""
+class FakeOffload:
+    """Records the backend's calls around each step (the offload hands them to its parts: the CPU tier's worker)."""
 
     def __init__(self):
         self.calls = []
@@ -36,9 +36,9 @@ class FakeFastTier:
         self.calls.append("after")
 
 
-def backend_with(results, jobs, prefilling=(), fast=None):
+def backend_with(results, jobs, prefilling=(), offload=None):
     b = object.__new__(Exl3Backend)  # no model: only step()'s bookkeeping is under test
-    b.offload = type("FakeOffload", (), {"fast": fast})()
+    b.offload = offload or FakeOffload()
     b.generator = FakeGenerator(results)
     b._jobs = jobs
     b._prefilling = set(prefilling)
@@ -67,16 +67,16 @@ def test_tokens_logprobs_and_a_contained_job_failure():
     assert 99 not in out and b._counters == {"steps": 1, "decode_tokens": 3}
 
 
-def test_the_cpu_tier_is_woken_before_and_told_after_every_step_and_tokens_pass_through():
+def test_the_offload_is_told_before_and_after_every_step_and_tokens_pass_through():
     """A late CPU-tier job is computed on the GPU inside the step (the fallback), so a step's tokens are always
-    returned; the backend only wakes the tier's worker before the step and hands it the step's end after."""
+    returned; the backend only tells the offload (whose CPU tier wakes its worker) before the step and after it."""
     results = [
         {"stage": "streaming", "identifier": 1, "job": FakeJob(1, 0, 0), "token_ids": torch.tensor([[4]])},
         {"stage": "streaming", "identifier": 2, "job": FakeJob(2, 0, 0), "token_ids": torch.tensor([[5]])},
     ]
-    fast = FakeFastTier()
-    b = backend_with(results, {1: None, 2: None}, fast=fast)
+    offload = FakeOffload()
+    b = backend_with(results, {1: None, 2: None}, offload=offload)
     out = b.step()
     assert [t.token_id for t in out[1]] == [4] and [t.token_id for t in out[2]] == [5]
     b.step()
-    assert fast.calls == ["before", "after", "before", "after"]
+    assert offload.calls == ["before", "after", "before", "after"]

@@ -12,8 +12,22 @@ import torch
 from glm53 import config
 from glm53.engine.exl3 import offload as start
 from glm53.engine.exl3.patches import MoeLayers
+from glm53.offload.part import Part
 from glm53.offload.runtime import Offload
 from glm53.progress import Progress
+
+
+class Named(Part):
+    """A stand-in part: only its name."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __repr__(self):
+        return self.name
+
+
+TIER, PREFETCHER = Named("cpu_tier"), Named("prefetch")
 
 
 class Recorder(Progress):
@@ -58,8 +72,8 @@ def steps(monkeypatch, tmp_path):
         seen.append(("size", block_bytes, total))
         return 3, {"limit_bytes": 0, "reserve_bytes": 0}
 
-    class Cache:
-        num_slots = 3
+    class Cache(Part):
+        num_slots, name = 3, "cache"
 
         def __init__(self, kernels, store, tables, slots, device, top_k, policy, profile, link):
             seen.append(("fill", tables, slots, top_k, profile, link))
@@ -70,10 +84,10 @@ def steps(monkeypatch, tmp_path):
 
     def tier_start(settings, store, cache, device, kernels, fallbacks, top_k, act_limit):
         seen.append(("cpu tier", fallbacks, top_k, act_limit))
-        return "the tier", None
+        return TIER, None
 
     def hook_offload(model, layers_, offload):
-        seen.append(("hooks", layers_ is layers, offload.fast))
+        seen.append(("hooks", layers_ is layers, offload.tier))
         return ["remover"]
 
     for obj, name, value in [
@@ -111,9 +125,10 @@ def test_the_start_runs_its_steps_in_order(steps):
         ("size", 1000, 8), ("profile", ["a.mlp", "b.mlp"]), ("fill", ["tables a", "tables b"], 3, 2, None, "the link"),
         ("staging", 2 * 1000**3, start.STAGE_MIN_ROWS),
         "fits", ("cpu tier", ["fused mlp a", "fused mlp b"], 2, 7.0),
-        ("hooks", True, "the tier"),
+        ("hooks", True, TIER),
     ]
-    assert isinstance(offload, Offload) and offload.fast == "the tier" and offload.removers == ["remover"]
+    assert isinstance(offload, Offload) and offload.tier is TIER and offload.removers == ["remover"]
+    assert [p.name for p in offload.parts] == ["cache", "cpu_tier"]  # routed's order
     assert offload.timings["store_read_s"] == 1.5 and offload.profile_source == "none (cold start)"
     assert offload.device == torch.device("cuda", 0)
 
@@ -123,23 +138,24 @@ def test_no_cpu_tier_outside_fast_mode_or_when_it_is_off(steps, mode, extra):
     seen, tmp_path = steps
     offload = start.start_offload(settings_for(tmp_path, mode, *extra), "the model", lambda: None, lambda: None)
     assert not [s for s in seen if s == "fits" or s[0] == "cpu tier"]
-    assert offload.fast is None and offload.cpu_tier_off_reason is None and seen[-1] == ("hooks", True, None)
+    assert offload.tier is None and offload.cpu_tier_off_reason is None and seen[-1] == ("hooks", True, None)
 
 
-@pytest.mark.parametrize("mode, extra, made", [("exact", (), True), ("fast", ("--ct-enable", "0"), True),
-                                               ("fast", ("--ct-enable", "1"), False)])
-def test_prefetch_takes_its_slots_from_the_cache_and_runs_without_the_cpu_tier(steps, monkeypatch, mode, extra, made):
+@pytest.mark.parametrize("mode, extra", [("exact", ()), ("fast", ("--ct-enable", "0"))])
+def test_prefetch_takes_its_slots_from_the_cache_and_comes_first_in_the_parts(steps, monkeypatch, mode, extra):
+    """Prefetch never runs beside the CPU tier (the settings refuse it: tests/test_config.py), so the cache is sized
+    knowing the pool's slots are used."""
     seen, tmp_path = steps
     monkeypatch.setattr(start.patches, "routers", lambda layers_: [("gate a", None), ("gate b", None)])
 
     def prefetcher(kernels, cache, routers, slots, extra_, top_k, device, policy, lead):
         seen.append(("prefetch", routers, slots, extra_, top_k, lead))
-        return "the prefetcher"
+        return PREFETCHER
 
     monkeypatch.setattr(start, "Prefetcher", prefetcher)
     settings = settings_for(tmp_path, mode, "--prefetch", "1", "--prefetch-slots", "2", "--prefetch-extra", "1",
                             "--prefetch-lead", "1", *extra)
     offload = start.start_offload(settings, "the model", lambda: None, lambda: None)
     assert [s for s in seen if s[0] == "fill"][0][2] == 3 - 2  # the budget's 3 slots less the pool's 2
-    assert ([s for s in seen if s[0] == "prefetch"] == [("prefetch", [("gate a", None), ("gate b", None)], 2, 1, 2, True)]) == made
-    assert offload.prefetch == ("the prefetcher" if made else None)
+    assert [s for s in seen if s[0] == "prefetch"] == [("prefetch", [("gate a", None), ("gate b", None)], 2, 1, 2, True)]
+    assert offload.prefetch is PREFETCHER and [p.name for p in offload.parts] == ["prefetch", "cache"]
