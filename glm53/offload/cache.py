@@ -51,7 +51,8 @@ class Policy:
     def __post_init__(self):
         if not 0.0 < self.decay <= 1.0 or self.hysteresis < 1.0 or not 0 <= self.max_admit <= MAX_ADMIT:
             raise ValueError(f"bad cache policy {self}")
-        if not 0.0 < self.recency_decay < 1.0 or not (0.0 <= self.recency_weight and math.isfinite(self.recency_weight)) or not 0.0 <= self.recency_keep < 1.0:
+        weight_ok = self.recency_weight >= 0.0 and math.isfinite(self.recency_weight)
+        if not 0.0 < self.recency_decay < 1.0 or not weight_ok or not 0.0 <= self.recency_keep < 1.0:
             raise ValueError(f"bad cache policy {self}: recency_decay in (0, 1), recency_weight >= 0, recency_keep in [0, 1)")
 
     @property
