@@ -9,7 +9,7 @@ The state (the same arrays as ``ExpertCache`` keeps on the device):
   weighs ``decay ** n`` (``decay`` near 1: how popular the expert is).
 - ``recent`` float32 [layers, experts]: the fast score, the same count with ``Recency.decay`` (well below 1: whether
   the expert was picked in the last few steps).
-- ``prev`` bool [layers, experts]: picked in the layer's previous decode step.
+- ``prev`` bool [layers, experts] (uint8 on the device): picked in the layer's previous decode step.
 - ``reuse`` float32 [layers, 2]: column 0 the layer's measured reuse lift (below), column 1 the lift popularity
   alone gives (``popularity_lift``, fixed at start). The recency weight of a layer is ``Recency.weight`` times the
   excess of the first over the second, so a layer whose picks recur over tokens (a trained router's) ranks by
@@ -36,9 +36,9 @@ fused):
    was resident at the start of the step.
 3. The reuse lift: with ``n`` the experts picked in the previous step (``prev``), ``u`` of them picked again and
    ``m`` picked now in all (integers, each expert once), when ``0 < n < experts``:
-   ``lift = u / n - (m - u) / (experts - n)`` (the pick rate of the previous step's experts over that of the
+   ``lift = u / n - (m - u) / (experts - n)`` (the pick rate of the previous step's experts less that of the
    others) and ``reuse[0] = reuse[0] * keep + (1 - keep) * lift`` (``keep`` is ``Recency.keep``; ``1 - keep``
-   one subtraction). Then ``prev`` becomes this step's picked experts.
+   one subtraction); otherwise ``reuse[0]`` stays. Then ``prev`` becomes this step's picked experts.
 4. The layer's recency weight ``w = Recency.weight * max(reuse[0] - reuse[1], 0)`` and the score of each expert
    ``s = f + w * r``.
 5. Candidates are the picked experts that are not resident; victims the residents that were not picked (an expert
