@@ -9,7 +9,8 @@ The state (the same arrays as ``ExpertCache`` keeps on the device):
   weighs ``decay ** n`` (``decay`` near 1: how popular the expert is).
 - ``recent`` float32 [layers, experts]: the fast score, the same count with ``Recency.decay`` (well below 1: whether
   the expert was picked in the last few steps).
-- ``prev`` bool [layers, experts] (uint8 on the device): picked in the layer's previous decode step.
+- ``prev`` bool [layers, experts] (uint8 on the device): picked by the first row of the layer's previous decode
+  step.
 - ``reuse`` float32 [layers, 2]: column 0 the layer's measured reuse lift (below), column 1 the lift popularity
   alone gives (``popularity_lift``, fixed at start). The recency weight of a layer is ``Recency.weight`` times the
   excess of the first over the second, so a layer whose picks recur over tokens (a trained router's) ranks by
@@ -34,11 +35,14 @@ fused):
    ``[0, experts)`` are ignored). A picked expert's scores each gain its count in one addition (``f + 3``, not
    ``f + 1 + 1 + 1``, which can round differently); its ``picks`` grow by the count, and so do the hits when it
    was resident at the start of the step.
-3. The reuse lift: with ``n`` the experts picked in the previous step (``prev``), ``u`` of them picked again and
-   ``m`` picked now in all (integers, each expert once), when ``0 < n < experts``:
-   ``lift = u / n - (m - u) / (experts - n)`` (the pick rate of the previous step's experts less that of the
-   others) and ``reuse[0] = reuse[0] * keep + (1 - keep) * lift`` (``keep`` is ``Recency.keep``; ``1 - keep``
-   one subtraction); otherwise ``reuse[0]`` stays. Then ``prev`` becomes this step's picked experts.
+3. The reuse lift, on the step's first row (the last axis of ``selected``: one stream of a batch, since rows of
+   several streams would show popular experts recurring more than one stream's ``popularity_lift`` says): with
+   ``n`` the experts of the previous step's first row (``prev``), ``u`` of them in this step's first row and ``m``
+   experts in that row in all (integers, each expert once, entries outside ``[0, experts)`` ignored), when
+   ``0 < n < experts``: ``lift = u / n - (m - u) / (experts - n)`` (the pick rate of the previous step's experts
+   less that of the others) and ``reuse[0] = reuse[0] * keep + (1 - keep) * lift`` (``keep`` is
+   ``Recency.keep``; ``1 - keep`` one subtraction); otherwise ``reuse[0]`` stays. Then ``prev`` becomes this
+   step's first row's experts.
 4. The layer's recency weight ``w = Recency.weight * max(reuse[0] - reuse[1], 0)`` and the score of each expert
    ``s = f + w * r``.
 5. Candidates are the picked experts that are not resident; victims the residents that were not picked (an expert
@@ -162,12 +166,16 @@ class ReferenceCache:
         """One decode step of one layer, ``ec_step_kernel``'s: count, score, admit. Updates the state and returns
         the admissions in order (the kernel's copy jobs).
 
-        :param selected: int, any shape: the experts the routing picked, one entry per (row, pick).
+        :param selected: int, any shape: the experts the routing picked, one entry per (row, pick); the last axis
+            is a row (the first row measures the reuse lift).
         :param decay, hysteresis, recency: rounded to float32, as the kernel takes them.
         """
         experts = self.num_experts
-        sel = np.asarray(selected, dtype=np.int64).reshape(-1)
+        rows = np.asarray(selected, dtype=np.int64)
+        sel = rows.reshape(-1)
         count = np.bincount(sel[(sel >= 0) & (sel < experts)], minlength=experts)
+        first = sel[: rows.shape[-1] if rows.ndim else 1]
+        first_row = np.bincount(first[(first >= 0) & (first < experts)], minlength=experts) > 0
         picked = count > 0
         slot_of = self.slot_of[layer]
         resident = slot_of >= 0
@@ -178,7 +186,7 @@ class ReferenceCache:
         r[picked] += added
         self.picks[layer] += count
         hits = int(count[resident].sum())
-        self._measure_reuse(layer, picked, np.float32(recency.keep))
+        self._measure_reuse(layer, first_row, np.float32(recency.keep))
         reuse = self.reuse[layer]
         excess = reuse[0] - reuse[1]
         w = np.float32(recency.weight) * (excess if excess > 0 else np.float32(0))
@@ -208,14 +216,15 @@ class ReferenceCache:
         counters[C_STEPS] += 1
         return admitted
 
-    def _measure_reuse(self, layer: int, picked: np.ndarray, keep: np.float32) -> None:
-        """Step 3: the previous step's experts' pick rate over the others', into the layer's average."""
+    def _measure_reuse(self, layer: int, first_row: np.ndarray, keep: np.float32) -> None:
+        """Step 3: the previous step's experts' pick rate less the others', on the first row, into the layer's
+        average."""
         prev = self.prev[layer]
-        n, again, now = int(prev.sum()), int((picked & prev).sum()), int(picked.sum())
+        n, again, now = int(prev.sum()), int((first_row & prev).sum()), int(first_row.sum())
         if 0 < n < self.num_experts:
             lift = np.float32(again) / np.float32(n) - np.float32(now - again) / np.float32(self.num_experts - n)
             self.reuse[layer, 0] = self.reuse[layer, 0] * keep + (np.float32(1) - keep) * lift
-        prev[:] = picked
+        prev[:] = first_row
 
     def residents(self, layer: int) -> list[int]:
         """The experts of ``layer`` in a slot, by expert id."""

@@ -94,7 +94,7 @@ class Kernels:
         abi.check(lib.le_abi, self.path, {"LeLink": LeLink},
                   {"kind.count": len(LINK_KINDS), **{f"kind.{name}": i for i, name in enumerate(LINK_KINDS)}})
         p, i, i64, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
-        lib.ec_step.argtypes = [ctypes.POINTER(EcState), ctypes.POINTER(EcRecency), i, p, i, f, f, i, i64, i, p]
+        lib.ec_step.argtypes = [ctypes.POINTER(EcState), ctypes.POINTER(EcRecency), i, p, i, i, f, f, i, i64, i, p]
         lib.ec_assign.argtypes = [ctypes.POINTER(EcState), p, i, p]
         lib.ec_read_probe.argtypes = [p, i64, p, i, p]
         lib.ec_prefetch.argtypes = [ctypes.POINTER(EcState), ctypes.POINTER(EcPool), i, p, i, i, i, i64, i, p]
@@ -116,9 +116,11 @@ class Kernels:
 
     def step(self, state: EcState, recency: EcRecency, layer: int, sel: torch.Tensor, decay: float, hysteresis: float, max_admit: int,
              block_bytes: int, copy_blocks: int) -> None:
+        """sel: int64 [rows, top_k] (contiguous); the first row measures the reuse lift."""
         stream = torch.cuda.current_stream().cuda_stream
-        self._check(self._lib.ec_step(ctypes.byref(state), ctypes.byref(recency), layer, sel.data_ptr(), sel.numel(), decay, hysteresis,
-                                      max_admit, block_bytes, copy_blocks, stream), "ec_step")
+        row = sel.shape[-1] if sel.dim() else 1
+        self._check(self._lib.ec_step(ctypes.byref(state), ctypes.byref(recency), layer, sel.data_ptr(), sel.numel(), row, decay,
+                                      hysteresis, max_admit, block_bytes, copy_blocks, stream), "ec_step")
 
     def assign(self, state: EcState, entries: torch.Tensor) -> None:
         """entries: int32 [n, 3] (layer row, expert, slot or -1) on the device."""

@@ -77,19 +77,19 @@ __device__ int block_arg_extreme(const float* v, const bool* ok, int n, bool wan
 // The fast half of the score and its per-layer weight (glm53/offload/cache_policy.py, Recency and steps 1-4).
 struct EcRecency {
     float* recent;        // [L, E] fast decayed pick count
-    uint8_t* prev;        // [L, E] 1: picked in the layer's previous decode step
+    uint8_t* prev;        // [L, E] 1: picked by the first row of the layer's previous decode step
     float* reuse;         // [L, 2] measured reuse lift (running average), the lift popularity alone gives
     float decay;          // of recent
     float weight;         // recency weight per unit of lift above popularity's
     float keep;           // of the running average
 };
 
-// One decode step of one MoE layer: count the picks, update both scores and the layer's reuse lift, then admit up
-// to max_admit missed experts whose score beats the weakest resident (not picked this step) by the hysteresis
-// factor. Every float operation is an explicitly rounded intrinsic: the NumPy reference rounds after each one, and
-// a fused multiply-add would not.
+// One decode step of one MoE layer: count the picks, update both scores and the layer's reuse lift (measured on the
+// first `row` entries of sel, one stream), then admit up to max_admit missed experts whose score beats the weakest
+// resident (not picked this step) by the hysteresis factor. Every float operation is an explicitly rounded
+// intrinsic: the NumPy reference rounds after each one, and a fused multiply-add would not.
 __global__ void __launch_bounds__(EC_THREADS) ec_step_kernel(EcState s, EcRecency rc, int layer, const int64_t* sel,
-                                                             int n, float decay, float hysteresis, int max_admit)
+                                                             int n, int row, float decay, float hysteresis, int max_admit)
 {
     __shared__ float f[EC_MAX_EXPERTS];
     __shared__ float r[EC_MAX_EXPERTS];
@@ -98,6 +98,7 @@ __global__ void __launch_bounds__(EC_THREADS) ec_step_kernel(EcState s, EcRecenc
     __shared__ int slot[EC_MAX_EXPERTS];
     __shared__ bool cand[EC_MAX_EXPERTS];
     __shared__ bool vict[EC_MAX_EXPERTS];
+    __shared__ bool first[EC_MAX_EXPERTS];
     __shared__ float red_v[EC_THREADS];
     __shared__ int red_i[EC_THREADS];
     __shared__ int hits, n_prev, again, now;
@@ -116,12 +117,16 @@ __global__ void __launch_bounds__(EC_THREADS) ec_step_kernel(EcState s, EcRecenc
         f[e] = __fmul_rn(freq[e], decay);
         r[e] = __fmul_rn(recent[e], rc.decay);
         cnt[e] = 0;
+        first[e] = false;
         slot[e] = slot_of[e];
     }
     __syncthreads();
     for (int i = t; i < n; i += blockDim.x) {
         int64_t e = sel[i];
-        if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
+        if (e >= 0 && e < E) {
+            atomicAdd(&cnt[e], 1);
+            if (i < row) first[e] = true;
+        }
     }
     __syncthreads();
     for (int e = t; e < E; e += blockDim.x) {
@@ -132,11 +137,13 @@ __global__ void __launch_bounds__(EC_THREADS) ec_step_kernel(EcState s, EcRecenc
             r[e] = __fadd_rn(r[e], (float) c);
             s.picks[(int64_t) layer * E + e] += c;
             if (slot[e] >= 0) atomicAdd(&hits, c);
+        }
+        if (first[e]) {
             atomicAdd(&now, 1);
             if (was) atomicAdd(&again, 1);
         }
         if (was) atomicAdd(&n_prev, 1);
-        prev[e] = c > 0;
+        prev[e] = first[e];
         cand[e] = c > 0 && slot[e] < 0;
         vict[e] = c == 0 && slot[e] >= 0;
     }
@@ -230,11 +237,12 @@ __global__ void ec_assign_kernel(EcState s, const int32_t* entries, int n)
 
 extern "C" {
 
-int ec_step(const EcState* s, const EcRecency* rc, int layer, const int64_t* sel, int n, float decay, float hysteresis,
-            int max_admit, int64_t block_bytes, int copy_blocks, cudaStream_t stream)
+// row: the entries of sel's first row (its routing's top-k), on which the reuse lift is measured.
+int ec_step(const EcState* s, const EcRecency* rc, int layer, const int64_t* sel, int n, int row, float decay,
+            float hysteresis, int max_admit, int64_t block_bytes, int copy_blocks, cudaStream_t stream)
 {
     if (s->num_experts > EC_MAX_EXPERTS || max_admit > EC_MAX_ADMIT) return (int) cudaErrorInvalidValue;
-    ec_step_kernel<<<1, EC_THREADS, 0, stream>>>(*s, *rc, layer, sel, n, decay, hysteresis, max_admit);
+    ec_step_kernel<<<1, EC_THREADS, 0, stream>>>(*s, *rc, layer, sel, n, row, decay, hysteresis, max_admit);
     if (max_admit > 0) ec_copy_kernel<<<copy_blocks, 256, 0, stream>>>(*s, block_bytes);
     return (int) cudaGetLastError();
 }

@@ -1,10 +1,10 @@
 """The expert cache's CUDA kernel (``ec_step_kernel``, native/ec/expert_cache.cu) against the policy's reference
 (glm53.offload.cache_policy): the same routing traces drive an ``ExpertCache`` and a ``ReferenceCache``, and after
-every layer's step the two hold the same slow and fast scores and reuse lifts (bit for bit), previous picks, slots,
-slot owners, copy jobs (the admissions with their slots), per-expert picks and counters (picks, hits, admissions,
-evictions). The traces: tests/offload/test_cache_policy.py's random ones (picks independent of the past: the
-recency weight stays near 0), and the ``trained`` routing twin's (picks recurring over tokens: the weight grows and
-the fast score decides admissions). No model: the cache runs over a stand-in for the host store holding random
+every layer's step the two hold the same slow and fast scores and reuse lifts (bit for bit), previous first-row
+picks, slots, slot owners, copy jobs (the admissions with their slots), per-expert picks and counters (picks, hits,
+admissions, evictions). The traces: tests/offload/test_cache_policy.py's random ones of 1-4 rows a step (picks
+independent of the past: the recency weight stays small), and the ``trained`` routing twin's (one row a step, picks
+recurring over tokens: the weight grows and the fast score decides admissions). No model: the cache runs over a stand-in for the host store holding random
 bytes, so the test also sees every admitted expert's bytes reach its slot and the pointer tables follow
 (``ExpertCache.verify``).
 """

@@ -193,7 +193,19 @@ def test_the_reuse_average_holds_when_the_previous_step_picked_nothing_or_every_
     c = ReferenceCache(np.zeros((1, 3)), [], popularity=np.array([0.125]))
     c.prev[0, prev] = True
     c.step(0, [[0], [1]], decay=0.5, hysteresis=1.25, max_admit=2, recency=Recency(decay=0.5, weight=1.0, keep=0.5))
-    assert c.reuse.tolist() == [[0.125, 0.125]] and c.prev.tolist() == [[True, True, False]]
+    assert c.reuse.tolist() == [[0.125, 0.125]] and c.prev.tolist() == [[True, False, False]]  # the first row's
+
+
+def test_the_reuse_lift_is_measured_on_the_first_row_of_a_step_one_stream():
+    """Rows of other streams picking the previous step's experts again do not count: only row 0 recurs or not."""
+    recency = Recency(decay=0.5, weight=1.0, keep=0.5)
+    c = ReferenceCache(np.zeros((1, 6)), [], popularity=np.array([0.0]))
+    c.step(0, [[0, 1], [2, 3]], decay=0.5, hysteresis=1.25, max_admit=0, recency=recency)
+    assert c.prev.tolist() == [[True, True, False, False, False, False]]
+    c.step(0, [[0, 4], [1, 5]], decay=0.5, hysteresis=1.25, max_admit=0, recency=recency)  # row 0: 0 again, 4 new
+    # 1 of the 2 previous experts again, 1 of the 4 others: 1/2 - 1/4; row 1's pick of expert 1 is another stream's
+    assert c.reuse.tolist() == [[0.125, 0.0]] and c.prev.tolist() == [[True, False, False, False, True, False]]
+    assert c.picks.tolist() == [[2, 2, 1, 1, 1, 1]]  # every row's picks count for the scores and the picks
 
 
 def test_popularitys_reuse_lift_is_zero_for_even_routing_and_grows_with_skew():
