@@ -6,12 +6,21 @@ alternatives on the same trace, all with the same per-layer slot counts (the pro
 ``cache_policy.placement``):
 
 - ``static``: the warm start alone, never changed (the best fixed placement if the profile is the truth);
+- ``static_hindsight``: the best fixed placement for the trace itself (each layer's most picked experts, the same
+  slots per layer), which knows the whole trace;
 - ``lru`` and ``clock``: admit every miss, evict the least recently used / the CLOCK hand's pick;
-- ``decayed``: the kernel's policy, ``cache_policy.ReferenceCache`` (score ``f <- f * decay + picks``, admit a
-  missed expert when its score beats the weakest resident not picked in this step by ``hysteresis``, at most
-  ``max_admit`` per layer and step);
+- ``decayed``: the kernel's policy, ``cache_policy.ReferenceCache`` (a slow and a fast decayed pick count, the fast
+  one weighted by the layer's measured reuse over popularity's; admit a missed expert when its score beats the
+  weakest resident not picked in this step by ``hysteresis``, at most ``max_admit`` per layer and step);
 - ``belady``: the offline optimum with bypass (on a miss, keep whichever of the missed expert and the residents is
-  used again last out), the ceiling any online policy can reach.
+  used again last out), the ceiling any online policy can reach; ``belady_no_bypass``: the same but every miss is
+  admitted (evicting the resident not in the step used again last), as the kernel's admissions are.
+
+Link traffic: an admitted expert is copied into its slot before its layer's experts run, which then read it from
+VRAM, so an admission replaces that step's read of the expert over the link (``ec_copy_kernel`` runs between
+``ec_step_kernel`` and the layer, on the same stream). The experts read over the link per layer step are the
+distinct misses, whatever is admitted: ``link_experts_per_layer_step`` is ``(1 - hit rate) * top_k`` for the
+decayed policy, each one expert's bytes.
 
 Traces: ``iid`` draws each step's top-k per layer from the profile's shares (no temporal structure); ``drift``
 multiplies the shares by a slowly varying random factor per expert (topics change over a conversation), which is
@@ -37,7 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from glm53.offload.cache import Policy
-from glm53.offload.cache_policy import C_ADMITS, C_HITS, ReferenceCache, placement, shares, warm_scores
+from glm53.offload.cache_policy import C_ADMITS, C_HITS, ReferenceCache, placement, popularity_lift, shares, warm_scores
 
 PROFILE = REPO / "glm53" / "models" / "glm53-flash-routing-profile.json"
 
@@ -76,6 +85,14 @@ def run_static(trace, start):
     for layer, resident in enumerate(start):
         members = set(resident)
         hits += sum(int(e) in members for e in trace[:, layer].reshape(-1))
+    return hits
+
+
+def run_static_hindsight(trace, start):
+    hits = 0
+    for layer, resident in enumerate(start):
+        counts = np.bincount(trace[:, layer].reshape(-1), minlength=1)
+        hits += int(np.sort(counts)[::-1][: len(resident)].sum())
     return hits
 
 
@@ -147,10 +164,12 @@ def replay_decayed(trace, start, profile: np.ndarray, policy: Policy) -> Referen
     """The kernel's policy, the reference of ``ec_step_kernel``, step by step from the warm scores of ``profile``;
     the cache after the replay (its counters)."""
     residents = [(layer, expert) for layer, experts in enumerate(start) for expert in experts]
-    cache = ReferenceCache(warm_scores(profile, trace.shape[2], policy.decay), residents)
+    top_k = trace.shape[2]
+    cache = ReferenceCache(warm_scores(profile, top_k, policy.decay), residents, warm_scores(profile, top_k, policy.recency_decay),
+                           popularity_lift(profile, top_k))
     for t in range(trace.shape[0]):
         for layer in range(trace.shape[1]):
-            cache.step(layer, trace[t, layer], policy.decay, policy.hysteresis, policy.max_admit)
+            cache.step(layer, trace[t, layer], policy.decay, policy.hysteresis, policy.max_admit, policy.recency)
     return cache
 
 
@@ -158,8 +177,8 @@ def run_decayed(trace, start, profile: np.ndarray, policy: Policy):
     return int(replay_decayed(trace, start, profile, policy).counters[:, C_HITS].sum())
 
 
-def run_belady(trace, start):
-    """Offline optimum with bypass, per layer with its quota."""
+def run_belady(trace, start, bypass: bool = True):
+    """Offline optimum per layer with its quota: with bypass, or admitting every miss (the step's own experts stay)."""
     hits = 0
     steps = trace.shape[0]
     for layer, resident in enumerate(start):
@@ -176,20 +195,22 @@ def run_belady(trace, start):
         first = dict(nxt)  # first use of each expert
         res = {e: first.get(e, steps + 1) for e in resident}  # expert -> its next use
         for t in range(steps):
+            step = {int(e) for e in seq[t]}
             for j, e in enumerate(seq[t]):
                 e = int(e)
                 if e in res:
                     hits += 1
                     res[e] = int(next_use[t, j])
                 elif q:
-                    far = max(res, key=res.get)
-                    if res[far] > next_use[t, j]:
+                    others = list(res) if bypass else [x for x in res if x not in step]
+                    far = max(others, key=res.get, default=None)
+                    if far is not None and (not bypass or res[far] > next_use[t, j]):
                         del res[far]
                         res[e] = int(next_use[t, j])
     return hits
 
 
-POLICIES = ("static", "lru", "clock", "decayed", "belady")
+POLICIES = ("static", "static_hindsight", "lru", "clock", "decayed", "belady", "belady_no_bypass")
 
 
 def simulate(profile: np.ndarray, trace: np.ndarray, slots: int, policy: Policy | None = None) -> dict:
@@ -200,16 +221,20 @@ def simulate(profile: np.ndarray, trace: np.ndarray, slots: int, policy: Policy 
     decayed = replay_decayed(trace, start, profile, policy).counters
     runs = {
         "static": lambda: run_static(trace, start),
+        "static_hindsight": lambda: run_static_hindsight(trace, start),
         "lru": lambda: run_lru(trace, start),
         "clock": lambda: run_clock(trace, start),
         "decayed": lambda: int(decayed[:, C_HITS].sum()),
         "belady": lambda: run_belady(trace, start),
+        "belady_no_bypass": lambda: run_belady(trace, start, bypass=False),
     }
     hit_rate = {name: round(runs[name]() / picks, 4) for name in POLICIES}
-    return {"picks": picks, "slots": slots, "policy": {"decay": policy.decay, "hysteresis": policy.hysteresis,
-                                                       "max_admit": policy.max_admit},
-            "hit_rate": hit_rate, "decayed_of_belady": round(hit_rate["decayed"] / hit_rate["belady"], 3),
-            "admits_per_layer_step": round(float(decayed[:, C_ADMITS].sum()) / (trace.shape[0] * trace.shape[1]), 3)}
+    layer_steps = trace.shape[0] * trace.shape[1]
+    fields = ("decay", "hysteresis", "max_admit", "recency_decay", "recency_weight", "recency_keep")
+    return {"picks": picks, "slots": slots, "policy": {name: getattr(policy, name) for name in fields},
+            "hit_rate": hit_rate, "of_belady": {name: round(hit_rate[name] / hit_rate["belady"], 3) for name in POLICIES},
+            "admits_per_layer_step": round(float(decayed[:, C_ADMITS].sum()) / layer_steps, 3),
+            "link_experts_per_layer_step": round((picks - int(decayed[:, C_HITS].sum())) / layer_steps, 3)}
 
 
 def twin_trace(routing: str, steps: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -231,6 +256,9 @@ def main(argv=None) -> int:
     ap.add_argument("--decay", type=float, default=Policy.decay)
     ap.add_argument("--hysteresis", type=float, default=Policy.hysteresis)
     ap.add_argument("--max-admit", type=int, default=Policy.max_admit)
+    ap.add_argument("--recency-decay", type=float, default=Policy.recency_decay)
+    ap.add_argument("--recency-weight", type=float, default=Policy.recency_weight)
+    ap.add_argument("--recency-keep", type=float, default=Policy.recency_keep)
     ap.add_argument("--trace", type=Path, help="replay this recorded trace (.npy int [steps, layers, top_k]) instead")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path)
@@ -243,7 +271,8 @@ def main(argv=None) -> int:
     else:
         trace = make_trace(profile, args.steps, args.top_k, args.mode, args.seed)
     slots = round(args.share * profile.size)
-    policy = Policy(decay=args.decay, hysteresis=args.hysteresis, max_admit=args.max_admit)
+    policy = Policy(decay=args.decay, hysteresis=args.hysteresis, max_admit=args.max_admit, recency_decay=args.recency_decay,
+                    recency_weight=args.recency_weight, recency_keep=args.recency_keep)
     result = {"profile": str(args.profile), "mode": "trace" if args.trace else args.mode, "steps": int(trace.shape[0]),
               "seed": args.seed, **({"routing": args.routing} if args.mode == "twin" and not args.trace else {}),
               **simulate(profile, trace, slots, policy)}

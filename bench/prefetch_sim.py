@@ -92,7 +92,7 @@ def run_config(trace, profile, split: Split, pred, consts: dict, policy: Policy)
     """One replay and its modelled step time. ``pred``: int [steps, layers, n] or None (no prefetch)."""
     predict = None if pred is None else (lambda t, layer: pred[t, layer][None, :])
     run = replay(trace, profile, split, predict, consts["budget_bytes"], consts["expert_bytes"],
-                 policy.decay, policy.hysteresis, policy.max_admit)
+                 policy.decay, policy.hysteresis, policy.max_admit, policy.recency)
     c = run.counters.sum(axis=0)
     steps, layers = trace.shape[:2]
     mb = consts["expert_bytes"] / 1e6 / steps  # MB per step of one expert per replay

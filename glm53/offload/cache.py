@@ -6,7 +6,8 @@ store (a mapped, page-locked address), so the kernels read it over PCIe. Bytes n
 are read from, so results are bit-identical whatever the cache holds.
 
 The replacement policy (per layer, on the device, no host synchronisation) is defined in ``cache_policy``: a
-decayed pick count per expert as the score, admission of a missed expert past a hysteresis over the weakest
+slow decayed pick count per expert (popularity) plus a fast one (recency) weighted by how much the layer's picks
+are seen to recur over tokens, admission of a missed expert past a hysteresis over the weakest
 resident not in use, at most ``max_admit`` per layer and step, slots partitioned between layers at start by the
 routing profile, scores starting from the same profile (the checkpoint's own, else one learned while serving,
 else none), so decode starts warm.
@@ -17,13 +18,14 @@ placement of the same number of slots would have hit on the decode picks actuall
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from .cache_policy import C_ADMITS, C_EVICTS, C_HITS, C_N, C_PICKS, C_STEPS, placement, warm_scores
-from .ec_native import MAX_ADMIT, MAX_EXPERTS, EcState, Kernels
+from .cache_policy import C_ADMITS, C_EVICTS, C_HITS, C_N, C_PICKS, C_STEPS, Recency, placement, popularity_lift, warm_scores
+from .ec_native import MAX_ADMIT, MAX_EXPERTS, EcRecency, EcState, Kernels
 from .host_store import HostStore
 from .link import Link
 from .part import Part
@@ -33,18 +35,30 @@ CHUNK_SLOTS = 32  # slots per VRAM allocation; the elastic loan frees and reallo
 
 @dataclass(frozen=True)
 class Policy:
-    """The cache's settings. ``decay``, ``hysteresis`` and ``max_admit`` are the replacement policy's parameters,
-    defined by ``cache_policy.ReferenceCache.step`` (which ``ec_step_kernel`` runs on the device)."""
+    """The cache's settings. ``decay``, ``hysteresis``, ``max_admit`` and the ``recency_*`` fields are the
+    replacement policy's parameters, defined by ``cache_policy.ReferenceCache.step`` (which ``ec_step_kernel`` runs
+    on the device). The defaults are the replay's best on both routing presets
+    (bench/results/2026-12-02-cache-policy-two-timescale.md)."""
 
-    decay: float = 0.995  # score half-life ~140 decode steps
+    decay: float = 0.999  # of the slow score (popularity): half-life ~700 decode steps
     hysteresis: float = 1.25
-    max_admit: int = 2  # per layer and decode step: each admission reads one expert block over PCIe
+    max_admit: int = 8  # per layer and decode step; an admission replaces the step's read of the expert over the link
+    recency_decay: float = 0.5  # of the fast score: a trained router's picks recur over the next few tokens
+    recency_weight: float = 800.0  # the fast score's weight per unit of measured reuse lift above popularity's
+    recency_keep: float = 0.99  # of the running reuse lift: ~100 decode steps
     decode_rows: int = 8  # routing calls of at most this many rows are decode steps (admission on)
     copy_blocks: int = 32  # thread blocks of the admission copy (16 already saturate a PCIe 5 link)
 
     def __post_init__(self):
         if not 0.0 < self.decay <= 1.0 or self.hysteresis < 1.0 or not 0 <= self.max_admit <= MAX_ADMIT:
             raise ValueError(f"bad cache policy {self}")
+        weight_ok = self.recency_weight >= 0.0 and math.isfinite(self.recency_weight)
+        if not 0.0 < self.recency_decay < 1.0 or not weight_ok or not 0.0 <= self.recency_keep < 1.0:
+            raise ValueError(f"bad cache policy {self}: recency_decay in (0, 1), recency_weight >= 0, recency_keep in [0, 1)")
+
+    @property
+    def recency(self) -> Recency:
+        return Recency(self.recency_decay, self.recency_weight, self.recency_keep)
 
 
 class ExpertCache(Part):
@@ -91,6 +105,9 @@ class ExpertCache(Part):
         self.home = home.to(device)
         self.tables_addr = torch.tensor([[t.data_ptr() for t in layer] for layer in tables], **i64)
         self.freq = torch.zeros((L, E), dtype=torch.float32, device=device)
+        self.recent = torch.zeros((L, E), dtype=torch.float32, device=device)
+        self.prev = torch.zeros((L, E), dtype=torch.uint8, device=device)
+        self.reuse = torch.zeros((L, 2), dtype=torch.float32, device=device)
         self.slot_of = torch.full((L, E), -1, dtype=torch.int32, device=device)
         self.owner = torch.full((max(self.num_slots, 1),), -1, dtype=torch.int32, device=device)
         self.picks = torch.zeros((L, E), **i64)
@@ -109,6 +126,8 @@ class ExpertCache(Part):
             off_up=store.layout.offsets[1], off_down=store.layout.offsets[2],
             jobs=self.jobs.data_ptr(), num_jobs=self.num_jobs.data_ptr(),
         )
+        self.recency_state = EcRecency(recent=self.recent.data_ptr(), prev=self.prev.data_ptr(), reuse=self.reuse.data_ptr(),
+                                       decay=self.policy.recency_decay, weight=self.policy.recency_weight, keep=self.policy.recency_keep)
         # Table entries at home first (exllamav3 built them from the same aliases; this makes it explicit)
         self.assign([(l, e, -1) for l in range(L) for e in range(E)])
         self._lent: list[int] = []  # chunks freed for a prefill
@@ -136,6 +155,8 @@ class ExpertCache(Part):
         self.assign(entries)
         self.copy_in([(l, e, slot) for l, e, slot in entries])
         self.freq.copy_(torch.from_numpy(warm_scores(profile, self.top_k, self.policy.decay)))
+        self.recent.copy_(torch.from_numpy(warm_scores(profile, self.top_k, self.policy.recency_decay)))
+        self.reuse.copy_(torch.from_numpy(np.repeat(popularity_lift(profile, self.top_k)[:, None], 2, axis=1)))
         torch.cuda.synchronize(self.device)
 
     def assign(self, entries: list[tuple[int, int, int]]) -> None:
@@ -157,7 +178,8 @@ class ExpertCache(Part):
         """After a layer's routing, before its experts run: count, decide, rewrite tables, copy admissions (one
         ``cache_policy.ReferenceCache.step``, on the device). The router's weights and input are not needed."""
         admit = self.policy.max_admit if self.num_slots else 0
-        self.kernels.step(self.state, layer, selected, self.policy.decay, self.policy.hysteresis, admit, self.block_bytes, self.policy.copy_blocks)
+        self.kernels.step(self.state, self.recency_state, layer, selected, self.policy.decay, self.policy.hysteresis, admit, self.block_bytes,
+                          self.policy.copy_blocks)
         if admit:
             self.link.units(self.num_jobs, self.block_bytes, "admissions", self.policy.copy_blocks)
 

@@ -5,35 +5,61 @@ slots, scores and counters step by step, and ``bench/cache_policy_sim.py`` repla
 
 The state (the same arrays as ``ExpertCache`` keeps on the device):
 
-- ``freq`` float32 [layers, experts]: each expert's decayed pick count, the replacement score. One score for
-  frequency and recency: a pick ``n`` steps ago weighs ``decay ** n``.
+- ``freq`` float32 [layers, experts]: each expert's slow score, its decayed pick count: a pick ``n`` steps ago
+  weighs ``decay ** n`` (``decay`` near 1: how popular the expert is).
+- ``recent`` float32 [layers, experts]: the fast score, the same count with ``Recency.decay`` (well below 1: whether
+  the expert was picked in the last few steps).
+- ``prev`` bool [layers, experts] (uint8 on the device): picked by the first row of the layer's previous decode
+  step.
+- ``reuse`` float32 [layers, 2]: column 0 the layer's measured reuse lift (below), column 1 the lift popularity
+  alone gives (``popularity_lift``, fixed at start). The recency weight of a layer is ``Recency.weight`` times the
+  excess of the first over the second, so a layer whose picks recur over tokens (a trained router's) ranks by
+  recency as well as popularity, and one whose picks are independent of the past ranks by popularity alone, as the
+  static placement does (the best an online policy can do there).
 - ``slot_of`` int32 [layers, experts]: the VRAM slot holding the expert, -1 when it is read from the host store;
   ``owner`` int32 [slots]: ``layer * experts + expert`` of the slot's expert.
 - ``picks`` int64 [layers, experts] and ``counters`` int64 [layers, C_N]: what the cache reports.
 
 At start the slots are partitioned between layers, once, by the routing profile (``placement``: the slots go to
 the (layer, expert) pairs with the largest share of their layer's picks, so a layer with skewed routing gets more
-slots), and the scores start at the profile's steady state (``warm_scores``), so decode starts warm. A step
-admits an expert of a layer only by evicting one of the same layer, so each layer keeps its share of the slots.
+slots), both scores start at the profile's steady state (``warm_scores``), ``prev`` empty and both columns of
+``reuse`` at ``popularity_lift``, so decode starts warm with no recency weight. A step admits an expert of a layer
+only by evicting one of the same layer, so each layer keeps its share of the slots.
 
-One decode step of one layer, given the experts its routing picked (``ReferenceCache.step``):
+One decode step of one layer, given the experts its routing picked (``ReferenceCache.step``). Every operation is
+one float32 operation, rounded to nearest, in this order (the kernel uses the ``__f*_rn`` intrinsics, so none is
+fused):
 
-1. Every score of the layer decays: ``f = freq * decay``, one float32 multiplication.
+1. Scores decay: ``f = freq * decay`` and ``r = recent * Recency.decay``.
 2. Picks are counted per expert (an expert may be picked by several rows of the step; entries outside
-   ``[0, experts)`` are ignored). A picked expert's score gains its count in one float32 addition
-   (``f + 3``, not ``f + 1 + 1 + 1``, which can round differently); its ``picks`` grow by the count, and so do
-   the hits when it was resident at the start of the step.
-3. Candidates are the picked experts that are not resident; victims the residents that were not picked (an expert
+   ``[0, experts)`` are ignored). A picked expert's scores each gain its count in one addition (``f + 3``, not
+   ``f + 1 + 1 + 1``, which can round differently); its ``picks`` grow by the count, and so do the hits when it
+   was resident at the start of the step.
+3. The reuse lift, on the step's first row (the last axis of ``selected``: one stream of a batch, since rows of
+   several streams would show popular experts recurring more than one stream's ``popularity_lift`` says): with
+   ``n`` the experts of the previous step's first row (``prev``), ``u`` of them in this step's first row and ``m``
+   experts in that row in all (integers, each expert once, entries outside ``[0, experts)`` ignored), when
+   ``0 < n < experts``: ``lift = u / n - (m - u) / (experts - n)`` (the pick rate of the previous step's experts
+   less that of the others) and ``reuse[0] = reuse[0] * keep + (1 - keep) * lift`` (``keep`` is
+   ``Recency.keep``; ``1 - keep`` one subtraction); otherwise ``reuse[0]`` stays. Then ``prev`` becomes this
+   step's first row's experts.
+4. The layer's recency weight ``w = Recency.weight * max(reuse[0] - reuse[1], 0)`` and the score of each expert
+   ``s = f + w * r``.
+5. Candidates are the picked experts that are not resident; victims the residents that were not picked (an expert
    in use in this step is never evicted). Then, at most ``max_admit`` times: the candidate with the highest
-   score and the victim with the lowest (ties to the lower expert id, both) are found; the candidate is admitted
-   into the victim's slot when ``f[candidate] > hysteresis * f[victim]``, the product rounded to float32 and the
-   comparison strict, so that one-off picks do not churn the cache. Else, or when either list is empty, the step
-   admits nothing more. An admitted expert is no longer a candidate and an evicted one no longer a victim.
-4. Counters: picks grow by the number of entries given (out-of-range ones included, as in the kernel), hits by
+   score ``s`` and the victim with the lowest (ties to the lower expert id, both) are found; the candidate is
+   admitted into the victim's slot when ``s[candidate] > hysteresis * s[victim]``, the product rounded to float32
+   and the comparison strict, so that one-off picks do not churn the cache. Else, or when either list is empty,
+   the step admits nothing more. An admitted expert is no longer a candidate and an evicted one no longer a victim.
+6. Counters: picks grow by the number of entries given (out-of-range ones included, as in the kernel), hits by
    the picks of residents, admissions and evictions both by the number admitted, steps by one.
 
+With ``Recency.weight`` 0 (``NO_RECENCY``) the score is the slow one alone (``s = f`` exactly), the policy of the
+first cache.
+
 The admitted experts are copied into their slots, in admission order, by the next kernel (``ec_copy_kernel``),
-before the layer's experts run; the evicted ones are read from the host store again.
+before the layer's experts run, which then read them from VRAM: an admission replaces that step's read of the
+expert over the link, it does not add to it. The evicted ones are read from the host store again.
 """
 
 from __future__ import annotations
@@ -67,6 +93,28 @@ def warm_scores(profile: np.ndarray, top_k: int, decay: float) -> np.ndarray:
     return (shares(profile) * top_k / max(1.0 - decay, 1e-6)).astype(np.float32)
 
 
+def popularity_lift(profile: np.ndarray, top_k: int) -> np.ndarray:
+    """float32 [layers]: the reuse lift (step 3 of the module docstring) that picks independent of the past, by the
+    profile's shares, give on average: with ``p = min(top_k * share, 1)`` an expert's chance to be picked in a
+    step, ``sum(p^2) / sum(p) - sum(p (1 - p)) / sum(1 - p)``. Popular experts are picked again more often than
+    the others without any memory; only a lift above this says that the picks recur."""
+    p = np.minimum(shares(profile) * top_k, 1.0)
+    hot, total = (p * p).sum(axis=1), p.sum(axis=1)
+    rest = profile.shape[1] - total
+    return (hot / np.maximum(total, 1e-30) - np.where(rest > 0, (total - hot) / np.maximum(rest, 1e-30), 0.0)).astype(np.float32)
+
+
+class Recency(NamedTuple):
+    """The fast term of the score (module docstring, steps 1, 3 and 4)."""
+
+    decay: float  # of the fast score
+    weight: float  # the fast score's weight per unit of reuse lift above popularity's
+    keep: float  # of the measured reuse lift, per step
+
+
+NO_RECENCY = Recency(decay=0.5, weight=0.0, keep=0.99)  # the slow score alone
+
+
 class Admission(NamedTuple):
     expert: int  # admitted
     slot: int  # the slot it now holds, the evicted expert's
@@ -76,15 +124,23 @@ class Admission(NamedTuple):
 class ReferenceCache:
     """The cache's decision state on the host, and the kernel's decode step on it (see the module docstring)."""
 
-    def __init__(self, freq: np.ndarray, residents: list[tuple[int, int]]):
+    def __init__(self, freq: np.ndarray, residents: list[tuple[int, int]], recent: np.ndarray | None = None,
+                 popularity: np.ndarray | None = None):
         """
-        :param freq: float [layers, experts] starting scores (rounded to float32, as the device holds them).
+        :param freq: float [layers, experts] starting slow scores (rounded to float32, as the device holds them).
         :param residents: (layer, expert) of each slot's expert, slot 0 first; every slot is filled.
+        :param recent: float [layers, experts] starting fast scores (None: zeros).
+        :param popularity: float [layers] ``popularity_lift``, both columns of ``reuse`` at start (None: zeros).
         :raise ValueError: a pair outside ``freq``'s shape, or one expert in two slots.
         """
         self.freq = np.array(freq, dtype=np.float32)
         layers, experts = self.freq.shape
         self.num_experts = experts
+        self.recent = np.zeros((layers, experts), dtype=np.float32) if recent is None else np.array(recent, dtype=np.float32)
+        self.prev = np.zeros((layers, experts), dtype=bool)
+        self.reuse = np.zeros((layers, 2), dtype=np.float32)
+        if popularity is not None:
+            self.reuse[:] = np.asarray(popularity, dtype=np.float32)[:, None]
         self.slot_of = np.full((layers, experts), -1, dtype=np.int32)
         self.owner = np.full(len(residents), -1, dtype=np.int32)
         for slot, (layer, expert) in enumerate(residents):
@@ -96,40 +152,54 @@ class ReferenceCache:
         self.counters = np.zeros((layers, C_N), dtype=np.int64)
 
     @classmethod
-    def warm(cls, profile: np.ndarray, slots: int, top_k: int, decay: float) -> ReferenceCache:
+    def warm(cls, profile: np.ndarray, slots: int, top_k: int, decay: float, recency: Recency = NO_RECENCY) -> ReferenceCache:
         """The state ``ExpertCache`` starts from: ``placement`` fills the slots (at most every expert), the scores
-        are ``warm_scores``.
+        are ``warm_scores`` (of ``decay`` and of ``recency.decay``), ``reuse`` is ``popularity_lift``.
 
         :param profile: float [layers, experts] picks per expert (zeros: no profile, a cold start).
         """
-        return cls(warm_scores(profile, top_k, decay), placement(profile, slots))
+        return cls(warm_scores(profile, top_k, decay), placement(profile, slots), warm_scores(profile, top_k, recency.decay),
+                   popularity_lift(profile, top_k))
 
-    def step(self, layer: int, selected, decay: float, hysteresis: float, max_admit: int) -> list[Admission]:
+    def step(self, layer: int, selected, decay: float, hysteresis: float, max_admit: int,
+             recency: Recency = NO_RECENCY) -> list[Admission]:
         """One decode step of one layer, ``ec_step_kernel``'s: count, score, admit. Updates the state and returns
         the admissions in order (the kernel's copy jobs).
 
-        :param selected: int, any shape: the experts the routing picked, one entry per (row, pick).
-        :param decay, hysteresis: rounded to float32, as the kernel takes them.
+        :param selected: int, any shape: the experts the routing picked, one entry per (row, pick); the last axis
+            is a row (the first row measures the reuse lift).
+        :param decay, hysteresis, recency: rounded to float32, as the kernel takes them.
         """
         experts = self.num_experts
-        sel = np.asarray(selected, dtype=np.int64).reshape(-1)
+        rows = np.asarray(selected, dtype=np.int64)
+        sel = rows.reshape(-1)
         count = np.bincount(sel[(sel >= 0) & (sel < experts)], minlength=experts)
+        first = sel[: rows.shape[-1] if rows.ndim else 1]
+        first_row = np.bincount(first[(first >= 0) & (first < experts)], minlength=experts) > 0
         picked = count > 0
         slot_of = self.slot_of[layer]
         resident = slot_of >= 0
         f = self.freq[layer] * np.float32(decay)
-        f[picked] += count[picked].astype(np.float32)
+        r = self.recent[layer] * np.float32(recency.decay)
+        added = count[picked].astype(np.float32)
+        f[picked] += added
+        r[picked] += added
         self.picks[layer] += count
         hits = int(count[resident].sum())
+        self._measure_reuse(layer, first_row, np.float32(recency.keep))
+        reuse = self.reuse[layer]
+        excess = reuse[0] - reuse[1]
+        w = np.float32(recency.weight) * (excess if excess > 0 else np.float32(0))
+        s = f + w * r
         candidate = picked & ~resident
         victim = ~picked & resident
         admitted: list[Admission] = []
         for _ in range(max_admit):
             if not candidate.any() or not victim.any():
                 break
-            c = _lowest_arg(f, candidate, np.argmax)
-            v = _lowest_arg(f, victim, np.argmin)
-            if not f[c] > np.float32(hysteresis) * f[v]:
+            c = _lowest_arg(s, candidate, np.argmax)
+            v = _lowest_arg(s, victim, np.argmin)
+            if not s[c] > np.float32(hysteresis) * s[v]:
                 break
             slot = int(slot_of[v])
             slot_of[v], slot_of[c] = -1, slot
@@ -137,6 +207,7 @@ class ReferenceCache:
             self.owner[slot] = layer * experts + c
             admitted.append(Admission(c, slot, v))
         self.freq[layer] = f
+        self.recent[layer] = r
         counters = self.counters[layer]
         counters[C_PICKS] += sel.size
         counters[C_HITS] += hits
@@ -144,6 +215,16 @@ class ReferenceCache:
         counters[C_EVICTS] += len(admitted)
         counters[C_STEPS] += 1
         return admitted
+
+    def _measure_reuse(self, layer: int, first_row: np.ndarray, keep: np.float32) -> None:
+        """Step 3: the previous step's experts' pick rate less the others', on the first row, into the layer's
+        average."""
+        prev = self.prev[layer]
+        n, again, now = int(prev.sum()), int((first_row & prev).sum()), int(first_row.sum())
+        if 0 < n < self.num_experts:
+            lift = np.float32(again) / np.float32(n) - np.float32(now - again) / np.float32(self.num_experts - n)
+            self.reuse[layer, 0] = self.reuse[layer, 0] * keep + (np.float32(1) - keep) * lift
+        prev[:] = first_row
 
     def residents(self, layer: int) -> list[int]:
         """The experts of ``layer`` in a slot, by expert id."""

@@ -37,6 +37,19 @@ class EcState(ctypes.Structure):
     ]
 
 
+class EcRecency(ctypes.Structure):
+    """Mirror of ``struct EcRecency``: the fast score's state and settings (``cache_policy.Recency``), by value."""
+
+    _fields_ = [
+        ("recent", ctypes.c_void_p),
+        ("prev", ctypes.c_void_p),
+        ("reuse", ctypes.c_void_p),
+        ("decay", ctypes.c_float),
+        ("weight", ctypes.c_float),
+        ("keep", ctypes.c_float),
+    ]
+
+
 class EcPool(ctypes.Structure):
     """Mirror of ``struct EcPool`` (``native/ec/prefetch.cuh``): the prefetch pool's VRAM slots and bookkeeping."""
 
@@ -74,14 +87,14 @@ class Kernels:
         """:raise NativeBuildError: no library found or built (``glm53.native.cuda.locate``). :raise AbiMismatch:
         the library's ``EcState`` or limits are not this module's (a stale build)."""
         lib, self.path = cuda.library(path)
-        abi.check(lib.ec_abi, self.path, {"EcState": EcState}, {"limit.max_admit": MAX_ADMIT, "limit.max_experts": MAX_EXPERTS})
+        abi.check(lib.ec_abi, self.path, {"EcState": EcState, "EcRecency": EcRecency}, {"limit.max_admit": MAX_ADMIT, "limit.max_experts": MAX_EXPERTS})
         abi.check(lib.ec_prefetch_abi, self.path, {"EcPool": EcPool},
                   {"limit.max_slots": PF_MAX_SLOTS, "limit.max_predicted": PF_MAX_PREDICTED, "counter.count": len(PF_COUNTERS),
                    **{f"counter.{name}": i for i, name in enumerate(PF_COUNTERS)}})
         abi.check(lib.le_abi, self.path, {"LeLink": LeLink},
                   {"kind.count": len(LINK_KINDS), **{f"kind.{name}": i for i, name in enumerate(LINK_KINDS)}})
         p, i, i64, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float
-        lib.ec_step.argtypes = [ctypes.POINTER(EcState), i, p, i, f, f, i, i64, i, p]
+        lib.ec_step.argtypes = [ctypes.POINTER(EcState), ctypes.POINTER(EcRecency), i, p, i, i, f, f, i, i64, i, p]
         lib.ec_assign.argtypes = [ctypes.POINTER(EcState), p, i, p]
         lib.ec_read_probe.argtypes = [p, i64, p, i, p]
         lib.ec_prefetch.argtypes = [ctypes.POINTER(EcState), ctypes.POINTER(EcPool), i, p, i, i, i, i64, i, p]
@@ -101,9 +114,13 @@ class Kernels:
         if code != 0:
             raise RuntimeError(f"{what}: CUDA error {code}")
 
-    def step(self, state: EcState, layer: int, sel: torch.Tensor, decay: float, hysteresis: float, max_admit: int, block_bytes: int, copy_blocks: int) -> None:
+    def step(self, state: EcState, recency: EcRecency, layer: int, sel: torch.Tensor, decay: float, hysteresis: float, max_admit: int,
+             block_bytes: int, copy_blocks: int) -> None:
+        """sel: int64 [rows, top_k] (contiguous); the first row measures the reuse lift."""
         stream = torch.cuda.current_stream().cuda_stream
-        self._check(self._lib.ec_step(ctypes.byref(state), layer, sel.data_ptr(), sel.numel(), decay, hysteresis, max_admit, block_bytes, copy_blocks, stream), "ec_step")
+        row = sel.shape[-1] if sel.dim() else 1
+        self._check(self._lib.ec_step(ctypes.byref(state), ctypes.byref(recency), layer, sel.data_ptr(), sel.numel(), row, decay,
+                                      hysteresis, max_admit, block_bytes, copy_blocks, stream), "ec_step")
 
     def assign(self, state: EcState, entries: torch.Tensor) -> None:
         """entries: int32 [n, 3] (layer row, expert, slot or -1) on the device."""

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .cache_policy import ReferenceCache
+from .cache_policy import NO_RECENCY, Recency, ReferenceCache
 
 # counters per layer, all in pick units except the *_EXPERTS ones (distinct experts per step)
 (P_PICKS, P_HITS, P_PREFETCH_HITS, P_MISSES, P_COPIED_EXPERTS, P_WASTED_EXPERTS, P_MISS_EXPERTS,
@@ -126,18 +126,19 @@ class PrefetchReplay:
     """The cache and the prefetch pool over a routing trace, one layer step at a time (see the module docstring)."""
 
     def __init__(self, cache: ReferenceCache, pool: int, budget_bytes: int, expert_bytes: int,
-                 decay: float, hysteresis: float, max_admit: int):
+                 decay: float, hysteresis: float, max_admit: int, recency: Recency = NO_RECENCY):
         """
         :param cache: the cache's state, stepped in place.
         :param pool: the pool's slots per layer step.
         :param budget_bytes: link bytes per layer that arrive within the attention's time.
         :param expert_bytes: one expert's bytes (a slot's size).
-        :param decay, hysteresis, max_admit: the cache's policy (``glm53.offload.cache.Policy``'s fields).
+        :param decay, hysteresis, max_admit, recency: the cache's policy (``glm53.offload.cache.Policy``'s fields
+            and ``recency``).
         """
         self.cache = cache
         self.copies = min(max(pool, 0), budget_experts(budget_bytes, expert_bytes))
         self.expert_bytes = int(expert_bytes)
-        self.policy = (decay, hysteresis, max_admit)
+        self.policy = (decay, hysteresis, max_admit, recency)
         self.counters = np.zeros((cache.freq.shape[0], P_N), dtype=np.int64)
 
     def step(self, layer: int, selected, predicted) -> list[int]:
@@ -176,7 +177,7 @@ class PrefetchReplay:
 
 
 def replay(trace, profile: np.ndarray, split: Split, predict, budget_bytes: int, expert_bytes: int,
-           decay: float, hysteresis: float, max_admit: int) -> PrefetchReplay:
+           decay: float, hysteresis: float, max_admit: int, recency: Recency = NO_RECENCY) -> PrefetchReplay:
     """Replay a routing trace step by step, every layer in order, from the cache's warm start
     (``ReferenceCache.warm`` with the split's cache slots) and a pool of ``split.pool`` slots.
 
@@ -187,8 +188,8 @@ def replay(trace, profile: np.ndarray, split: Split, predict, budget_bytes: int,
         prefetch); called just before the layer's step, as the device predicts before the layer runs.
     """
     top_k = np.asarray(trace[0]).shape[-1]
-    cache = ReferenceCache.warm(profile, split.cache_slots, top_k, decay)
-    run = PrefetchReplay(cache, split.pool, budget_bytes, expert_bytes, decay, hysteresis, max_admit)
+    cache = ReferenceCache.warm(profile, split.cache_slots, top_k, decay, recency)
+    run = PrefetchReplay(cache, split.pool, budget_bytes, expert_bytes, decay, hysteresis, max_admit, recency)
     for t, step in enumerate(trace):
         for layer, selected in enumerate(step):
             run.step(layer, selected, predict(t, layer) if predict is not None and run.copies else None)

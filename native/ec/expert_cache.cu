@@ -74,52 +74,101 @@ __device__ int block_arg_extreme(const float* v, const bool* ok, int n, bool wan
     return r;
 }
 
-// One decode step of one MoE layer: count the picks, update the scores, then admit up to max_admit missed
-// experts whose score beats the weakest resident (not picked this step) by the hysteresis factor.
-__global__ void __launch_bounds__(EC_THREADS) ec_step_kernel(EcState s, int layer, const int64_t* sel, int n,
-                                                             float decay, float hysteresis, int max_admit)
+// The fast half of the score and its per-layer weight (glm53/offload/cache_policy.py, Recency and steps 1-4).
+struct EcRecency {
+    float* recent;        // [L, E] fast decayed pick count
+    uint8_t* prev;        // [L, E] 1: picked by the first row of the layer's previous decode step
+    float* reuse;         // [L, 2] measured reuse lift (running average), the lift popularity alone gives
+    float decay;          // of recent
+    float weight;         // recency weight per unit of lift above popularity's
+    float keep;           // of the running average
+};
+
+// One decode step of one MoE layer: count the picks, update both scores and the layer's reuse lift (measured on the
+// first `row` entries of sel, one stream), then admit up to max_admit missed experts whose score beats the weakest
+// resident (not picked this step) by the hysteresis factor. Every float operation is an explicitly rounded
+// intrinsic: the NumPy reference rounds after each one, and a fused multiply-add would not.
+__global__ void __launch_bounds__(EC_THREADS) ec_step_kernel(EcState s, EcRecency rc, int layer, const int64_t* sel,
+                                                             int n, int row, float decay, float hysteresis, int max_admit)
 {
     __shared__ float f[EC_MAX_EXPERTS];
+    __shared__ float r[EC_MAX_EXPERTS];
+    __shared__ float score[EC_MAX_EXPERTS];
     __shared__ int cnt[EC_MAX_EXPERTS];
     __shared__ int slot[EC_MAX_EXPERTS];
     __shared__ bool cand[EC_MAX_EXPERTS];
     __shared__ bool vict[EC_MAX_EXPERTS];
+    __shared__ bool first[EC_MAX_EXPERTS];
     __shared__ float red_v[EC_THREADS];
     __shared__ int red_i[EC_THREADS];
-    __shared__ int hits;
+    __shared__ int hits, n_prev, again, now;
+    __shared__ float weight;
 
     const int E = s.num_experts;
     const int t = threadIdx.x;
     float* freq = s.freq + (int64_t) layer * E;
+    float* recent = rc.recent + (int64_t) layer * E;
+    uint8_t* prev = rc.prev + (int64_t) layer * E;
+    float* reuse = rc.reuse + 2 * layer;
     int32_t* slot_of = s.slot_of + (int64_t) layer * E;
 
-    if (t == 0) hits = 0;
-    for (int e = t; e < E; e += blockDim.x) { f[e] = freq[e] * decay; cnt[e] = 0; slot[e] = slot_of[e]; }
+    if (t == 0) { hits = 0; n_prev = 0; again = 0; now = 0; }
+    for (int e = t; e < E; e += blockDim.x) {
+        f[e] = __fmul_rn(freq[e], decay);
+        r[e] = __fmul_rn(recent[e], rc.decay);
+        cnt[e] = 0;
+        first[e] = false;
+        slot[e] = slot_of[e];
+    }
     __syncthreads();
     for (int i = t; i < n; i += blockDim.x) {
         int64_t e = sel[i];
-        if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
+        if (e >= 0 && e < E) {
+            atomicAdd(&cnt[e], 1);
+            if (i < row) first[e] = true;
+        }
     }
     __syncthreads();
     for (int e = t; e < E; e += blockDim.x) {
         int c = cnt[e];
+        bool was = prev[e] != 0;
         if (c) {
-            f[e] += (float) c;
+            f[e] = __fadd_rn(f[e], (float) c);
+            r[e] = __fadd_rn(r[e], (float) c);
             s.picks[(int64_t) layer * E + e] += c;
             if (slot[e] >= 0) atomicAdd(&hits, c);
         }
+        if (first[e]) {
+            atomicAdd(&now, 1);
+            if (was) atomicAdd(&again, 1);
+        }
+        if (was) atomicAdd(&n_prev, 1);
+        prev[e] = first[e];
         cand[e] = c > 0 && slot[e] < 0;
         vict[e] = c == 0 && slot[e] >= 0;
     }
     __syncthreads();
+    if (t == 0) {
+        float lift = reuse[0];
+        if (n_prev > 0 && n_prev < E) {
+            float rate = __fsub_rn(__fdiv_rn((float) again, (float) n_prev), __fdiv_rn((float) (now - again), (float) (E - n_prev)));
+            lift = __fadd_rn(__fmul_rn(lift, rc.keep), __fmul_rn(__fsub_rn(1.0f, rc.keep), rate));
+            reuse[0] = lift;
+        }
+        float excess = __fsub_rn(lift, reuse[1]);
+        weight = __fmul_rn(rc.weight, excess > 0.0f ? excess : 0.0f);
+    }
+    __syncthreads();
+    for (int e = t; e < E; e += blockDim.x) score[e] = __fadd_rn(f[e], __fmul_rn(weight, r[e]));
+    __syncthreads();
 
     int admitted = 0;
     for (int k = 0; k < max_admit; ++k) {
-        int c = block_arg_extreme(f, cand, E, true, red_v, red_i);
+        int c = block_arg_extreme(score, cand, E, true, red_v, red_i);
         if (c < 0) break;
-        int v = block_arg_extreme(f, vict, E, false, red_v, red_i);
+        int v = block_arg_extreme(score, vict, E, false, red_v, red_i);
         if (v < 0) break;
-        if (!(f[c] > hysteresis * f[v])) break;
+        if (!(score[c] > __fmul_rn(hysteresis, score[v]))) break;
         if (t == 0) {
             int sl = slot[v];
             slot[v] = -1;
@@ -136,7 +185,7 @@ __global__ void __launch_bounds__(EC_THREADS) ec_step_kernel(EcState s, int laye
         __syncthreads();
     }
 
-    for (int e = t; e < E; e += blockDim.x) { freq[e] = f[e]; slot_of[e] = slot[e]; }
+    for (int e = t; e < E; e += blockDim.x) { freq[e] = f[e]; recent[e] = r[e]; slot_of[e] = slot[e]; }
     if (t == 0) {
         int64_t* ctr = s.counters + (int64_t) layer * C_N;
         ctr[C_PICKS] += n;
@@ -188,11 +237,12 @@ __global__ void ec_assign_kernel(EcState s, const int32_t* entries, int n)
 
 extern "C" {
 
-int ec_step(const EcState* s, int layer, const int64_t* sel, int n, float decay, float hysteresis, int max_admit,
-            int64_t block_bytes, int copy_blocks, cudaStream_t stream)
+// row: the entries of sel's first row (its routing's top-k), on which the reuse lift is measured.
+int ec_step(const EcState* s, const EcRecency* rc, int layer, const int64_t* sel, int n, int row, float decay,
+            float hysteresis, int max_admit, int64_t block_bytes, int copy_blocks, cudaStream_t stream)
 {
     if (s->num_experts > EC_MAX_EXPERTS || max_admit > EC_MAX_ADMIT) return (int) cudaErrorInvalidValue;
-    ec_step_kernel<<<1, EC_THREADS, 0, stream>>>(*s, layer, sel, n, decay, hysteresis, max_admit);
+    ec_step_kernel<<<1, EC_THREADS, 0, stream>>>(*s, *rc, layer, sel, n, row, decay, hysteresis, max_admit);
     if (max_admit > 0) ec_copy_kernel<<<copy_blocks, 256, 0, stream>>>(*s, block_bytes);
     return (int) cudaGetLastError();
 }
@@ -241,6 +291,13 @@ int ec_abi(const char* name, int64_t* value)
         GLM53_ABI_FIELD(EcState, off_down),
         GLM53_ABI_FIELD(EcState, jobs),
         GLM53_ABI_FIELD(EcState, num_jobs),
+        GLM53_ABI_SIZE(EcRecency),
+        GLM53_ABI_FIELD(EcRecency, recent),
+        GLM53_ABI_FIELD(EcRecency, prev),
+        GLM53_ABI_FIELD(EcRecency, reuse),
+        GLM53_ABI_FIELD(EcRecency, decay),
+        GLM53_ABI_FIELD(EcRecency, weight),
+        GLM53_ABI_FIELD(EcRecency, keep),
         GLM53_ABI_VALUE("limit.max_admit", EC_MAX_ADMIT),
         GLM53_ABI_VALUE("limit.max_experts", EC_MAX_EXPERTS),
         GLM53_ABI_VALUE("counter.picks", C_PICKS),

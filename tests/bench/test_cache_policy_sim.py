@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from bench import cache_policy_sim as sim
 from glm53.offload.cache import Policy
@@ -19,7 +20,16 @@ def test_a_cycle_one_longer_than_the_cache_defeats_lru_and_clock_but_not_belady(
     assert sim.run_clock(trace, start) == 3
     # Belady keeps 2 of the 3 slots useful: after the first pass it hits 2 of every 3 misses' worth
     assert sim.run_belady(trace, start) >= 0.6 * 400
-    assert sim.run_static(trace, start) == 300  # experts 0-2 of every cycle
+    assert sim.run_static(trace, start) == sim.run_static_hindsight(trace, start) == 300  # experts 0-2 of every cycle
+    # admitting every miss costs Belady little here: it evicts the resident whose turn comes last
+    assert 0.6 * 400 <= sim.run_belady(trace, start, bypass=False) <= sim.run_belady(trace, start)
+
+
+def test_the_hindsight_placement_holds_each_layers_most_picked_experts_of_the_trace():
+    trace = np.array([[[3, 1], [0, 2]], [[3, 2], [0, 1]], [[3, 0], [1, 2]]])  # [steps 3, layers 2, top-k 2]
+    start = [[0], [0, 1]]  # the profile's: one slot in layer 0, two in layer 1
+    assert sim.run_static(trace, start) == 1 + 4  # layer 0: expert 0 once; layer 1: 0 and 1 twice each
+    assert sim.run_static_hindsight(trace, start) == 3 + 4  # layer 0: expert 3 every step
 
 
 def test_the_kernels_policy_admits_only_what_beats_the_weakest_resident():
@@ -40,3 +50,14 @@ def test_on_the_real_profile_belady_bounds_every_online_policy():
     assert result["picks"] == 300 * 4 * 8
     assert all(0.0 < rates[p] <= rates["belady"] for p in sim.POLICIES)
     assert rates["decayed"] > rates["clock"]  # frequency beats recency on skewed routing
+    assert rates["static"] <= rates["static_hindsight"] and rates["belady_no_bypass"] <= rates["belady"]
+    # an admission replaces the step's read over the link: the experts read there are the misses
+    assert abs(result["link_experts_per_layer_step"] - (1 - rates["decayed"]) * 8) < 1e-3
+
+
+def test_a_policy_out_of_range_is_refused():
+    for bad in ({"recency_decay": 1.0}, {"recency_decay": 0.0}, {"recency_weight": -1.0}, {"recency_weight": float("inf")},
+                {"recency_keep": 1.0}, {"max_admit": 17}, {"hysteresis": 0.9}):
+        with pytest.raises(ValueError, match="bad cache policy"):
+            Policy(**bad)
+    assert Policy(recency_weight=0.0).recency.weight == 0.0 and Policy().recency == (0.5, 800.0, 0.99)

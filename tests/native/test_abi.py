@@ -55,7 +55,7 @@ def test_the_cuda_librarys_mirrors_are_its_own_layout_where_nvcc_is(tmp_path):
         pytest.skip("no nvcc, or no CUDA runtime beside it")
     ctypes.CDLL(str(runtime[0]), mode=ctypes.RTLD_GLOBAL)  # the library links it by soname
     lib = ctypes.CDLL(str(libraries.build_ec(nvcc, cuda.SOURCE, tmp_path, ["sm_90"])))
-    abi.check(lib.ec_abi, "ec", {"EcState": ec_native.EcState},
+    abi.check(lib.ec_abi, "ec", {"EcState": ec_native.EcState, "EcRecency": ec_native.EcRecency},
               {"limit.max_admit": ec_native.MAX_ADMIT, "limit.max_experts": ec_native.MAX_EXPERTS})
     value = abi.check(lib.ec_prefetch_abi, "ec", {"EcPool": ec_native.EcPool},
                       {"limit.max_slots": ec_native.PF_MAX_SLOTS, "limit.max_predicted": ec_native.PF_MAX_PREDICTED})

@@ -12,9 +12,12 @@ from glm53.offload.cache_policy import (
     C_HITS,
     C_PICKS,
     C_STEPS,
+    NO_RECENCY,
     Admission,
+    Recency,
     ReferenceCache,
     placement,
+    popularity_lift,
     warm_scores,
 )
 
@@ -41,6 +44,25 @@ def routing_trace(logw: np.ndarray, top_k: int, steps: int, max_rows: int, seed:
         rows = int(rng.integers(1, max_rows + 1))
         keys = logw[:, None, :] + rng.gumbel(size=(layers, rows, experts))
         trace.append(np.argpartition(-keys, top_k, axis=2)[:, :, :top_k].astype(np.int64))
+    return trace
+
+
+def recurring_trace(logw: np.ndarray, top_k: int, steps: int, keep: float, seed: int) -> list[np.ndarray]:
+    """One-row decode steps whose picks recur, as a trained router's do: each of a layer's previous picks is picked
+    again with probability ``keep``, the rest drawn by the popularity among the others: int64 [layers, 1, top_k]."""
+    rng = np.random.default_rng([seed, 4])
+    layers, experts = logw.shape
+    last = [np.argpartition(-(w + rng.gumbel(size=experts)), top_k)[:top_k] for w in logw]
+    trace = []
+    for _ in range(steps):
+        step = []
+        for layer in range(layers):
+            kept = last[layer][rng.random(top_k) < keep]
+            keys = logw[layer] + rng.gumbel(size=experts)
+            keys[kept] = -np.inf
+            last[layer] = np.concatenate([kept, np.argsort(-keys)[: top_k - len(kept)]])
+            step.append(last[layer][None, :])
+        trace.append(np.stack(step).astype(np.int64))
     return trace
 
 
@@ -134,6 +156,84 @@ def test_entries_outside_the_layer_are_ignored_but_counted_as_picks_like_the_ker
     assert cache.counters[0, C_PICKS] == 3  # the kernel adds n, every entry it was given
 
 
+def test_the_fast_score_weighs_by_the_measured_reuse_over_popularitys_and_can_decide_an_admission():
+    """Worked by hand (halves and quarters: exact in float32). Expert 2 was the previous step's pick and is picked
+    again with expert 3: reuse lift 1/1 - 1/4 = 0.75; the average 0.25 * 0.5 + 0.5 * 0.75 = 0.5 is 0.25 above
+    popularity's, so the fast score weighs 8 * 0.25 = 2."""
+    recency = Recency(decay=0.5, weight=8.0, keep=0.5)
+
+    def cache():
+        c = ReferenceCache(np.array([[8.0, 2.0, 6.0, 4.0, 10.0]]), [(0, 0), (0, 1), (0, 4)], popularity=np.array([0.25]))
+        c.prev[0, 2] = True
+        return c
+
+    with_recency = cache()
+    got = with_recency.step(0, [2, 3], decay=0.5, hysteresis=1.2, max_admit=4, recency=recency)
+    # slow 4 1 4 3 5, fast 0 0 1 1 0: scores 4 1 6 5 5. Candidates 2 (6), 3 (5); victims 1 (1), 0 (4), 4 (5)
+    assert got == [Admission(2, 1, 1), Admission(3, 0, 0)]  # 5 > 1.2 * 4
+    assert with_recency.freq.tolist() == [[4.0, 1.0, 4.0, 3.0, 5.0]] and with_recency.recent.tolist() == [[0, 0, 1, 1, 0]]
+    assert with_recency.reuse.tolist() == [[0.5, 0.25]] and with_recency.prev.tolist() == [[False, False, True, True, False]]
+    assert with_recency.slot_of.tolist() == [[-1, -1, 1, 0, 2]]
+    slow_only = cache()  # the same state without the weight: the slow scores alone, 3 <= 1.2 * 4
+    assert slow_only.step(0, [2, 3], decay=0.5, hysteresis=1.2, max_admit=4, recency=recency._replace(weight=0.0)) == [Admission(2, 1, 1)]
+    assert slow_only.reuse.tolist() == [[0.5, 0.25]]  # measured all the same
+
+
+def test_a_reuse_lift_below_popularitys_gives_no_weight():
+    c = ReferenceCache(np.array([[1.0, 1.0, 1.0, 1.0]]), [(0, 0)], popularity=np.array([0.5]))
+    c.prev[0, 1] = True
+    # previous expert 1 not picked again: lift 0 / 1 - 1 / 3 < 0, the average falls below popularity's 0.5
+    got = c.step(0, [3], decay=1.0, hysteresis=1.0, max_admit=1, recency=Recency(decay=0.5, weight=1e6, keep=0.5))
+    assert c.reuse[0, 0] == np.float32(0.25) - np.float32(0.5) * (np.float32(1) / np.float32(3))
+    assert got == [Admission(3, 0, 0)] and c.freq[0, 3] == 2.0  # 2 > 1: the slow scores decided, as with weight 0
+
+
+@pytest.mark.parametrize("prev", [[], [0, 1, 2]])
+def test_the_reuse_average_holds_when_the_previous_step_picked_nothing_or_every_expert(prev):
+    c = ReferenceCache(np.zeros((1, 3)), [], popularity=np.array([0.125]))
+    c.prev[0, prev] = True
+    c.step(0, [[0], [1]], decay=0.5, hysteresis=1.25, max_admit=2, recency=Recency(decay=0.5, weight=1.0, keep=0.5))
+    assert c.reuse.tolist() == [[0.125, 0.125]] and c.prev.tolist() == [[True, False, False]]  # the first row's
+
+
+def test_the_reuse_lift_is_measured_on_the_first_row_of_a_step_one_stream():
+    """Rows of other streams picking the previous step's experts again do not count: only row 0 recurs or not."""
+    recency = Recency(decay=0.5, weight=1.0, keep=0.5)
+    c = ReferenceCache(np.zeros((1, 6)), [], popularity=np.array([0.0]))
+    c.step(0, [[0, 1], [2, 3]], decay=0.5, hysteresis=1.25, max_admit=0, recency=recency)
+    assert c.prev.tolist() == [[True, True, False, False, False, False]]
+    c.step(0, [[0, 4], [1, 5]], decay=0.5, hysteresis=1.25, max_admit=0, recency=recency)  # row 0: 0 again, 4 new
+    # 1 of the 2 previous experts again, 1 of the 4 others: 1/2 - 1/4; row 1's pick of expert 1 is another stream's
+    assert c.reuse.tolist() == [[0.125, 0.0]] and c.prev.tolist() == [[True, False, False, False, True, False]]
+    assert c.picks.tolist() == [[2, 2, 1, 1, 1, 1]]  # every row's picks count for the scores and the picks
+
+
+def test_popularitys_reuse_lift_is_zero_for_even_routing_and_grows_with_skew():
+    # top 2 of 4: chances 1, 0.5, 0.5, 0 -> 1.5 / 2 - 0.5 / 2; even ones 0.5 each -> 1 / 2 - 1 / 2
+    assert popularity_lift(np.array([[2.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]]), 2).tolist() == [0.5, 0.0]
+    assert popularity_lift(np.zeros((1, 4)), 2).tolist() == [0.0]  # no profile: even
+    assert popularity_lift(np.ones((1, 2)), 2).tolist() == [1.0]  # every expert every step (the step never measures it)
+
+
+def test_recurring_picks_give_the_fast_score_weight_and_hits_and_independent_picks_do_not():
+    layers, experts, top_k, slots = 3, 48, 6, 48
+    logw = popularity(5, "zipf", layers, experts)
+    profile = picks_profile(routing_trace(logw, top_k, 200, 1, 105), experts)
+    recency = Recency(decay=0.5, weight=800.0, keep=0.99)
+    runs = {}
+    for name, trace in (("recurring", recurring_trace(logw, top_k, 300, 0.6, 5)), ("independent", routing_trace(logw, top_k, 300, 1, 5))):
+        for weight in (0.0, recency.weight):
+            cache = ReferenceCache.warm(profile, slots, top_k, 0.999, recency._replace(weight=weight))
+            for step in trace:
+                for layer in range(layers):
+                    cache.step(layer, step[layer], 0.999, 1.25, 8, recency._replace(weight=weight))
+            runs[name, weight] = (cache.counters[:, C_HITS].sum() / cache.counters[:, C_PICKS].sum(), cache.reuse[:, 0] - cache.reuse[:, 1])
+    hit, excess = runs["recurring", recency.weight]
+    assert (excess > 0.3).all() and hit > runs["recurring", 0.0][0] + 0.1
+    hit, excess = runs["independent", recency.weight]
+    assert (excess < 0.03).all() and abs(hit - runs["independent", 0.0][0]) < 0.01  # popularity alone: (almost) no weight
+
+
 def test_layers_keep_their_own_slots_and_scores():
     cache = ReferenceCache(np.array([[1.0, 1.0], [1.0, 1.0]]), [(1, 0), (0, 1)])
     assert cache.step(1, [1], decay=0.5, hysteresis=1.25, max_admit=2) == [Admission(1, 0, 0)]  # layer 1's own slot
@@ -164,8 +264,10 @@ def test_the_placement_gives_slots_to_the_most_picked_experts_across_layers_hott
 
 def test_the_warm_start_fills_the_slots_by_the_placement_with_the_profiles_steady_scores():
     profile = np.array([[70.0, 20.0, 5.0, 5.0], [10.0, 10.0, 10.0, 10.0]])
-    cache = ReferenceCache.warm(profile, slots=3, top_k=8, decay=0.995)
+    cache = ReferenceCache.warm(profile, slots=3, top_k=8, decay=0.995, recency=Recency(decay=0.5, weight=800.0, keep=0.99))
     assert placement(profile, 3) == [(0, 0), (1, 0), (1, 1)]
+    assert np.array_equal(cache.recent, warm_scores(profile, 8, 0.5)) and not cache.prev.any()
+    assert np.array_equal(cache.reuse, np.repeat(popularity_lift(profile, 8)[:, None], 2, axis=1))  # no weight at start
     assert cache.owner.tolist() == [0, 4, 5]
     assert cache.slot_of.tolist() == [[0, -1, -1, -1], [1, 2, -1, -1]]
     # share * top_k / (1 - decay): 0.7 * 8 / 0.005 = 1120 for layer 0's expert 0
@@ -189,46 +291,57 @@ def test_a_resident_list_that_names_an_expert_twice_or_outside_the_layers_is_ref
 SLOTS = {"none": lambda total: 0, "one": lambda total: 1, "partial": lambda total: total // 9, "all": lambda total: total}
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+TRACES = {"independent": lambda logw, top_k, seed: routing_trace(logw, top_k, steps=150, max_rows=4, seed=seed),
+          "recurring": lambda logw, top_k, seed: recurring_trace(logw, top_k, steps=150, keep=0.6, seed=seed)}
+RECENCIES = {"slow-only": NO_RECENCY, "two-timescale": Recency(decay=0.5, weight=800.0, keep=0.9)}
+
+
+@pytest.mark.parametrize("seed", [1, 2])
 @pytest.mark.parametrize("kind", POPULARITIES)
 @pytest.mark.parametrize("slots", list(SLOTS))
-def test_on_random_traces_every_step_keeps_the_policys_invariants(seed, kind, slots):
+@pytest.mark.parametrize("traced, recency", [("independent", "slow-only"), ("recurring", "two-timescale")])
+def test_on_random_traces_every_step_keeps_the_policys_invariants(seed, kind, slots, traced, recency):
     layers, experts, top_k, decay, hysteresis, max_admit = 3, 48, 6, 0.98, 1.25, 2
+    recency = RECENCIES[recency]
     logw = popularity(seed, kind, layers, experts)
-    trace = routing_trace(logw, top_k, steps=150, max_rows=4, seed=seed)
+    trace = TRACES[traced](logw, top_k, seed)
     # the skewed case starts warm, from a profile measured on other steps; the uniform one cold (no profile)
     profile = picks_profile(routing_trace(logw, top_k, 40, 1, seed + 100), experts) if kind == "zipf" else np.zeros((layers, experts))
     total = layers * experts
-    cache = ReferenceCache.warm(profile, SLOTS[slots](total), top_k, decay)
+    cache = ReferenceCache.warm(profile, SLOTS[slots](total), top_k, decay, recency)
     quota = (cache.slot_of >= 0).sum(axis=1)
     exact = cache.freq.astype(np.float64)  # the scores in float64, for the drift of float32 rounding
+    exact_recent = cache.recent.astype(np.float64)
     hits = admissions = 0
     for step in trace:
         for layer in range(layers):
             sel = step[layer]
             count = np.bincount(sel.reshape(-1), minlength=experts)
             before = cache.slot_of[layer] >= 0
-            got = cache.step(layer, sel, decay, hysteresis, max_admit)
-            f = cache.freq[layer]
+            got = cache.step(layer, sel, decay, hysteresis, max_admit, recency)
+            excess = cache.reuse[layer, 0] - cache.reuse[layer, 1]
+            score = cache.freq[layer] + np.float32(recency.weight) * (excess if excess > 0 else np.float32(0)) * cache.recent[layer]
             exact[layer] = exact[layer] * decay + count
+            exact_recent[layer] = exact_recent[layer] * recency.decay + count
             hits += int(count[before].sum())
             admissions += len(got)
             assert len(got) <= max_admit
             for a in got:
                 assert count[a.expert] > 0 and not before[a.expert]  # picked and missed
                 assert count[a.evicted] == 0 and before[a.evicted]  # resident and not in use
-                assert f[a.expert] > np.float32(hysteresis) * f[a.evicted]
-            assert [f[a.expert] for a in got] == sorted((f[a.expert] for a in got), reverse=True)
-            assert [f[a.evicted] for a in got] == sorted(f[a.evicted] for a in got)
+                assert score[a.expert] > np.float32(hysteresis) * score[a.evicted]
+            assert [score[a.expert] for a in got] == sorted((score[a.expert] for a in got), reverse=True)
+            assert [score[a.evicted] for a in got] == sorted(score[a.evicted] for a in got)
             after = cache.slot_of[layer] >= 0
             if len(got) < max_admit:  # it stopped early: nothing left that beats the weakest resident not in use
-                left, weak = f[(count > 0) & ~after], f[(count == 0) & after]
+                left, weak = score[(count > 0) & ~after], score[(count == 0) & after]
                 assert left.size == 0 or weak.size == 0 or not left.max() > np.float32(hysteresis) * weak.min()
         assert np.array_equal((cache.slot_of >= 0).sum(axis=1), quota)  # a layer keeps its share of the slots
         owned = np.flatnonzero(cache.slot_of.reshape(-1) >= 0)
         assert sorted(cache.owner.tolist()) == owned.tolist()
         assert np.array_equal(cache.slot_of.reshape(-1)[cache.owner], np.arange(len(cache.owner)))
     np.testing.assert_allclose(cache.freq, exact, rtol=1e-5)
+    np.testing.assert_allclose(cache.recent, exact_recent, rtol=1e-5, atol=1e-30)
     assert np.array_equal(cache.picks, picks_profile(trace, experts))
     counters = cache.counters.sum(axis=0)
     assert counters[C_PICKS] == sum(s.size for s in trace) and counters[C_HITS] == hits
