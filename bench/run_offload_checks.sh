@@ -5,7 +5,8 @@
 # the 12-MoE-layer scaled checkpoint of each routing preset, with the real engine's routing statistics beside them.
 # A phase fits one device call (10 minutes); results go to $WORK/<phase>/ and are packed into $OUT/<phase>.tgz.
 #
-#   source .gpu/prep.sh && bench/run_offload_checks.sh trained   # bench.compare on `trained` routing, routing_stats --engine, disk_bw
+#   source .gpu/prep.sh && bench/run_offload_checks.sh trained   # bench.compare on `trained` routing, routing_stats --engine
+#                                                                # (its trace, for bench.cache_policy_sim --trace), disk_bw
 #   source .gpu/prep.sh && bench/run_offload_checks.sh random    # the same on `random` routing
 #   source .gpu/prep.sh && bench/run_offload_checks.sh tests     # the GPU tests of exactness, the policy kernel, prefetch, fast mode
 #
@@ -25,7 +26,7 @@ compare_routing() {  # compare_routing ROUTING: the arms on that preset's checkp
 	ckpt=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["checkpoint"]["dir"])' "$dir/compare-$routing.json" 2>/dev/null)
 	[ -n "$ckpt" ] || return 0
 	step "routing-stats-$routing" 100 python3 -m bench.routing_stats --ckpt "$ckpt" --engine --tokens 256 \
-		--engine-args "$CARD" --out "$dir/routing-stats-engine-$routing.json"
+		--engine-args "$CARD" --out "$dir/routing-stats-engine-$routing.json" --trace-out "$dir/routing-trace-$routing.npy"
 }
 
 trained() {
