@@ -344,33 +344,8 @@ extern "C" {
 
 const char* glm53_ce_error(void) { return last_error.c_str(); }
 
-int32_t glm53_ce_abi(const char* name, int64_t* value)
-{
-    static const glm53_abi_entry table[] = {
-        GLM53_ABI_SIZE(glm53_ce_linear),
-        GLM53_ABI_FIELD(glm53_ce_linear, trellis),
-        GLM53_ABI_FIELD(glm53_ce_linear, suh),
-        GLM53_ABI_FIELD(glm53_ce_linear, svh),
-        GLM53_ABI_FIELD(glm53_ce_linear, in_features),
-        GLM53_ABI_FIELD(glm53_ce_linear, out_features),
-        GLM53_ABI_FIELD(glm53_ce_linear, bits),
-        GLM53_ABI_SIZE(glm53_ce_expert),
-        GLM53_ABI_FIELD(glm53_ce_expert, gate),
-        GLM53_ABI_FIELD(glm53_ce_expert, up),
-        GLM53_ABI_FIELD(glm53_ce_expert, down),
-        GLM53_ABI_VALUE("isa.scalar", GLM53_CE_ISA_SCALAR),
-        GLM53_ABI_VALUE("isa.avx2", GLM53_CE_ISA_AVX2),
-        GLM53_ABI_VALUE("isa.avx512", GLM53_CE_ISA_AVX512),
-        GLM53_ABI_VALUE("isa.avx512vbmi", GLM53_CE_ISA_AVX512VBMI),
-        GLM53_ABI_VALUE("isa.count", GLM53_CE_ISA_COUNT),
-        GLM53_ABI_VALUE("codebook.fp16", GLM53_CE_CODEBOOK_FP16),
-        GLM53_ABI_VALUE("codebook.fma", GLM53_CE_CODEBOOK_FMA),
-        GLM53_ABI_VALUE("codebook.int16", GLM53_CE_CODEBOOK_INT16),
-        GLM53_ABI_VALUE("codebook.count", GLM53_CE_CODEBOOK_COUNT),
-        GLM53_ABI_VALUE("limit.max_rows", GLM53_CE_MAX_ROWS),
-    };
-    return value ? glm53_abi_lookup(table, sizeof(table) / sizeof(table[0]), name, value) : -1;
-}
+// glm53_ce_abi, over every struct and number of the header (generated from it by glm53/native/bindgen.py)
+#include "cpu_expert_abi.inc"
 
 const char* glm53_ce_isa_name(int32_t isa)
 {

@@ -313,51 +313,8 @@ extern "C" {
 
 const char* glm53_ct_error(void) { return last_error.c_str(); }
 
-int32_t glm53_ct_abi(const char* name, int64_t* value)
-{
-    static const glm53_abi_entry table[] = {
-        GLM53_ABI_SIZE(glm53_ct_layout),
-        GLM53_ABI_FIELD(glm53_ct_layout, magic),
-        GLM53_ABI_FIELD(glm53_ct_layout, version),
-        GLM53_ABI_FIELD(glm53_ct_layout, slots),
-        GLM53_ABI_FIELD(glm53_ct_layout, hidden),
-        GLM53_ABI_FIELD(glm53_ct_layout, max_tokens),
-        GLM53_ABI_FIELD(glm53_ct_layout, max_picks),
-        GLM53_ABI_FIELD(glm53_ct_layout, slot_bytes),
-        GLM53_ABI_FIELD(glm53_ct_layout, slots_offset),
-        GLM53_ABI_FIELD(glm53_ct_layout, picks_offset),
-        GLM53_ABI_FIELD(glm53_ct_layout, x_offset),
-        GLM53_ABI_FIELD(glm53_ct_layout, out_offset),
-        GLM53_ABI_FIELD(glm53_ct_layout, total_bytes),
-        GLM53_ABI_SIZE(glm53_ct_pick),
-        GLM53_ABI_FIELD(glm53_ct_pick, token),
-        GLM53_ABI_FIELD(glm53_ct_pick, expert),
-        GLM53_ABI_FIELD(glm53_ct_pick, weight),
-        GLM53_ABI_SIZE(glm53_ct_counters),
-        GLM53_ABI_FIELD(glm53_ct_counters, jobs),
-        GLM53_ABI_FIELD(glm53_ct_counters, done),
-        GLM53_ABI_FIELD(glm53_ct_counters, failed),
-        GLM53_ABI_FIELD(glm53_ct_counters, experts),
-        GLM53_ABI_FIELD(glm53_ct_counters, picks),
-        GLM53_ABI_FIELD(glm53_ct_counters, tokens),
-        GLM53_ABI_FIELD(glm53_ct_counters, busy_ns),
-        GLM53_ABI_FIELD(glm53_ct_counters, taken_back_before_claim),
-        GLM53_ABI_FIELD(glm53_ct_counters, taken_back_after_claim),
-        GLM53_ABI_FIELD(glm53_ct_counters, max_queue_depth),
-        GLM53_ABI_FIELD(glm53_ct_counters, naps),
-        GLM53_ABI_VALUE("state.empty", GLM53_CT_EMPTY),
-        GLM53_ABI_VALUE("state.published", GLM53_CT_PUBLISHED),
-        GLM53_ABI_VALUE("state.claimed", GLM53_CT_CLAIMED),
-        GLM53_ABI_VALUE("state.done", GLM53_CT_DONE),
-        GLM53_ABI_VALUE("state.failed", GLM53_CT_FAILED),
-        GLM53_ABI_VALUE("state.taken_back", GLM53_CT_TAKEN_BACK),
-        GLM53_ABI_VALUE("state.skipped", GLM53_CT_SKIPPED),
-        GLM53_ABI_VALUE("error.busy", GLM53_CT_EBUSY),
-        GLM53_ABI_VALUE("error.state", GLM53_CT_ESTATE),
-        GLM53_ABI_VALUE("ring.version", GLM53_CT_VERSION),
-    };
-    return value ? glm53_abi_lookup(table, sizeof(table) / sizeof(table[0]), name, value) : -1;
-}
+// glm53_ct_abi, over every struct and number of the header (generated from it by glm53/native/bindgen.py)
+#include "cpu_tier_abi.inc"
 
 int32_t glm53_ct_ring_layout(int32_t slots, int32_t hidden, int32_t max_tokens, int32_t max_picks, glm53_ct_layout* out)
 {

@@ -225,26 +225,8 @@ void close_files(Reader* r)
 
 extern "C" {
 
-int32_t glm53_dr_abi(const char* name, int64_t* value)
-{
-    static const glm53_abi_entry table[] = {
-        GLM53_ABI_SIZE(glm53_dr_request),
-        GLM53_ABI_FIELD(glm53_dr_request, dest),
-        GLM53_ABI_FIELD(glm53_dr_request, offset),
-        GLM53_ABI_FIELD(glm53_dr_request, length),
-        GLM53_ABI_FIELD(glm53_dr_request, file),
-        GLM53_ABI_FIELD(glm53_dr_request, state),
-        GLM53_ABI_FIELD(glm53_dr_request, error),
-        GLM53_ABI_FIELD(glm53_dr_request, pad),
-        GLM53_ABI_FIELD(glm53_dr_request, error_offset),
-        GLM53_ABI_VALUE("state.pending", GLM53_DR_PENDING),
-        GLM53_ABI_VALUE("state.done", GLM53_DR_DONE),
-        GLM53_ABI_VALUE("state.failed", GLM53_DR_FAILED),
-        GLM53_ABI_VALUE("fault.short_read", GLM53_DR_SHORT_READ),
-        GLM53_ABI_VALUE("counter.count", GLM53_DR_C_N),
-    };
-    return value ? glm53_abi_lookup(table, sizeof(table) / sizeof(table[0]), name, value) : -1;
-}
+// glm53_dr_abi, over every struct and number of the header (generated from it by glm53/native/bindgen.py)
+#include "disk_reader_abi.inc"
 
 const char* glm53_dr_error(void) { return last_error.c_str(); }
 
