@@ -1,6 +1,7 @@
 /* What a library tells the Python side about its ABI, so that the ctypes mirrors of its structs and the numbers
  * both sides give to states, ids and limits are checked against the compiled code (glm53/native/abi.py), not
- * against the source text. Each library exports one lookup, <prefix>_abi(name, &value), over a table of
+ * against the source text. Each header of a library declares one lookup, <prefix>_abi(name, &value), over a
+ * table of
  *
  *   "struct_name"          sizeof the struct
  *   "struct_name.field"    offsetof the field

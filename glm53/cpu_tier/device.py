@@ -37,7 +37,7 @@ from ..native.cuda_binding import CT_N, CT_RECORD, CT_SPLIT_MAX_PICKS, CtRing, c
 from .worker import Ring
 
 OUTCOMES = abi.names(ct_outcome, "CT_OUT_")  # by id: none, done, failed, taken_back_before_claim, taken_back_after_claim
-COUNTERS = abi.names(ct_counter, "CT_C_", "CT_N")  # by id: published, busy, done, failed, taken_back_*, wait_ns, fallback_*, probes
+COUNTERS = abi.names(ct_counter, "CT_C_", "CT_N")  # by id: published, busy, done, failed, taken_back_*, wait_ns, ...
 CUDA_HOST_REGISTER_PORTABLE_MAPPED = 0x01 | 0x02
 SPLIT_MAX_PICKS = CT_SPLIT_MAX_PICKS  # tokens * top-k of one decode step
 ADD_BLOCKS = 16  # blocks reading a partial over the link (16 already reach the link's rate, see bench/bandwidth.py)

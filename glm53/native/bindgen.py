@@ -26,6 +26,7 @@ import ast
 import operator
 import re
 import sys
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -166,11 +167,24 @@ def parse(text: str, path: str, known: Header | None = None) -> Header:
     """
     header = Header(path)
     constants = dict(known.constants) if known else {}
-    structs = set(known.structs) if known else set()
-    attributes: list[str] = []
-    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    body, attributes = _preprocess(text, header, constants)
+    for statement in _statements(body):
+        _declaration(statement, f"{path}: {' '.join(statement.split())[:100]!r}", header, constants, attributes)
+    types = {*SCALARS, "void", *header.structs, *header.opaque}
+    types |= {*known.structs, *known.opaque} if known else set()
+    for name, ctype in [f for fs in header.structs.values() for f in fs] + \
+            [p for fn in header.functions for p in [("return", fn.restype), *fn.params]]:
+        if ctype.base not in types:
+            raise HeaderError(f"{path}: {name}: unknown type {ctype.base!r}")
+    return header
+
+
+def _preprocess(text: str, header: Header, constants: dict[str, int]) -> tuple[str, list[str]]:
+    """The header without comments and preprocessor lines, and the names of its attribute macros; its numeric
+    ``#define``s go into ``header.constants`` (and ``constants``)."""
+    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.DOTALL)
     text = re.sub(r"//[^\n]*", "", text).replace("\\\n", " ")
-    body = []
+    body, attributes = [], []
     for number, line in enumerate(text.splitlines(), 1):
         if not line.lstrip().startswith("#"):
             body.append(line)
@@ -181,43 +195,38 @@ def parse(text: str, path: str, known: Header | None = None) -> Header:
         name, value = define[1], define[2].strip()
         if value.startswith("__attribute__"):
             attributes.append(name)
-            continue
-        constants[name] = header.constants[name] = evaluate(value, constants, f"{path}:{number}")
-    for statement in _statements("\n".join(body)):
-        where = f"{path}: {' '.join(statement.split())[:100]!r}"
-        if m := re.fullmatch(r"enum\s*([A-Za-z_]\w*)?\s*\{(.*)\}", statement, re.S):
-            members, previous = {}, -1
-            for item in filter(None, (x.strip() for x in m[2].split(","))):
-                name, _, expr = (x.strip() for x in item.partition("="))
-                previous = evaluate(expr, constants, where) if expr else previous + 1
-                constants[name] = header.constants[name] = members[name] = previous
-            if m[1]:
-                header.enums[m[1]] = members
-        elif m := re.fullmatch(r"(?:typedef\s+)?struct\s+([A-Za-z_]\w*)\s*\{(.*)\}\s*([A-Za-z_]\w*)?", statement, re.S):
-            if m[3] and m[3] != m[1]:
-                raise HeaderError(f"{where}: a typedef'd struct must be named as its tag")
-            header.structs[m[1]] = _fields(m[2], where)
-            structs.add(m[1])
-        elif m := re.fullmatch(r"typedef\s+struct\s+([A-Za-z_]\w*)\s+([A-Za-z_]\w*)", statement):
-            header.opaque.append(m[2])
-        elif "(" in statement:
-            words = [w for w in statement.split() if w not in attributes]
-            prototype = " ".join(words)
-            m = re.fullmatch(r"(.*?)\(([^()]*)\)", prototype)
-            if not m:
-                raise HeaderError(f"{where}: not a prototype")
-            name, restype = _declarator([t for t in _tokens(m[1]) if t != ","], where)
-            params = [] if m[2].strip() in ("", "void") else \
-                [_declarator(_tokens(p), f"{where}: parameter {p.strip()!r}") for p in m[2].split(",")]
-            header.functions.append(Function(name, restype, params, prototype))
         else:
-            raise HeaderError(f"{where}: not an enum, struct, #define or prototype")
-    for name, ctype in [f for fs in header.structs.values() for f in fs] + \
-            [p for fn in header.functions for p in [("return", fn.restype), *fn.params]]:
-        if ctype.base not in SCALARS and ctype.base not in structs and ctype.base != "void" and \
-                ctype.base not in header.opaque + (known.opaque if known else []):
-            raise HeaderError(f"{path}: {name}: unknown type {ctype.base!r}")
-    return header
+            constants[name] = header.constants[name] = evaluate(value, constants, f"{header.path}:{number}")
+    return "\n".join(body), attributes
+
+
+def _declaration(statement: str, where: str, header: Header, constants: dict[str, int], attributes: list[str]) -> None:
+    """One top-level declaration into ``header``."""
+    if m := re.fullmatch(r"enum\s*([A-Za-z_]\w*)?\s*\{(.*)\}", statement, re.DOTALL):
+        members, previous = {}, -1
+        for item in filter(None, (x.strip() for x in m[2].split(","))):
+            name, _, expr = (x.strip() for x in item.partition("="))
+            previous = evaluate(expr, constants, where) if expr else previous + 1
+            constants[name] = header.constants[name] = members[name] = previous
+        if m[1]:
+            header.enums[m[1]] = members
+    elif m := re.fullmatch(r"(?:typedef\s+)?struct\s+([A-Za-z_]\w*)\s*\{(.*)\}\s*([A-Za-z_]\w*)?", statement, re.DOTALL):
+        if m[3] and m[3] != m[1]:
+            raise HeaderError(f"{where}: a typedef'd struct must be named as its tag")
+        header.structs[m[1]] = _fields(m[2], where)
+    elif m := re.fullmatch(r"typedef\s+struct\s+([A-Za-z_]\w*)\s+([A-Za-z_]\w*)", statement):
+        header.opaque.append(m[2])
+    elif "(" in statement:
+        prototype = " ".join(w for w in statement.split() if w not in attributes)
+        m = re.fullmatch(r"(.*?)\(([^()]*)\)", prototype)
+        if not m:
+            raise HeaderError(f"{where}: not a prototype")
+        name, restype = _declarator([t for t in _tokens(m[1]) if t != ","], where)
+        params = [] if m[2].strip() in ("", "void") else \
+            [_declarator(_tokens(p), f"{where}: parameter {p.strip()!r}") for p in m[2].split(",")]
+        header.functions.append(Function(name, restype, params, prototype))
+    else:
+        raise HeaderError(f"{where}: not an enum, struct, #define or prototype")
 
 
 def ctypes_type(ctype: CType, structs: set[str], role: str) -> str:
@@ -236,7 +245,7 @@ def ctypes_type(ctype: CType, structs: set[str], role: str) -> str:
     return "ctypes.c_void_p"
 
 
-def python_module(headers: list[Header], target: str) -> str:
+def python_module(headers: list[Header]) -> str:
     structs = {s for h in headers for s in h.structs}
     sources = ", ".join(h.path for h in headers)
     out = [f'"""The ctypes declarations of {", ".join(Path(h.path).name for h in headers)}: generated from them by',
@@ -256,7 +265,13 @@ def python_module(headers: list[Header], target: str) -> str:
     for h in headers:
         for fn in h.functions:
             argtypes = ", ".join(ctypes_type(t, structs, "param") for _, t in fn.params)
-            out += [f"    # {fn.text}", f'    "{fn.name}": ({ctypes_type(fn.restype, structs, "return")}, [{argtypes}]),']
+            entry = f'    "{fn.name}": ({ctypes_type(fn.restype, structs, "return")}, ['
+            out += [f"    # {fn.text}"]
+            if len(entry) + len(argtypes) + 3 <= 120:
+                out += [f"{entry}{argtypes}]),"]
+            else:
+                out += [entry, *textwrap.wrap(argtypes, 120, initial_indent=" " * 8, subsequent_indent=" " * 8,
+                                              break_long_words=False, break_on_hyphens=False), "    ]),"]
     out += ["}", "", "# what each <prefix>_abi reports: the structs of its header, by name, and the header's numbers", "ABI = {"]
     for h in headers:
         abi = _abi_function(h)
@@ -316,7 +331,7 @@ def generate(root: Path = ROOT) -> dict[Path, str]:
             known.opaque += header.opaque
             if _abi_function(header) is not None:
                 files[root / path.replace(".h", "_abi.inc")] = abi_include(header)
-        files[root / target] = python_module(headers, target)
+        files[root / target] = python_module(headers)
     return files
 
 

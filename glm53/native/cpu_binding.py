@@ -198,17 +198,27 @@ FUNCTIONS = {
     # int32_t glm53_ce_isa_best(void)
     "glm53_ce_isa_best": (ctypes.c_int32, []),
     # glm53_ce_pool* glm53_ce_pool_start(const int32_t* cpus, int32_t n_cpus, int32_t threads, int32_t spin_us, int32_t units_per_thread)
-    "glm53_ce_pool_start": (ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32]),
+    "glm53_ce_pool_start": (ctypes.c_void_p, [
+        ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32
+    ]),
     # void glm53_ce_pool_stop(glm53_ce_pool* pool)
     "glm53_ce_pool_stop": (None, [ctypes.c_void_p]),
     # int32_t glm53_ce_pool_threads(const glm53_ce_pool* pool)
     "glm53_ce_pool_threads": (ctypes.c_int32, [ctypes.c_void_p]),
     # int32_t glm53_ce_experts(glm53_ce_pool* pool, const glm53_ce_expert* experts, int32_t n_experts, const void* x, int32_t x_fp16, int32_t rows, const float* weights, float act_limit, float* out, int32_t isa, int32_t codebook)
-    "glm53_ce_experts": (ctypes.c_int32, [ctypes.c_void_p, ctypes.POINTER(glm53_ce_expert), ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32]),
+    "glm53_ce_experts": (ctypes.c_int32, [
+        ctypes.c_void_p, ctypes.POINTER(glm53_ce_expert), ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32,
+        ctypes.c_int32, ctypes.c_void_p, ctypes.c_float, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32
+    ]),
     # int32_t glm53_ce_linear_forward(const glm53_ce_linear* linear, const float* x, int32_t rows, float* y, int32_t isa, int32_t codebook)
-    "glm53_ce_linear_forward": (ctypes.c_int32, [ctypes.POINTER(glm53_ce_linear), ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32]),
+    "glm53_ce_linear_forward": (ctypes.c_int32, [
+        ctypes.POINTER(glm53_ce_linear), ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32,
+        ctypes.c_int32
+    ]),
     # int32_t glm53_ce_mul1_values(const uint16_t* states, int32_t n, float* out, int32_t isa, int32_t codebook)
-    "glm53_ce_mul1_values": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32]),
+    "glm53_ce_mul1_values": (ctypes.c_int32, [
+        ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32
+    ]),
     # uint64_t glm53_ce_read_bytes(glm53_ce_pool* pool, const void* buf, uint64_t bytes)
     "glm53_ce_read_bytes": (ctypes.c_uint64, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint64]),
     # const char* glm53_ct_error(void)
@@ -216,13 +226,20 @@ FUNCTIONS = {
     # int32_t glm53_ct_abi(const char* name, int64_t* value)
     "glm53_ct_abi": (ctypes.c_int32, [ctypes.c_char_p, ctypes.c_void_p]),
     # int32_t glm53_ct_ring_layout(int32_t slots, int32_t hidden, int32_t max_tokens, int32_t max_picks, glm53_ct_layout* out)
-    "glm53_ct_ring_layout": (ctypes.c_int32, [ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(glm53_ct_layout)]),
+    "glm53_ct_ring_layout": (ctypes.c_int32, [
+        ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(glm53_ct_layout)
+    ]),
     # int32_t glm53_ct_ring_init(void* mem, uint64_t bytes, int32_t slots, int32_t hidden, int32_t max_tokens, int32_t max_picks)
-    "glm53_ct_ring_init": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32]),
+    "glm53_ct_ring_init": (ctypes.c_int32, [
+        ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32
+    ]),
     # uint64_t glm53_ct_slot_word(const void* ring, int32_t slot, int32_t which)
     "glm53_ct_slot_word": (ctypes.c_uint64, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32]),
     # glm53_ct_worker* glm53_ct_worker_start(void* ring, const glm53_ce_expert* table, int32_t n_layers, int32_t n_experts, float act_limit, glm53_ce_pool* pool, int32_t isa, int32_t codebook, int32_t cpu, int32_t spin_us, int32_t nap_us, int32_t park_us)
-    "glm53_ct_worker_start": (ctypes.c_void_p, [ctypes.c_void_p, ctypes.POINTER(glm53_ce_expert), ctypes.c_int32, ctypes.c_int32, ctypes.c_float, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32]),
+    "glm53_ct_worker_start": (ctypes.c_void_p, [
+        ctypes.c_void_p, ctypes.POINTER(glm53_ce_expert), ctypes.c_int32, ctypes.c_int32, ctypes.c_float,
+        ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32
+    ]),
     # void glm53_ct_worker_wake(glm53_ct_worker* worker)
     "glm53_ct_worker_wake": (None, [ctypes.c_void_p]),
     # void glm53_ct_worker_rest(glm53_ct_worker* worker)
@@ -236,7 +253,10 @@ FUNCTIONS = {
     # void glm53_ct_worker_debug_hold(glm53_ct_worker* worker, int32_t hold)
     "glm53_ct_worker_debug_hold": (None, [ctypes.c_void_p, ctypes.c_int32]),
     # int32_t glm53_ct_producer_publish(void* ring, uint64_t seq, int32_t layer, int32_t n_tokens, const glm53_ct_pick* picks, int32_t n_picks, const uint16_t* x)
-    "glm53_ct_producer_publish": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(glm53_ct_pick), ctypes.c_int32, ctypes.c_void_p]),
+    "glm53_ct_producer_publish": (ctypes.c_int32, [
+        ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(glm53_ct_pick), ctypes.c_int32,
+        ctypes.c_void_p
+    ]),
     # int32_t glm53_ct_producer_wait(void* ring, uint64_t seq, int64_t timeout_us, int32_t* after_claim)
     "glm53_ct_producer_wait": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int64, ctypes.c_void_p]),
     # int32_t glm53_ct_producer_take_back(void* ring, uint64_t seq, int32_t* after_claim)
@@ -246,13 +266,18 @@ FUNCTIONS = {
     # const char* glm53_dr_error(void)
     "glm53_dr_error": (ctypes.c_char_p, []),
     # void* glm53_dr_start(const char* const* paths, int32_t files, int32_t threads, int32_t direct, uint64_t align, uint64_t piece_bytes)
-    "glm53_dr_start": (ctypes.c_void_p, [ctypes.POINTER(ctypes.c_char_p), ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_uint64, ctypes.c_uint64]),
+    "glm53_dr_start": (ctypes.c_void_p, [
+        ctypes.POINTER(ctypes.c_char_p), ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_uint64,
+        ctypes.c_uint64
+    ]),
     # void glm53_dr_stop(void* reader)
     "glm53_dr_stop": (None, [ctypes.c_void_p]),
     # int32_t glm53_dr_submit(void* reader, glm53_dr_request* requests, int32_t n)
     "glm53_dr_submit": (ctypes.c_int32, [ctypes.c_void_p, ctypes.POINTER(glm53_dr_request), ctypes.c_int32]),
     # int32_t glm53_dr_wait(void* reader, const glm53_dr_request* requests, int32_t n, int64_t timeout_us)
-    "glm53_dr_wait": (ctypes.c_int32, [ctypes.c_void_p, ctypes.POINTER(glm53_dr_request), ctypes.c_int32, ctypes.c_int64]),
+    "glm53_dr_wait": (ctypes.c_int32, [
+        ctypes.c_void_p, ctypes.POINTER(glm53_dr_request), ctypes.c_int32, ctypes.c_int64
+    ]),
     # int32_t glm53_dr_file_direct(void* reader, int32_t file)
     "glm53_dr_file_direct": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32]),
     # int32_t glm53_dr_file_fallback(void* reader, int32_t file, int64_t* offset)
@@ -260,7 +285,9 @@ FUNCTIONS = {
     # void glm53_dr_counters(void* reader, uint64_t* out)
     "glm53_dr_counters": (None, [ctypes.c_void_p, ctypes.c_void_p]),
     # int32_t glm53_dr_inject(void* reader, int32_t file, uint64_t offset, int32_t error, int32_t times)
-    "glm53_dr_inject": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_uint64, ctypes.c_int32, ctypes.c_int32]),
+    "glm53_dr_inject": (ctypes.c_int32, [
+        ctypes.c_void_p, ctypes.c_int32, ctypes.c_uint64, ctypes.c_int32, ctypes.c_int32
+    ]),
 }
 
 # what each <prefix>_abi reports: the structs of its header, by name, and the header's numbers

@@ -178,31 +178,64 @@ FUNCTIONS = {
     # int ec_abi(const char* name, int64_t* value)
     "ec_abi": (ctypes.c_int, [ctypes.c_char_p, ctypes.c_void_p]),
     # int ec_step(const EcState* s, int layer, const int64_t* sel, int n, float decay, float hysteresis, int max_admit, int64_t block_bytes, int copy_blocks, cudaStream_t stream)
-    "ec_step": (ctypes.c_int, [ctypes.POINTER(EcState), ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_float, ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]),
+    "ec_step": (ctypes.c_int, [
+        ctypes.POINTER(EcState), ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_float,
+        ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+    ]),
     # int ec_assign(const EcState* s, const int32_t* entries, int n, cudaStream_t stream)
     "ec_assign": (ctypes.c_int, [ctypes.POINTER(EcState), ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]),
     # int ec_read_probe(const void* src, int64_t bytes, unsigned int* out, int blocks, cudaStream_t stream)
     "ec_read_probe": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]),
     # int ec_prefetch(const EcState* s, const EcPool* p, int layer, const int64_t* predicted, int rows, int n_pred, int max_copies, int64_t block_bytes, int copy_blocks, cudaStream_t stream)
-    "ec_prefetch": (ctypes.c_int, [ctypes.POINTER(EcState), ctypes.POINTER(EcPool), ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]),
+    "ec_prefetch": (ctypes.c_int, [
+        ctypes.POINTER(EcState), ctypes.POINTER(EcPool), ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+        ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+    ]),
     # int ec_prefetch_release(const EcState* s, const EcPool* p, int layer, const int64_t* sel, int n_sel, cudaStream_t stream)
-    "ec_prefetch_release": (ctypes.c_int, [ctypes.POINTER(EcState), ctypes.POINTER(EcPool), ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]),
+    "ec_prefetch_release": (ctypes.c_int, [
+        ctypes.POINTER(EcState), ctypes.POINTER(EcPool), ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p
+    ]),
     # int le_picks(const LeLink* link, const EcState* s, int layer, const int64_t* sel, const void* rw, int n, int64_t block_bytes, int kind, int blocks, cudaStream_t stream)
-    "le_picks": (ctypes.c_int, [ctypes.POINTER(LeLink), ctypes.POINTER(EcState), ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]),
+    "le_picks": (ctypes.c_int, [
+        ctypes.POINTER(LeLink), ctypes.POINTER(EcState), ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+        ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_void_p
+    ]),
     # int le_counts(const LeLink* link, const EcState* s, int layer, const int64_t* count, int64_t block_bytes, int kind, int blocks, cudaStream_t stream)
-    "le_counts": (ctypes.c_int, [ctypes.POINTER(LeLink), ctypes.POINTER(EcState), ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]),
+    "le_counts": (ctypes.c_int, [
+        ctypes.POINTER(LeLink), ctypes.POINTER(EcState), ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int,
+        ctypes.c_int, ctypes.c_void_p
+    ]),
     # int le_units(const LeLink* link, const int32_t* units, int64_t unit_bytes, int64_t fixed_bytes, int copy_engine, int kind, int blocks, cudaStream_t stream)
-    "le_units": (ctypes.c_int, [ctypes.POINTER(LeLink), ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]),
+    "le_units": (ctypes.c_int, [
+        ctypes.POINTER(LeLink), ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_int,
+        ctypes.c_int, ctypes.c_void_p
+    ]),
     # int le_tier_io(const LeLink* link, const int64_t* status, const int32_t* outcome, int64_t in_bytes, int64_t out_bytes, int blocks, cudaStream_t stream)
-    "le_tier_io": (ctypes.c_int, [ctypes.POINTER(LeLink), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]),
+    "le_tier_io": (ctypes.c_int, [
+        ctypes.POINTER(LeLink), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int,
+        ctypes.c_void_p
+    ]),
     # int ct_split_publish(const CtRing* r, uint64_t* next_seq, int layer, int T, int topk, const int64_t* sel, void* rw, const uint16_t* y, const int32_t* slot_of, const float* freq, const uint8_t* table, int table_tokens, int table_experts, int probe_k, int64_t* status, int64_t* counters, int32_t* info, int32_t* record, cudaStream_t stream)
-    "ct_split_publish": (ctypes.c_int, [ctypes.POINTER(CtRing), ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]),
+    "ct_split_publish": (ctypes.c_int, [
+        ctypes.POINTER(CtRing), ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+        ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p
+    ]),
     # int ct_publish(const CtRing* r, uint64_t* next_seq, int layer, int n_tokens, const int32_t* picks, int n_picks, const uint16_t* x, int64_t* status, int64_t* counters, cudaStream_t stream)
-    "ct_publish": (ctypes.c_int, [ctypes.POINTER(CtRing), ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]),
+    "ct_publish": (ctypes.c_int, [
+        ctypes.POINTER(CtRing), ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int,
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p
+    ]),
     # int ct_collect(const CtRing* r, const int64_t* status, int64_t timeout_ns, const int32_t* info, int64_t per_expert_ns, int64_t floor_ns, int32_t* outcome, float* acc, int n_tokens, int add_blocks, int64_t* counters, cudaStream_t stream)
-    "ct_collect": (ctypes.c_int, [ctypes.POINTER(CtRing), ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]),
+    "ct_collect": (ctypes.c_int, [
+        ctypes.POINTER(CtRing), ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p
+    ]),
     # int ct_fallback_plan(const int64_t* status, const int32_t* outcome, const int32_t* record, int n, int topk, int num_experts, int64_t* count, int64_t* token_sorted, void* weight_sorted, int64_t* counters, cudaStream_t stream)
-    "ct_fallback_plan": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]),
+    "ct_fallback_plan": (ctypes.c_int, [
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p
+    ]),
     # int ct_device_pointer(void* host, void** device, int* native_atomics)
     "ct_device_pointer": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]),
 }

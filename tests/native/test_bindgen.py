@@ -52,7 +52,7 @@ def test_a_header_becomes_constants_structs_and_signatures():
     assert header.structs["demo_pair"] == [("a", bindgen.CType("int32_t")), ("b", bindgen.CType("int32_t", 1)),
                                            ("c", bindgen.CType("double"))]
     assert header.opaque == ["demo_handle"] and [f.name for f in header.functions] == ["demo_abi", "demo_name", "demo_reset"]
-    binding = _module(bindgen.python_module([header], "demo_binding.py"))
+    binding = _module(bindgen.python_module([header]))
     assert [(n, t) for n, t in binding.DemoBox._fields_] == [("pair", binding.demo_pair), ("label", ctypes.c_char_p),
                                                             ("bytes", ctypes.c_uint8 * 3)]
     restype, argtypes = binding.FUNCTIONS["demo_name"]
@@ -73,7 +73,7 @@ def test_the_generated_table_and_binding_agree_once_compiled(tmp_path):
     shutil.copy(bindgen.ROOT / "native" / "abi.h", tmp_path / "abi.h")
     subprocess.run(["g++", "-shared", "-fPIC", "-o", str(tmp_path / "libdemo.so"), str(tmp_path / "demo.cpp")], check=True)
     lib = abi.bind(ctypes.CDLL(str(tmp_path / "libdemo.so")), tmp_path / "libdemo.so",
-                   _module(bindgen.python_module([header], "demo_binding.py")))
+                   _module(bindgen.python_module([header])))
     assert abi.lookup(lib.demo_abi)("DemoBox.bytes") == 32 and abi.lookup(lib.demo_abi)("DEMO_ERROR") == -3
     names = (ctypes.c_char_p * 2)(b"first", b"second")
     assert lib.demo_name(None, names, None) == b"second"
@@ -91,8 +91,7 @@ def test_the_generated_table_and_binding_agree_once_compiled(tmp_path):
 ])
 def test_what_the_generator_does_not_read_is_refused_by_name(text, message):
     with pytest.raises(bindgen.HeaderError, match=message):
-        bindgen.python_module([bindgen.parse("#include <stdint.h>\n" + text if "int64_t" in text else text, "demo.h")],
-                              "demo_binding.py")
+        bindgen.python_module([bindgen.parse(text, "demo.h")])
 
 
 def _module(source: str) -> ModuleType:
