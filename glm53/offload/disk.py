@@ -159,7 +159,7 @@ class DiskReader:
         (None: they return half the bytes asked)."""
         self._open()
         if library().glm53_dr_inject(self._handle, file, offset, GLM53_DR_SHORT_READ if error is None else error, times) != 0:
-            raise ValueError(f"cannot inject a fault into file {file} {times} times")
+            raise ValueError(library().glm53_dr_error().decode())
 
     def close(self) -> None:
         """Wait for the reads in flight and close the files."""

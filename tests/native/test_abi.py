@@ -86,6 +86,32 @@ def test_names_reads_an_enum_numbered_from_zero():
         abi.names({"X_A": 0, "X_C": 2}, "X_")
 
 
+@pytest.mark.parametrize(("call", "error", "message"), [
+    (lambda lib, ring: lib.glm53_ct_ring_layout(4, 200, 8, 8, ctypes.byref(cpu_binding.glm53_ct_layout())), "glm53_ct_error",
+     "ring_layout: hidden is 200, not a positive multiple of 128"),
+    (lambda lib, ring: lib.glm53_ct_ring_layout(4, 256, 9, 8, ctypes.byref(cpu_binding.glm53_ct_layout())), "glm53_ct_error",
+     "ring_layout: max_tokens is 9, not in 1..8 (GLM53_CE_MAX_ROWS)"),
+    (lambda lib, ring: lib.glm53_ct_producer_publish(ring.address, 1, 0, 9, (cpu_binding.glm53_ct_pick * 1)(), 1, 1), "glm53_ct_error",
+     "publish: n_tokens is 9, not in 1..8 (the ring's max_tokens)"),
+    (lambda lib, ring: lib.glm53_ce_pool_start(None, 0, 0, 0, 1) or -1, "glm53_ce_error", "pool: threads is 0, below 1"),
+    (lambda lib, ring: lib.glm53_ce_mul1_values(None, 1, (ctypes.c_float * 1)(), -1, 0), "glm53_ce_error",
+     "mul1_values: states is NULL"),
+    (lambda lib, ring: lib.glm53_dr_start((ctypes.c_char_p * 1)(b"/dev/null"), 1, 1, 0, 3000, 6000) or -1, "glm53_dr_error",
+     "align and piece_bytes are 3000 and 6000: align must be a power of two and piece_bytes a multiple of it"),
+])
+def test_an_argument_the_cpu_library_refuses_is_named(call, error, message):
+    lib = cpu.library()
+    assert call(lib, worker.Ring(slots=2, hidden=128)) < 0  # a NULL handle, or a negative code
+    assert getattr(lib, error)().decode() == message
+
+
+def test_a_fault_for_a_file_the_reader_lacks_is_refused_by_name(tmp_path):
+    (tmp_path / "shard").write_bytes(bytes(4096))
+    with disk.DiskReader([tmp_path / "shard"], threads=1, direct=False) as reader, \
+            pytest.raises(ValueError, match=r"^inject: file 5 is not one of the reader's 1 files$"):
+        reader.inject(5, 0, None)
+
+
 @pytest.fixture(scope="module")
 def cuda_library(tmp_path_factory):
     """The CUDA library built with nvcc for sm_90 and bound (loading it needs the CUDA runtime, not a GPU)."""
