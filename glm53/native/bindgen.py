@@ -167,9 +167,10 @@ def parse(text: str, path: str, known: Header | None = None) -> Header:
     """
     header = Header(path)
     constants = dict(known.constants) if known else {}
-    body, attributes = _preprocess(text, header, constants)
+    body, attributes = _preprocess(text)
     for statement in _statements(body):
-        _declaration(statement, f"{path}: {' '.join(statement.split())[:100]!r}", header, constants, attributes)
+        shown = " ".join(statement.split()).replace("__define ", "#define ", 1)[:100]
+        _declaration(statement, f"{path}: {shown!r}", header, constants, attributes)
     types = {*SCALARS, "void", *header.structs, *header.opaque}
     types |= {*known.structs, *known.opaque} if known else set()
     for name, ctype in [f for fs in header.structs.values() for f in fs] + \
@@ -179,13 +180,13 @@ def parse(text: str, path: str, known: Header | None = None) -> Header:
     return header
 
 
-def _preprocess(text: str, header: Header, constants: dict[str, int]) -> tuple[str, list[str]]:
-    """The header without comments and preprocessor lines, and the names of its attribute macros; its numeric
-    ``#define``s go into ``header.constants`` (and ``constants``)."""
+def _preprocess(text: str) -> tuple[str, list[str]]:
+    """The header without comments and preprocessor lines, but each numeric ``#define`` kept in its place as a
+    statement ``__define NAME VALUE;``, and the names of its attribute macros."""
     text = re.sub(r"/\*.*?\*/", " ", text, flags=re.DOTALL)
     text = re.sub(r"//[^\n]*", "", text).replace("\\\n", " ")
     body, attributes = [], []
-    for number, line in enumerate(text.splitlines(), 1):
+    for line in text.splitlines():
         if not line.lstrip().startswith("#"):
             body.append(line)
             continue
@@ -196,13 +197,15 @@ def _preprocess(text: str, header: Header, constants: dict[str, int]) -> tuple[s
         if value.startswith("__attribute__"):
             attributes.append(name)
         else:
-            constants[name] = header.constants[name] = evaluate(value, constants, f"{header.path}:{number}")
+            body.append(f"__define {name} {value};")
     return "\n".join(body), attributes
 
 
 def _declaration(statement: str, where: str, header: Header, constants: dict[str, int], attributes: list[str]) -> None:
     """One top-level declaration into ``header``."""
-    if m := re.fullmatch(r"enum\s*([A-Za-z_]\w*)?\s*\{(.*)\}", statement, re.DOTALL):
+    if m := re.fullmatch(r"__define ([A-Za-z_]\w*) (.*)", statement, re.DOTALL):
+        constants[m[1]] = header.constants[m[1]] = evaluate(m[2], constants, where)
+    elif m := re.fullmatch(r"enum\s*([A-Za-z_]\w*)?\s*\{(.*)\}", statement, re.DOTALL):
         members, previous = {}, -1
         for item in filter(None, (x.strip() for x in m[2].split(","))):
             name, _, expr = (x.strip() for x in item.partition("="))
@@ -251,7 +254,7 @@ def python_module(headers: list[Header]) -> str:
     out = [f'"""The ctypes declarations of {", ".join(Path(h.path).name for h in headers)}: generated from them by',
            "``python -m glm53.native.bindgen`` (``make bindings``); do not edit. A test checks that it is in step, and",
            '``glm53.native.abi.bind`` checks it against the loaded library."""', "",
-           "import ctypes", ""]
+           "import ctypes"]
     for h in headers:
         out += ["", "", f"# ---- {h.path}", ""]
         out += [f"{name} = {value}" for name, value in h.constants.items()]

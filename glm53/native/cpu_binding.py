@@ -5,7 +5,6 @@
 import ctypes
 
 
-
 # ---- native/cpu_expert/cpu_expert.h
 
 GLM53_CE_OK = 0

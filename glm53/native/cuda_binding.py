@@ -5,22 +5,18 @@
 import ctypes
 
 
-
 # ---- native/ec/expert_cache.h
 
 EC_MAX_EXPERTS = 512
 EC_MAX_ADMIT = 16
-PF_MAX_SLOTS = 16
-PF_MAX_PREDICTED = 64
-CT_ACK = 64
-CT_SPLIT_MAX_PICKS = 64
-CT_RECORD = 128
 C_PICKS = 0
 C_HITS = 1
 C_ADMITS = 2
 C_EVICTS = 3
 C_STEPS = 4
 C_N = 8
+PF_MAX_SLOTS = 16
+PF_MAX_PREDICTED = 64
 PF_COPIED = 0
 PF_USED = 1
 PF_WASTED = 2
@@ -41,6 +37,7 @@ CT_DONE = 3
 CT_FAILED = 4
 CT_TAKEN_BACK = 5
 CT_SKIPPED = 6
+CT_ACK = 64
 CT_OUT_NONE = 0
 CT_OUT_DONE = 1
 CT_OUT_FAILED = 2
@@ -57,6 +54,8 @@ CT_C_FALLBACK_JOBS = 7
 CT_C_FALLBACK_EXPERTS = 8
 CT_C_PROBES = 9
 CT_N = 16
+CT_SPLIT_MAX_PICKS = 64
+CT_RECORD = 128
 
 ec_counter = {
     "C_PICKS": 0,
@@ -252,17 +251,14 @@ ABI = {
         {
             "EC_MAX_EXPERTS": EC_MAX_EXPERTS,
             "EC_MAX_ADMIT": EC_MAX_ADMIT,
-            "PF_MAX_SLOTS": PF_MAX_SLOTS,
-            "PF_MAX_PREDICTED": PF_MAX_PREDICTED,
-            "CT_ACK": CT_ACK,
-            "CT_SPLIT_MAX_PICKS": CT_SPLIT_MAX_PICKS,
-            "CT_RECORD": CT_RECORD,
             "C_PICKS": C_PICKS,
             "C_HITS": C_HITS,
             "C_ADMITS": C_ADMITS,
             "C_EVICTS": C_EVICTS,
             "C_STEPS": C_STEPS,
             "C_N": C_N,
+            "PF_MAX_SLOTS": PF_MAX_SLOTS,
+            "PF_MAX_PREDICTED": PF_MAX_PREDICTED,
             "PF_COPIED": PF_COPIED,
             "PF_USED": PF_USED,
             "PF_WASTED": PF_WASTED,
@@ -283,6 +279,7 @@ ABI = {
             "CT_FAILED": CT_FAILED,
             "CT_TAKEN_BACK": CT_TAKEN_BACK,
             "CT_SKIPPED": CT_SKIPPED,
+            "CT_ACK": CT_ACK,
             "CT_OUT_NONE": CT_OUT_NONE,
             "CT_OUT_DONE": CT_OUT_DONE,
             "CT_OUT_FAILED": CT_OUT_FAILED,
@@ -299,6 +296,8 @@ ABI = {
             "CT_C_FALLBACK_EXPERTS": CT_C_FALLBACK_EXPERTS,
             "CT_C_PROBES": CT_C_PROBES,
             "CT_N": CT_N,
+            "CT_SPLIT_MAX_PICKS": CT_SPLIT_MAX_PICKS,
+            "CT_RECORD": CT_RECORD,
         },
     ),
 }
