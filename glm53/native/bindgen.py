@@ -171,12 +171,16 @@ def parse(text: str, path: str, known: Header | None = None) -> Header:
     for statement in _statements(body):
         shown = " ".join(statement.split()).replace("__define ", "#define ", 1)[:100]
         _declaration(statement, f"{path}: {shown!r}", header, constants, attributes)
-    types = {*SCALARS, "void", *header.structs, *header.opaque}
-    types |= {*known.structs, *known.opaque} if known else set()
-    for name, ctype in [f for fs in header.structs.values() for f in fs] + \
-            [p for fn in header.functions for p in [("return", fn.restype), *fn.params]]:
-        if ctype.base not in types:
-            raise HeaderError(f"{path}: {name}: unknown type {ctype.base!r}")
+    by_value = {*SCALARS, *header.structs, *(known.structs if known else ())}  # an opaque struct only behind a *
+    by_pointer = {*by_value, "void", *header.opaque, *(known.opaque if known else ())}
+    declared = [f for fs in header.structs.values() for f in fs] + [p for fn in header.functions for p in fn.params]
+    declared += [("return", fn.restype) for fn in header.functions if fn.restype != CType("void")]
+    for name, ctype in declared:
+        if ctype.base not in (by_pointer if ctype.pointers else by_value):
+            raise HeaderError(f"{path}: {name}: unknown type {ctype.base!r}{' by value' if ctype.base in by_pointer else ''}")
+    for fn in header.functions:
+        if any(t.count is not None for _, t in fn.params):
+            raise HeaderError(f"{path}: {fn.name}: an array parameter (write it as the pointer it is)")
     return header
 
 
@@ -249,6 +253,7 @@ def ctypes_type(ctype: CType, structs: set[str], role: str) -> str:
 
 
 def python_module(headers: list[Header]) -> str:
+    """The text of the Python binding of a library of ``headers`` (in include order)."""
     structs = {s for h in headers for s in h.structs}
     sources = ", ".join(h.path for h in headers)
     out = [f'"""The ctypes declarations of {", ".join(Path(h.path).name for h in headers)}: generated from them by',

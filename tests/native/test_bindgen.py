@@ -89,6 +89,8 @@ def test_the_generated_table_and_binding_agree_once_compiled(tmp_path):
     ("struct S { int a; }; int s_abi(const char* name, int64_t* value); int t_abi(const char* name, int64_t* value);",
      "more than one \\*_abi function: s_abi, t_abi"),
     ("struct S { int a; };", "declares structs or numbers but no <prefix>_abi"),
+    ("typedef struct h h; struct S { h inner; };", "^demo.h: inner: unknown type 'h' by value$"),
+    ("void f(int rows[4]);", "^demo.h: f: an array parameter \\(write it as the pointer it is\\)$"),
 ])
 def test_what_the_generator_does_not_read_is_refused_by_name(text, message):
     with pytest.raises(bindgen.HeaderError, match=message):
