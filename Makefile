@@ -18,7 +18,7 @@ NPM_STAMP   := $(NPM_TOOLS)/.installed-claude-$(CLAUDE_CODE)-codex-$(CODEX_CLI)
 EXLLAMAV3 := $(shell sed -n 's/.*"exllamav3==\([^"]*\)".*/\1/p' pyproject.toml)
 EXLLAMAV3_WHEEL := $(VENV)/wheels/exllamav3-$(EXLLAMAV3)-py3-none-any.whl
 
-.PHONY: demo test test-nix native agent-clis exllamav3-source readme clean
+.PHONY: demo test test-nix native bindings agent-clis exllamav3-source readme clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,12 @@ $(NPM_STAMP):
 # The CPU tier's kernel library, native/build/libglm53_cpu_expert.so (g++; tests/cpu_tier/test_kernel.py checks it).
 native:
 	$(MAKE) -C native -j$$(nproc)
+
+# The native libraries' ctypes bindings (glm53/native/*_binding.py) and ABI tables (native/**/*_abi.inc), generated
+# from their headers by glm53/native/bindgen.py (standard library only); run it after changing a header and commit
+# what it writes (tests/native/test_bindgen.py fails while they are out of step).
+bindings:
+	python3 -m glm53.native.bindgen
 
 # The offline Nix checks (flake.lock, golden tests of nix/lib, PyPI pins, the flake evaluated against the offline
 # nixpkgs tree of ../shared/nixpkgs-eval, a dry run of autoPatchelf over the wheels). They use a Nix >= 2.18 on PATH,

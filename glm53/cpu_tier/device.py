@@ -19,8 +19,9 @@ are in :meth:`DeviceProducer.stats`. Jobs are collected in the order they were p
 outstanding (a slot's out must not be overwritten before it is read); shadow jobs (probes) are not collected. One
 producer per ring.
 
-The kernels are in the project's CUDA library (``glm53.native.cuda``); :class:`CtKernels` binds them and checks the
-mirror of ``struct CtRing`` and the numbers below (outcomes, counters, the split's limit) against the library.
+The kernels are in the project's CUDA library (``glm53.native.cuda``); ``struct CtRing``, the outcomes, counters and
+limits below and the signatures are ``glm53.native.cuda_binding``'s (generated from ``native/ec/expert_cache.h`` and
+checked against the library when it loads).
 """
 
 from __future__ import annotations
@@ -32,90 +33,67 @@ from pathlib import Path
 import torch
 
 from ..native import abi, cuda
+from ..native.cuda_binding import CT_N, CT_RECORD, CT_SPLIT_MAX_PICKS, CtRing, ct_counter, ct_outcome
 from .worker import Ring
 
-OUTCOMES = ("none", "done", "failed", "taken_back_before_claim", "taken_back_after_claim")  # CT_OUT_* ids
-COUNTERS = ("published", "busy", "done", "failed", "taken_back_before_claim", "taken_back_after_claim", "wait_ns",
-            "fallback_jobs", "fallback_experts", "probes")  # CT_C_*
+OUTCOMES = abi.names(ct_outcome, "CT_OUT_")  # by id: none, done, failed, taken_back_before_claim, taken_back_after_claim
+COUNTERS = abi.names(ct_counter, "CT_C_", "CT_N")  # by id: published, busy, done, failed, taken_back_*, wait_ns, ...
 CUDA_HOST_REGISTER_PORTABLE_MAPPED = 0x01 | 0x02
-SPLIT_MAX_PICKS = 64  # CT_SPLIT_MAX_PICKS: tokens * top-k of one decode step
+SPLIT_MAX_PICKS = CT_SPLIT_MAX_PICKS  # tokens * top-k of one decode step
 ADD_BLOCKS = 16  # blocks reading a partial over the link (16 already reach the link's rate, see bench/bandwidth.py)
-
-
-class CtRing(ctypes.Structure):
-    """Mirror of ``struct CtRing`` (``native/ec/cpu_tier_device.cuh``): a CPU-tier ring's device address and geometry."""
-
-    _fields_ = [("base", ctypes.c_void_p)] + [(n, ctypes.c_uint32) for n in ("slots", "hidden", "max_tokens", "max_picks")] + \
-               [(n, ctypes.c_uint64) for n in ("slot_bytes", "slots_offset", "picks_offset", "x_offset", "out_offset")]
-
-
-def _check(code: int, what: str) -> None:
-    if code != 0:
-        raise RuntimeError(f"{what}: CUDA error {code}")
 
 
 class CtKernels:
     """The CPU tier's device-side kernels (``ct_*`` of the project's CUDA library, beside the expert cache's)."""
 
+    counter_count, record_size = CT_N, CT_RECORD  # int64 counters the kernels keep, int32 entries of a split's record
+
     def __init__(self, path: Path | None = None):
         """:param path: the library (default: ``glm53.native.cuda.locate``'s).
-        :raise NativeBuildError: no library found or built. :raise AbiMismatch: its ``CtRing``, outcomes, counters or
-            limits are not this module's (a stale build)."""
-        lib, self.path = cuda.library(path)
-        value = abi.check(lib.ct_abi, self.path, {"CtRing": CtRing},
-                          {"limit.split_max_picks": SPLIT_MAX_PICKS, **{f"outcome.{o}": i for i, o in enumerate(OUTCOMES)},
-                           **{f"counter.{c}": i for i, c in enumerate(COUNTERS)}})
-        self.counter_count, self.record_size = value("counter.count"), value("limit.record")
-        if self.counter_count is None or self.record_size is None or self.counter_count < len(COUNTERS):
-            raise abi.AbiMismatch(f"{self.path}: keeps {self.counter_count} CPU-tier counters and a split record of "
-                                  f"{self.record_size}; this code reads {len(COUNTERS)} counters: rebuild it")
-        p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-        lib.ct_publish.argtypes = [ctypes.POINTER(CtRing), p, i, i, p, i, p, p, p, p]
-        lib.ct_collect.argtypes = [ctypes.POINTER(CtRing), p, i64, p, i64, i64, p, p, i, i, p, p]
-        lib.ct_device_pointer.argtypes = [p, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int)]
-        lib.ct_split_publish.argtypes = [ctypes.POINTER(CtRing), p, i, i, i, p, p, p, p, p, p, i, i, i, p, p, p, p, p]
-        lib.ct_fallback_plan.argtypes = [p, p, p, i, i, i, p, p, p, p, p]
-        for fn in (lib.ct_publish, lib.ct_collect, lib.ct_device_pointer, lib.ct_split_publish, lib.ct_fallback_plan):
-            fn.restype = ctypes.c_int
-        self._lib = lib
+        :raise NativeBuildError: no library found or built. :raise AbiMismatch: its ``CtRing``, outcomes, counters,
+            limits or functions are not the binding's (a stale build)."""
+        self._lib, self.path = cuda.library(path)
+
+    def _check(self, code: int) -> None:
+        cuda.checked(self._lib, code)
 
     def device_pointer(self, host_address: int) -> tuple[int, bool]:
         """(device address of registered host memory, whether the link does atomics on host memory natively)."""
         dev, native = ctypes.c_void_p(), ctypes.c_int(0)
-        _check(self._lib.ct_device_pointer(ctypes.c_void_p(host_address), ctypes.byref(dev), ctypes.byref(native)), "ct_device_pointer")
+        self._check(self._lib.ct_device_pointer(ctypes.c_void_p(host_address), ctypes.byref(dev), ctypes.byref(native)))
         return int(dev.value), bool(native.value)
 
     def publish(self, ring: CtRing, next_seq: torch.Tensor, layer: int, x: torch.Tensor, picks: torch.Tensor,
                 status: torch.Tensor, counters: torch.Tensor) -> None:
         stream = torch.cuda.current_stream().cuda_stream
-        _check(self._lib.ct_publish(ctypes.byref(ring), next_seq.data_ptr(), layer, x.shape[0], picks.data_ptr(), picks.shape[0],
-                                    x.data_ptr(), status.data_ptr(), counters.data_ptr(), stream), "ct_publish")
+        self._check(self._lib.ct_publish(ctypes.byref(ring), next_seq.data_ptr(), layer, x.shape[0], picks.data_ptr(),
+                                         picks.shape[0], x.data_ptr(), status.data_ptr(), counters.data_ptr(), stream))
 
     def collect(self, ring: CtRing, status: torch.Tensor, timeout_ns: int, outcome: torch.Tensor, acc: torch.Tensor,
                 add_blocks: int, counters: torch.Tensor, info: torch.Tensor | None = None, per_expert_ns: int = 0,
                 floor_ns: int = 0) -> None:
         stream = torch.cuda.current_stream().cuda_stream
-        _check(self._lib.ct_collect(ctypes.byref(ring), status.data_ptr(), timeout_ns, None if info is None else info.data_ptr(),
-                                    per_expert_ns, floor_ns, outcome.data_ptr(), acc.data_ptr(), acc.shape[0], add_blocks,
-                                    counters.data_ptr(), stream), "ct_collect")
+        self._check(self._lib.ct_collect(ctypes.byref(ring), status.data_ptr(), timeout_ns,
+                                         None if info is None else info.data_ptr(), per_expert_ns, floor_ns, outcome.data_ptr(),
+                                         acc.data_ptr(), acc.shape[0], add_blocks, counters.data_ptr(), stream))
 
     def split_publish(self, ring: CtRing, next_seq: torch.Tensor, layer: int, sel: torch.Tensor, rw: torch.Tensor,
                       y: torch.Tensor, slot_of: torch.Tensor, freq: torch.Tensor, table: torch.Tensor, probe_k: int,
                       status: torch.Tensor, counters: torch.Tensor, info: torch.Tensor, record: torch.Tensor) -> None:
         stream = torch.cuda.current_stream().cuda_stream
         T, topk = sel.shape
-        _check(self._lib.ct_split_publish(
+        self._check(self._lib.ct_split_publish(
             ctypes.byref(ring), next_seq.data_ptr(), layer, T, topk, sel.data_ptr(), rw.data_ptr(), y.data_ptr(),
             slot_of.data_ptr(), freq.data_ptr(), table.data_ptr(), table.shape[0] - 1, table.shape[1] - 1, probe_k,
-            status.data_ptr(), counters.data_ptr(), info.data_ptr(), record.data_ptr(), stream), "ct_split_publish")
+            status.data_ptr(), counters.data_ptr(), info.data_ptr(), record.data_ptr(), stream))
 
     def fallback_plan(self, status: torch.Tensor, outcome: torch.Tensor, record: torch.Tensor, n: int, topk: int,
                       count: torch.Tensor, token_sorted: torch.Tensor, weight_sorted: torch.Tensor,
                       counters: torch.Tensor) -> None:
         stream = torch.cuda.current_stream().cuda_stream
-        _check(self._lib.ct_fallback_plan(
+        self._check(self._lib.ct_fallback_plan(
             status.data_ptr(), outcome.data_ptr(), record.data_ptr(), n, topk, count.shape[0] - 1, count.data_ptr(),
-            token_sorted.data_ptr(), weight_sorted.data_ptr(), counters.data_ptr(), stream), "ct_fallback_plan")
+            token_sorted.data_ptr(), weight_sorted.data_ptr(), counters.data_ptr(), stream))
 
 
 def pack_picks(tokens: torch.Tensor, experts: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

@@ -24,8 +24,9 @@ The CPU tier's choice is ``GLM53_CT_CODEBOOK``.
 
 Arrays are NumPy arrays or CPU torch tensors, C-contiguous. Outputs are passed in (destination passing). The
 shared library comes from ``$GLM53_NATIVE_BUILD``, the installed package or the source tree's ``native/build/``
-(built there with ``make`` when it is missing or older than its sources); ``glm53.native.libraries`` says how. The library
-reports its structs' layout and its enums' numbers, which :func:`library` checks the mirrors here against.
+(built there with ``make`` when it is missing or older than its sources); ``glm53.native.libraries`` says how. Its
+structs, numbers and signatures are ``glm53.native.cpu_binding``'s, generated from ``cpu_expert.h`` and checked
+against the loaded library (``glm53.native.cpu.library``).
 """
 
 from __future__ import annotations
@@ -41,13 +42,15 @@ from typing import Self
 import numpy as np
 
 from ..native import abi, cpu, libraries
+from ..native.cpu import library
+from ..native.cpu_binding import GLM53_CE_MAX_ROWS, glm53_ce_codebook, glm53_ce_expert, glm53_ce_isa, glm53_ce_linear
 
 NativeBuildError = libraries.NativeBuildError  # what library() raises when it finds and builds no library
 NATIVE = libraries.SOURCE
 LIBRARY = NATIVE / "build" / libraries.CPU_LIBRARY  # where `make -C native` puts it
-ISAS = ("scalar", "avx2", "avx512", "avx512vbmi")  # ids 0.. of cpu_expert.h
-CODEBOOKS = ("fp16", "fma", "int16")  # ids 0.. of cpu_expert.h (GLM53_CE_CODEBOOK_*)
-MAX_ROWS = 8
+ISAS = abi.names(glm53_ce_isa, "GLM53_CE_ISA_", "GLM53_CE_ISA_COUNT")  # by id: scalar, avx2, avx512, avx512vbmi
+CODEBOOKS = abi.names(glm53_ce_codebook, "GLM53_CE_CODEBOOK_", "GLM53_CE_CODEBOOK_COUNT")  # by id: fp16, fma, int16
+MAX_ROWS = GLM53_CE_MAX_ROWS
 # a call's projection units per thread, at least: 4 was the rule the kernel was built with (a one-expert job on the
 # H200 host's 16 CPUs cost 312 us beyond its expert's 263: bench/cpu_expert_bw.py --units-per-thread measures others)
 UNITS_PER_THREAD = 4
@@ -76,15 +79,6 @@ class Linear:
         return _array(self.trellis).shape[1] * 16
 
 
-class _CLinear(ctypes.Structure):
-    _fields_ = [("trellis", ctypes.c_void_p), ("suh", ctypes.c_void_p), ("svh", ctypes.c_void_p),
-                ("in_features", ctypes.c_int32), ("out_features", ctypes.c_int32), ("bits", ctypes.c_int32)]
-
-
-class _CExpert(ctypes.Structure):
-    _fields_ = [("gate", _CLinear), ("up", _CLinear), ("down", _CLinear)]
-
-
 def build() -> Path:
     """Builds the library in the source tree with ``make -C native``; returns its path.
 
@@ -99,37 +93,6 @@ def locate() -> Path:
     :raise NativeBuildError: found nowhere and not built; the message says where it looked and what to do.
     """
     return cpu.locate(NATIVE, LIBRARY)
-
-
-@cache
-def library() -> ctypes.CDLL:
-    """The loaded library, its signatures set.
-
-    :raise NativeBuildError: found nowhere and not built. :raise AbiMismatch: its structs or enums are not the
-        mirrors here (a stale build).
-    """
-    path = locate()
-    lib = ctypes.CDLL(str(path))
-    abi.check(lib.glm53_ce_abi, path, {"glm53_ce_linear": _CLinear, "glm53_ce_expert": _CExpert},
-              {"limit.max_rows": MAX_ROWS, "isa.count": len(ISAS), "codebook.count": len(CODEBOOKS),
-               **{f"isa.{name}": i for i, name in enumerate(ISAS)}, **{f"codebook.{name}": i for i, name in enumerate(CODEBOOKS)}})
-    i32, ptr = ctypes.c_int32, ctypes.c_void_p
-    signatures = {
-        "glm53_ce_error": (ctypes.c_char_p, []),
-        "glm53_ce_isa_supported": (i32, [i32]),
-        "glm53_ce_isa_best": (i32, []),
-        "glm53_ce_pool_start": (ptr, [ptr, i32, i32, i32, i32]),
-        "glm53_ce_pool_stop": (None, [ptr]),
-        "glm53_ce_pool_threads": (i32, [ptr]),
-        "glm53_ce_experts": (i32, [ptr, ptr, i32, ptr, i32, i32, ptr, ctypes.c_float, ptr, i32, i32]),
-        "glm53_ce_linear_forward": (i32, [ptr, ptr, i32, ptr, i32, i32]),
-        "glm53_ce_mul1_values": (i32, [ptr, i32, ptr, i32, i32]),
-        "glm53_ce_read_bytes": (ctypes.c_uint64, [ptr, ptr, ctypes.c_uint64]),
-    }
-    for name, (restype, argtypes) in signatures.items():
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = restype, argtypes
-    return lib
 
 
 @cache
@@ -179,7 +142,7 @@ def _checked(a, name: str, dtypes: tuple[np.dtype, ...], shape: tuple[int, ...] 
     return arr
 
 
-def _c_linear(lin: Linear, name: str, keep: list) -> _CLinear:
+def _c_linear(lin: Linear, name: str, keep: list) -> glm53_ce_linear:
     trellis = _checked(lin.trellis, f"{name}.trellis", (I16, U16))
     if trellis.ndim != 3 or trellis.shape[2] % 16 or not 1 <= trellis.shape[2] // 16 <= 8:
         raise ValueError(f"{name}.trellis must be [in/16, out/16, 16 K] with K in 1..8, got {trellis.shape}")
@@ -187,7 +150,7 @@ def _c_linear(lin: Linear, name: str, keep: list) -> _CLinear:
     suh = _checked(lin.suh, f"{name}.suh", (F16,), (n_in,))
     svh = _checked(lin.svh, f"{name}.svh", (F16,), (n_out,))
     keep += [trellis, suh, svh]
-    return _CLinear(trellis.ctypes.data, suh.ctypes.data, svh.ctypes.data, n_in, n_out, trellis.shape[2] // 16)
+    return glm53_ce_linear(trellis.ctypes.data, suh.ctypes.data, svh.ctypes.data, n_in, n_out, trellis.shape[2] // 16)
 
 
 def _call(rc: int) -> None:
@@ -202,9 +165,9 @@ class ExpertTable:
 
     def __init__(self, experts: Sequence[tuple[Linear, Linear, Linear]]) -> None:
         self._keep: list = []  # the arrays the table points into
-        self.table = (_CExpert * len(experts))()
+        self.table = (glm53_ce_expert * len(experts))()
         for i, (gate, up, down) in enumerate(experts):
-            self.table[i] = _CExpert(_c_linear(gate, f"experts[{i}].gate", self._keep),
+            self.table[i] = glm53_ce_expert(_c_linear(gate, f"experts[{i}].gate", self._keep),
                                      _c_linear(up, f"experts[{i}].up", self._keep),
                                      _c_linear(down, f"experts[{i}].down", self._keep))
 

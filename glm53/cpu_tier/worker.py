@@ -20,58 +20,18 @@ import ctypes
 import mmap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import cache
 from typing import Self
 
 import numpy as np
 
 from ..native import abi
+from ..native.cpu import library
+from ..native.cpu_binding import glm53_ce_expert, glm53_ct_counters, glm53_ct_layout, glm53_ct_state
 from . import kernel as ce
 
-STATES = ("empty", "published", "claimed", "done", "failed", "taken_back", "skipped")  # ids 0.. of cpu_tier.h
-EBUSY, ESTATE = -5, -6
+STATES = abi.names(glm53_ct_state, "GLM53_CT_")  # by id: empty, published, claimed, done, failed, taken_back, skipped
 PROJECTIONS = ("gate", "up", "down")
-COUNTERS = ("jobs", "done", "failed", "experts", "picks", "tokens", "busy_ns", "taken_back_before_claim",
-            "taken_back_after_claim", "max_queue_depth", "naps")
-
-
-class _CLayout(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_uint32) for n in ("magic", "version", "slots", "hidden", "max_tokens", "max_picks")] + \
-               [(n, ctypes.c_uint64) for n in ("slot_bytes", "slots_offset", "picks_offset", "x_offset", "out_offset", "total_bytes")]
-
-
-class _CPick(ctypes.Structure):
-    _fields_ = [("token", ctypes.c_int32), ("expert", ctypes.c_int32), ("weight", ctypes.c_float)]
-
-
-class _CCounters(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_uint64) for n in COUNTERS]
-
-
-@cache
-def library() -> ctypes.CDLL:
-    """The CPU library (``kernel.library()``) with the ``glm53_ct_`` signatures set, its ring structs and numbers
-    checked against the mirrors here. :raise AbiMismatch: a stale build."""
-    lib = ce.library()
-    abi.check(lib.glm53_ct_abi, ce.locate(), {"glm53_ct_layout": _CLayout, "glm53_ct_pick": _CPick, "glm53_ct_counters": _CCounters},
-              {"error.busy": EBUSY, "error.state": ESTATE, **{f"state.{name}": i for i, name in enumerate(STATES)}})
-    i32, u64, ptr = ctypes.c_int32, ctypes.c_uint64, ctypes.c_void_p
-    signatures = {
-        "glm53_ct_error": (ctypes.c_char_p, []),
-        "glm53_ct_ring_layout": (i32, [i32, i32, i32, i32, ptr]),
-        "glm53_ct_ring_init": (i32, [ptr, u64, i32, i32, i32, i32]),
-        "glm53_ct_slot_word": (u64, [ptr, i32, i32]),
-        "glm53_ct_worker_start": (ptr, [ptr, ptr, i32, i32, ctypes.c_float, ptr, i32, i32, i32, i32, i32, i32]),
-        "glm53_ct_worker_stop": (None, [ptr]),
-        "glm53_ct_worker_wake": (None, [ptr]),
-        "glm53_ct_worker_rest": (None, [ptr]),
-        "glm53_ct_worker_parked": (i32, [ptr]),
-        "glm53_ct_worker_counters": (None, [ptr, ptr]),
-    }
-    for name, (restype, argtypes) in signatures.items():
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = restype, argtypes
-    return lib
+COUNTERS = tuple(name for name, _ in glm53_ct_counters._fields_)
 
 
 def _check(rc: int) -> None:
@@ -97,7 +57,7 @@ class Layout:
 
 
 def ring_layout(slots: int, hidden: int, max_tokens: int = 8, max_picks: int = 8) -> Layout:
-    c = _CLayout()
+    c = glm53_ct_layout()
     _check(library().glm53_ct_ring_layout(slots, hidden, max_tokens, max_picks, ctypes.byref(c)))
     return Layout(*(getattr(c, n) for n in ("slots", "hidden", "max_tokens", "max_picks", "slot_bytes", "slots_offset",
                                              "picks_offset", "x_offset", "out_offset", "total_bytes")))
@@ -145,11 +105,11 @@ class ExpertTable:
     def __init__(self, experts: Mapping[tuple[int, int], Sequence[ce.Linear]], num_layers: int, num_experts: int) -> None:
         self.num_layers, self.num_experts = num_layers, num_experts
         self._keep: list = []
-        self.c = (ce._CExpert * (num_layers * num_experts))()  # unregistered entries stay NULL
+        self.c = (glm53_ce_expert * (num_layers * num_experts))()  # unregistered entries stay NULL
         for (row, e), (gate, up, down) in experts.items():
             if not (0 <= row < num_layers and 0 <= e < num_experts):
                 raise ValueError(f"expert ({row}, {e}) outside {num_layers} layers x {num_experts} experts")
-            self.c[row * num_experts + e] = ce._CExpert(*(ce._c_linear(lin, f"experts[{row}, {e}].{p}", self._keep)
+            self.c[row * num_experts + e] = glm53_ce_expert(*(ce._c_linear(lin, f"experts[{row}, {e}].{p}", self._keep)
                                                           for p, lin in zip(PROJECTIONS, (gate, up, down))))
 
 
@@ -224,7 +184,7 @@ class Worker:
         return self.handle is not None and bool(library().glm53_ct_worker_parked(self.handle))
 
     def counters(self) -> dict[str, int | float]:
-        c = _CCounters()
+        c = glm53_ct_counters()
         if self.handle is not None:
             library().glm53_ct_worker_counters(self.handle, ctypes.byref(c))
         out: dict[str, int | float] = {n: int(getattr(c, n)) for n in COUNTERS}

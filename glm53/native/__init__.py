@@ -1,11 +1,13 @@
 """The project's native libraries (sources in the top-level ``native/``) as Python sees them:
 
 - ``libraries``: where they are found and how they are built (standard library only: ``setup.py`` imports it);
-- ``cpu``: the CPU library (the expert kernel, the CPU tier's handoff, the disk reader), found once;
+- ``bindgen``: the bindings generated from the libraries' C headers, one per library (``make bindings``);
+- ``cpu_binding``, ``cuda_binding``: those bindings (structs, numbers, signatures; generated, checked in);
+- ``cpu``: the CPU library (the expert kernel, the CPU tier's handoff, the disk reader), found and loaded once;
 - ``cuda``: the CUDA library (the expert cache's kernels and the CPU tier's device side), found and loaded once;
-- ``abi``: the check of the ctypes mirrors of C structs, and of the numbers both sides share, against the layout
-  the compiled library reports about itself (``native/abi.h``).
+- ``abi``: a binding applied to a loaded library and checked against the layout and numbers the compiled library
+  reports about itself (``native/abi.h``), and the error the libraries' refusals raise.
 
-The bindings live with their users: ``offload.ec_native``, ``offload.disk``, ``cpu_tier.kernel``, ``cpu_tier.worker``,
-``cpu_tier.device``. Nothing here imports another package of the project.
+The Python APIs over them live with their users: ``offload.ec_native``, ``offload.disk``, ``cpu_tier.kernel``,
+``cpu_tier.worker``, ``cpu_tier.device``. Nothing here imports another package of the project.
 """

@@ -1,12 +1,15 @@
 """The project's CPU library (``native/``: the expert kernel, the CPU tier's handoff, the disk reader), found or
-built as ``libraries`` says. Its bindings are ``cpu_tier.kernel`` and ``offload.disk``, which load the same file.
+built as ``libraries`` says, and loaded once with every signature of its binding (``cpu_binding``, generated from
+its headers) set and checked. Its users are ``cpu_tier.kernel``, ``cpu_tier.worker`` and ``offload.disk``.
 """
 
 from __future__ import annotations
 
+import ctypes
+from functools import cache
 from pathlib import Path
 
-from . import libraries
+from . import abi, cpu_binding, libraries
 
 SOURCE_DIRS = ("cpu_expert", "cpu_tier", "disk")  # all built into the one library
 
@@ -27,3 +30,14 @@ def locate(native: Path = libraries.SOURCE, library: Path | None = None) -> Path
            f"{libraries.CPU_LIBRARY} built with `make -C native` in ${libraries.OVERRIDE_ENV}.")
     return libraries.find_or_build(libraries.CPU_LIBRARY, libraries.named(libraries.CPU_LIBRARY), sources(native),
                                    lambda: libraries.build_cpu(native, library), fix)
+
+
+@cache
+def library() -> ctypes.CDLL:
+    """The loaded library (:func:`locate`'s), its functions' signatures set from ``cpu_binding``.
+
+    :raise NativeBuildError: found nowhere and not built. :raise AbiMismatch: its structs, numbers or functions are
+        not the binding's (a stale build).
+    """
+    path = locate()
+    return abi.bind(ctypes.CDLL(str(path)), path, cpu_binding)

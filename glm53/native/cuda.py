@@ -3,9 +3,9 @@ kernels, the CPU tier's device side and the in-band emulation of a slower link, 
 
 It comes from ``$GLM53_NATIVE_BUILD``, the installed package (built for the GPUs the package was built for) or the
 source tree's ``native/build/`` (compiled there with nvcc for this GPU on first use); ``libraries`` says how. It
-has a plain C ABI and links the CUDA runtime dynamically, so it shares the runtime torch has already loaded. Its
-bindings are ``offload.ec_native`` (the cache) and ``cpu_tier.device`` (the CPU tier's handoff), which both load it
-through :func:`library`.
+has a plain C ABI, declared in ``native/ec/expert_cache.h`` (``cuda_binding`` is generated from it), and links the
+CUDA runtime dynamically, so it shares the runtime torch has already loaded. Its users are ``offload.ec_native``
+(the cache) and ``cpu_tier.device`` (the CPU tier's handoff), which both load it through :func:`library`.
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ import ctypes
 from functools import cache
 from pathlib import Path
 
-from . import libraries
+from . import abi, cuda_binding, libraries
 from .libraries import NativeBuildError
 
 SOURCE = libraries.SOURCE / "ec" / "expert_cache.cu"
-INCLUDED = ("cpu_tier_device.cuh", "link_emulate.cuh", "prefetch.cuh", "../abi.h")  # by SOURCE: a library older than any of them is stale
+INCLUDED = ("expert_cache.h", "expert_cache_abi.inc", "cpu_tier_device.cuh", "link_emulate.cuh", "prefetch.cuh",
+            "../abi.h")  # by SOURCE: a library older than any of them is stale
 
 
 def sources() -> list[Path]:
@@ -58,12 +59,25 @@ def locate(capability: tuple[int, int] | None = None) -> Path:
 
 
 def library(path: Path | None = None) -> tuple[ctypes.CDLL, Path]:
-    """The loaded library at ``path`` (default: :func:`locate`'s for the current GPU), and its path; each binding
-    sets the signatures of its own functions and checks its own structs."""
+    """The loaded library at ``path`` (default: :func:`locate`'s for the current GPU), its functions' signatures set
+    from ``cuda_binding``, and its path.
+
+    :raise NativeBuildError: none found or built. :raise AbiMismatch: its structs, numbers or functions are not the
+        binding's (a stale build).
+    """
     path = Path(path) if path is not None else locate()
     return _load(path), path
 
 
 @cache
 def _load(path: Path) -> ctypes.CDLL:
-    return ctypes.CDLL(str(path))
+    return abi.bind(ctypes.CDLL(str(path)), path, cuda_binding)
+
+
+def checked(lib: ctypes.CDLL, code: int) -> None:
+    """Raises the library's own message for an entry point's nonzero return ``code``.
+
+    :raise NativeError: ``ec_error()``'s sentence: the function, and the argument it refused and why, or CUDA's error.
+    """
+    if code != 0:
+        raise abi.NativeError(lib.ec_error().decode())

@@ -20,52 +20,22 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 
 import numpy as np
 
-from ..native import abi, cpu
+from ..native import abi
+from ..native.cpu import library
+from ..native.cpu_binding import GLM53_DR_SHORT_READ, glm53_dr_counter, glm53_dr_request, glm53_dr_state
 
 log = logging.getLogger(__name__)
 
 ALIGN = 4096  # a multiple of every logical block size in use (512, 4096): O_DIRECT's offset, length and memory
 PIECE_BYTES = 4 << 20  # one pread and each thread's bounce buffer
 THREADS = 8
-STATES = ("pending", "done", "failed")
+STATES = abi.names(glm53_dr_state, "GLM53_DR_")  # by id: pending, done, failed
 DONE, FAILED = STATES.index("done"), STATES.index("failed")
-COUNTERS = ("requests", "failed", "bytes", "disk_bytes", "bounced_bytes", "retries", "short_reads", "fallbacks")
-
-
-class _CRequest(ctypes.Structure):
-    _fields_ = [("dest", ctypes.c_void_p), ("offset", ctypes.c_uint64), ("length", ctypes.c_uint64),
-                ("file", ctypes.c_int32), ("state", ctypes.c_int32), ("error", ctypes.c_int32), ("pad", ctypes.c_int32),
-                ("error_offset", ctypes.c_uint64)]
-
-
-@cache
-def library() -> ctypes.CDLL:
-    """The CPU library with the reader's signatures set. :raise NativeBuildError, AbiMismatch: none, or a stale one."""
-    path = cpu.locate()
-    lib = ctypes.CDLL(str(path))
-    abi.check(lib.glm53_dr_abi, path, {"glm53_dr_request": _CRequest},
-              {**{f"state.{s}": i for i, s in enumerate(STATES)}, "counter.count": len(COUNTERS), "fault.short_read": -1})
-    i32, u64, ptr = ctypes.c_int32, ctypes.c_uint64, ctypes.c_void_p
-    signatures = {
-        "glm53_dr_error": (ctypes.c_char_p, []),
-        "glm53_dr_start": (ptr, [ctypes.POINTER(ctypes.c_char_p), i32, i32, i32, u64, u64]),
-        "glm53_dr_stop": (None, [ptr]),
-        "glm53_dr_submit": (i32, [ptr, ptr, i32]),
-        "glm53_dr_wait": (i32, [ptr, ptr, i32, ctypes.c_int64]),
-        "glm53_dr_file_direct": (i32, [ptr, i32]),
-        "glm53_dr_file_fallback": (i32, [ptr, i32, ctypes.POINTER(ctypes.c_int64)]),
-        "glm53_dr_counters": (None, [ptr, ptr]),
-        "glm53_dr_inject": (i32, [ptr, i32, u64, i32, i32]),
-    }
-    for name, (restype, argtypes) in signatures.items():
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = restype, argtypes
-    return lib
+COUNTERS = abi.names(glm53_dr_counter, "GLM53_DR_C_", "GLM53_DR_C_N")  # requests, failed, bytes, disk_bytes, bounced_bytes, ...
 
 
 @dataclass(frozen=True)
@@ -144,7 +114,7 @@ class DiskReader:
             not a writable contiguous buffer of exactly ``length`` bytes.
         """
         self._open()
-        requests = (_CRequest * max(1, len(reads)))()
+        requests = (glm53_dr_request * max(1, len(reads)))()
         keep = []
         for i, r in enumerate(reads):
             if not 0 <= r.file < len(self.paths):
@@ -153,7 +123,7 @@ class DiskReader:
                 raise ValueError(f"read {i}: offset {r.offset} must be >= 0 and length {r.length} >= 1")
             dest = _buffer(r.dest, r.length, i)
             keep.append(dest)
-            requests[i] = _CRequest(dest.ctypes.data, r.offset, r.length, r.file)
+            requests[i] = glm53_dr_request(dest.ctypes.data, r.offset, r.length, r.file)
         if reads and library().glm53_dr_submit(self._handle, requests, len(reads)) != 0:
             raise ValueError(library().glm53_dr_error().decode())
         return Batch(self, reads, requests, keep)
@@ -188,8 +158,8 @@ class DiskReader:
         """Tests' faults: the next ``times`` reads of ``file`` covering ``offset`` fail with errno ``error``
         (None: they return half the bytes asked)."""
         self._open()
-        if library().glm53_dr_inject(self._handle, file, offset, -1 if error is None else error, times) != 0:
-            raise ValueError(f"cannot inject a fault into file {file} {times} times")
+        if library().glm53_dr_inject(self._handle, file, offset, GLM53_DR_SHORT_READ if error is None else error, times) != 0:
+            raise ValueError(library().glm53_dr_error().decode())
 
     def close(self) -> None:
         """Wait for the reads in flight and close the files."""
@@ -209,7 +179,7 @@ class DiskReader:
         if not self._handle:
             raise ValueError("the disk reader is closed")
 
-    def _error(self, index: int, read: Read, request: _CRequest) -> DiskReadError:
+    def _error(self, index: int, read: Read, request: glm53_dr_request) -> DiskReadError:
         path, at = self.paths[read.file], int(request.error_offset)
         what = f"{path}: reading {read.length} bytes at byte {read.offset}"
         if request.error == 0:

@@ -22,7 +22,7 @@ extern "C" {
 
 #define GLM53_CE_API __attribute__((visibility("default")))
 
-enum {
+enum glm53_ce_status {
     GLM53_CE_OK = 0,
     GLM53_CE_EINVAL = -1,  /* a bad argument: shapes, bits, rows, pointers */
     GLM53_CE_EISA = -2,    /* the ISA is unknown or this CPU lacks it */
@@ -30,7 +30,7 @@ enum {
     GLM53_CE_ECPU = -4,    /* a pool thread could not be pinned to its CPU */
 };
 
-enum { GLM53_CE_ISA_BEST = -1, GLM53_CE_ISA_SCALAR = 0, GLM53_CE_ISA_AVX2 = 1, GLM53_CE_ISA_AVX512 = 2,
+enum glm53_ce_isa { GLM53_CE_ISA_BEST = -1, GLM53_CE_ISA_SCALAR = 0, GLM53_CE_ISA_AVX2 = 1, GLM53_CE_ISA_AVX512 = 2,
        GLM53_CE_ISA_AVX512VBMI = 3, GLM53_CE_ISA_COUNT = 4 };
 
 enum { GLM53_CE_MAX_ROWS = 8 };  /* tokens per expert call */
@@ -41,7 +41,7 @@ enum { GLM53_CE_MAX_ROWS = 8 };  /* tokens per expert call */
  * weight against each projection input rounded to 16 bits per 128 (one scale a block), the products summed
  * exactly in integers per block: 2.3e-5 to 3.2e-5 relative RMS from FMA's result per projection (4e-5 to 5e-5
  * per expert output), and a third to a half fewer vector operations again where the CPU has AVX-512 VNNI. */
-enum { GLM53_CE_CODEBOOK_FP16 = 0, GLM53_CE_CODEBOOK_FMA = 1, GLM53_CE_CODEBOOK_INT16 = 2, GLM53_CE_CODEBOOK_COUNT = 3 };
+enum glm53_ce_codebook { GLM53_CE_CODEBOOK_FP16 = 0, GLM53_CE_CODEBOOK_FMA = 1, GLM53_CE_CODEBOOK_INT16 = 2, GLM53_CE_CODEBOOK_COUNT = 3 };
 
 /* One EXL3 linear in the on-disk layout. in_features and out_features are multiples of 128. */
 typedef struct glm53_ce_linear {

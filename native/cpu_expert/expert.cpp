@@ -344,33 +344,8 @@ extern "C" {
 
 const char* glm53_ce_error(void) { return last_error.c_str(); }
 
-int32_t glm53_ce_abi(const char* name, int64_t* value)
-{
-    static const glm53_abi_entry table[] = {
-        GLM53_ABI_SIZE(glm53_ce_linear),
-        GLM53_ABI_FIELD(glm53_ce_linear, trellis),
-        GLM53_ABI_FIELD(glm53_ce_linear, suh),
-        GLM53_ABI_FIELD(glm53_ce_linear, svh),
-        GLM53_ABI_FIELD(glm53_ce_linear, in_features),
-        GLM53_ABI_FIELD(glm53_ce_linear, out_features),
-        GLM53_ABI_FIELD(glm53_ce_linear, bits),
-        GLM53_ABI_SIZE(glm53_ce_expert),
-        GLM53_ABI_FIELD(glm53_ce_expert, gate),
-        GLM53_ABI_FIELD(glm53_ce_expert, up),
-        GLM53_ABI_FIELD(glm53_ce_expert, down),
-        GLM53_ABI_VALUE("isa.scalar", GLM53_CE_ISA_SCALAR),
-        GLM53_ABI_VALUE("isa.avx2", GLM53_CE_ISA_AVX2),
-        GLM53_ABI_VALUE("isa.avx512", GLM53_CE_ISA_AVX512),
-        GLM53_ABI_VALUE("isa.avx512vbmi", GLM53_CE_ISA_AVX512VBMI),
-        GLM53_ABI_VALUE("isa.count", GLM53_CE_ISA_COUNT),
-        GLM53_ABI_VALUE("codebook.fp16", GLM53_CE_CODEBOOK_FP16),
-        GLM53_ABI_VALUE("codebook.fma", GLM53_CE_CODEBOOK_FMA),
-        GLM53_ABI_VALUE("codebook.int16", GLM53_CE_CODEBOOK_INT16),
-        GLM53_ABI_VALUE("codebook.count", GLM53_CE_CODEBOOK_COUNT),
-        GLM53_ABI_VALUE("limit.max_rows", GLM53_CE_MAX_ROWS),
-    };
-    return value ? glm53_abi_lookup(table, sizeof(table) / sizeof(table[0]), name, value) : -1;
-}
+// glm53_ce_abi, over every struct and number of the header (generated from it by glm53/native/bindgen.py)
+#include "cpu_expert_abi.inc"
 
 const char* glm53_ce_isa_name(int32_t isa)
 {
@@ -384,8 +359,18 @@ int32_t glm53_ce_isa_best(void) { return best_isa(); }
 glm53_ce_pool* glm53_ce_pool_start(const int32_t* cpus, int32_t n_cpus, int32_t threads, int32_t spin_us,
                                    int32_t units_per_thread)
 {
-    if (threads < 1 || n_cpus < 0 || (n_cpus > 0 && !cpus) || spin_us < 0 || units_per_thread < 1) {
-        fail(GLM53_CE_EINVAL, "pool: threads and units_per_thread must be >= 1, n_cpus and spin_us >= 0");
+    std::string refused;
+    if (threads < 1)
+        refused = "threads is " + std::to_string(threads) + ", below 1";
+    else if (units_per_thread < 1)
+        refused = "units_per_thread is " + std::to_string(units_per_thread) + ", below 1";
+    else if (n_cpus < 0 || (n_cpus > 0 && !cpus))
+        refused = "cpus is " + std::string(cpus ? "given" : "NULL") + " with n_cpus " + std::to_string(n_cpus) +
+                  " (n_cpus >= 0, cpus not NULL when n_cpus > 0)";
+    else if (spin_us < 0)
+        refused = "spin_us is " + std::to_string(spin_us) + ", below 0";
+    if (!refused.empty()) {
+        fail(GLM53_CE_EINVAL, "pool: " + refused);
         return nullptr;
     }
     std::vector<int> cpu_list(cpus, cpus + n_cpus);
@@ -418,8 +403,11 @@ int32_t glm53_ce_experts(glm53_ce_pool* pool, const glm53_ce_expert* experts, in
                          int32_t x_fp16, int32_t rows, const float* weights, float act_limit, float* out, int32_t isa,
                          int32_t codebook)
 {
-    if (n_experts < 1 || !experts || !x || !weights || !out)
-        return fail(GLM53_CE_EINVAL, "experts: need at least one expert and non-null x, weights and out");
+    if (n_experts < 1)
+        return fail(GLM53_CE_EINVAL, "experts: n_experts is " + std::to_string(n_experts) + ", below 1");
+    if (!experts || !x || !weights || !out)
+        return fail(GLM53_CE_EINVAL, std::string("experts: ") + (!experts ? "experts" : !x ? "x" : !weights ? "weights" : "out") +
+                                         " is NULL");
     if (rows < 1 || rows > GLM53_CE_MAX_ROWS)
         return fail(GLM53_CE_EINVAL, "experts: rows must be 1.." + std::to_string(GLM53_CE_MAX_ROWS) + ", got " +
                                          std::to_string(rows));
@@ -495,8 +483,10 @@ int32_t glm53_ce_experts(glm53_ce_pool* pool, const glm53_ce_expert* experts, in
 int32_t glm53_ce_linear_forward(const glm53_ce_linear* linear, const float* x, int32_t rows, float* y, int32_t isa,
                                 int32_t codebook)
 {
-    if (!linear || !x || !y || rows < 1)
-        return fail(GLM53_CE_EINVAL, "linear: need non-null linear, x and y and rows >= 1");
+    if (!linear || !x || !y)
+        return fail(GLM53_CE_EINVAL, std::string("linear: ") + (!linear ? "linear" : !x ? "x" : "y") + " is NULL");
+    if (rows < 1)
+        return fail(GLM53_CE_EINVAL, "linear: rows is " + std::to_string(rows) + ", below 1");
     const std::string problem = check_linear(*linear, "linear");
     if (!problem.empty())
         return fail(GLM53_CE_EINVAL, problem);
@@ -530,8 +520,10 @@ int32_t glm53_ce_linear_forward(const glm53_ce_linear* linear, const float* x, i
 
 int32_t glm53_ce_mul1_values(const uint16_t* states, int32_t n, float* out, int32_t isa, int32_t codebook)
 {
-    if (!states || !out || n < 0)
-        return fail(GLM53_CE_EINVAL, "mul1_values: need non-null states and out and n >= 0");
+    if (!states || !out)
+        return fail(GLM53_CE_EINVAL, std::string("mul1_values: ") + (!states ? "states" : "out") + " is NULL");
+    if (n < 0)
+        return fail(GLM53_CE_EINVAL, "mul1_values: n is " + std::to_string(n) + ", below 0");
     const IsaOps* ops = nullptr;
     const int rc = resolve_kernel(isa, codebook, &ops);
     if (rc != GLM53_CE_OK)

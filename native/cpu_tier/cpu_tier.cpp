@@ -313,58 +313,22 @@ extern "C" {
 
 const char* glm53_ct_error(void) { return last_error.c_str(); }
 
-int32_t glm53_ct_abi(const char* name, int64_t* value)
-{
-    static const glm53_abi_entry table[] = {
-        GLM53_ABI_SIZE(glm53_ct_layout),
-        GLM53_ABI_FIELD(glm53_ct_layout, magic),
-        GLM53_ABI_FIELD(glm53_ct_layout, version),
-        GLM53_ABI_FIELD(glm53_ct_layout, slots),
-        GLM53_ABI_FIELD(glm53_ct_layout, hidden),
-        GLM53_ABI_FIELD(glm53_ct_layout, max_tokens),
-        GLM53_ABI_FIELD(glm53_ct_layout, max_picks),
-        GLM53_ABI_FIELD(glm53_ct_layout, slot_bytes),
-        GLM53_ABI_FIELD(glm53_ct_layout, slots_offset),
-        GLM53_ABI_FIELD(glm53_ct_layout, picks_offset),
-        GLM53_ABI_FIELD(glm53_ct_layout, x_offset),
-        GLM53_ABI_FIELD(glm53_ct_layout, out_offset),
-        GLM53_ABI_FIELD(glm53_ct_layout, total_bytes),
-        GLM53_ABI_SIZE(glm53_ct_pick),
-        GLM53_ABI_FIELD(glm53_ct_pick, token),
-        GLM53_ABI_FIELD(glm53_ct_pick, expert),
-        GLM53_ABI_FIELD(glm53_ct_pick, weight),
-        GLM53_ABI_SIZE(glm53_ct_counters),
-        GLM53_ABI_FIELD(glm53_ct_counters, jobs),
-        GLM53_ABI_FIELD(glm53_ct_counters, done),
-        GLM53_ABI_FIELD(glm53_ct_counters, failed),
-        GLM53_ABI_FIELD(glm53_ct_counters, experts),
-        GLM53_ABI_FIELD(glm53_ct_counters, picks),
-        GLM53_ABI_FIELD(glm53_ct_counters, tokens),
-        GLM53_ABI_FIELD(glm53_ct_counters, busy_ns),
-        GLM53_ABI_FIELD(glm53_ct_counters, taken_back_before_claim),
-        GLM53_ABI_FIELD(glm53_ct_counters, taken_back_after_claim),
-        GLM53_ABI_FIELD(glm53_ct_counters, max_queue_depth),
-        GLM53_ABI_FIELD(glm53_ct_counters, naps),
-        GLM53_ABI_VALUE("state.empty", GLM53_CT_EMPTY),
-        GLM53_ABI_VALUE("state.published", GLM53_CT_PUBLISHED),
-        GLM53_ABI_VALUE("state.claimed", GLM53_CT_CLAIMED),
-        GLM53_ABI_VALUE("state.done", GLM53_CT_DONE),
-        GLM53_ABI_VALUE("state.failed", GLM53_CT_FAILED),
-        GLM53_ABI_VALUE("state.taken_back", GLM53_CT_TAKEN_BACK),
-        GLM53_ABI_VALUE("state.skipped", GLM53_CT_SKIPPED),
-        GLM53_ABI_VALUE("error.busy", GLM53_CT_EBUSY),
-        GLM53_ABI_VALUE("error.state", GLM53_CT_ESTATE),
-        GLM53_ABI_VALUE("ring.version", GLM53_CT_VERSION),
-    };
-    return value ? glm53_abi_lookup(table, sizeof(table) / sizeof(table[0]), name, value) : -1;
-}
+// glm53_ct_abi, over every struct and number of the header (generated from it by glm53/native/bindgen.py)
+#include "cpu_tier_abi.inc"
 
 int32_t glm53_ct_ring_layout(int32_t slots, int32_t hidden, int32_t max_tokens, int32_t max_picks, glm53_ct_layout* out)
 {
-    if (!out || slots < 1 || hidden < 128 || hidden % 128 || max_tokens < 1 || max_tokens > GLM53_CE_MAX_ROWS ||
-        max_picks < 1 || max_picks > 64)
-        return fail(GLM53_CE_EINVAL, "ring_layout: need slots >= 1, hidden a positive multiple of 128, "
-                                     "max_tokens in 1..8 and max_picks in 1..64");
+    if (!out)
+        return fail(GLM53_CE_EINVAL, "ring_layout: out is NULL");
+    if (slots < 1)
+        return fail(GLM53_CE_EINVAL, "ring_layout: slots is " + std::to_string(slots) + ", below 1");
+    if (hidden < 128 || hidden % 128)
+        return fail(GLM53_CE_EINVAL, "ring_layout: hidden is " + std::to_string(hidden) + ", not a positive multiple of 128");
+    if (max_tokens < 1 || max_tokens > GLM53_CE_MAX_ROWS)
+        return fail(GLM53_CE_EINVAL, "ring_layout: max_tokens is " + std::to_string(max_tokens) + ", not in 1.." +
+                                         std::to_string(GLM53_CE_MAX_ROWS) + " (GLM53_CE_MAX_ROWS)");
+    if (max_picks < 1 || max_picks > 64)
+        return fail(GLM53_CE_EINVAL, "ring_layout: max_picks is " + std::to_string(max_picks) + ", not in 1..64");
     glm53_ct_layout L{};
     L.magic = GLM53_CT_MAGIC;
     L.version = GLM53_CT_VERSION;
@@ -388,9 +352,11 @@ int32_t glm53_ct_ring_init(void* mem, uint64_t bytes, int32_t slots, int32_t hid
     const int32_t rc = glm53_ct_ring_layout(slots, hidden, max_tokens, max_picks, &L);
     if (rc != GLM53_CE_OK)
         return rc;
-    if (!mem || reinterpret_cast<uintptr_t>(mem) % GLM53_CT_ALIGN || bytes < L.total_bytes)
-        return fail(GLM53_CE_EINVAL, "ring_init: need a 128-byte aligned region of at least total_bytes ("
-                                     + std::to_string(L.total_bytes) + ")");
+    if (!mem || reinterpret_cast<uintptr_t>(mem) % GLM53_CT_ALIGN)
+        return fail(GLM53_CE_EINVAL, std::string("ring_init: mem is ") + (mem ? "not 128-byte aligned" : "NULL"));
+    if (bytes < L.total_bytes)
+        return fail(GLM53_CE_EINVAL, "ring_init: bytes is " + std::to_string(bytes) + ", below the ring's total_bytes " +
+                                         std::to_string(L.total_bytes));
     memset(mem, 0, L.total_bytes);  // every slot EMPTY(0)
     memcpy(mem, &L, sizeof L);
     store(reinterpret_cast<uint64_t*>(static_cast<uint8_t*>(mem) + WORKER_NEXT), 1);
@@ -410,10 +376,22 @@ glm53_ct_worker* glm53_ct_worker_start(void* ring, const glm53_ce_expert* table,
     if (check_ring(ring) != GLM53_CE_OK)
         return nullptr;
     const glm53_ct_layout& L = layout_of(ring);
-    if (!table || n_layers < 1 || n_experts < 1 || !(act_limit >= 0.0f) || spin_us < 0 || nap_us < 1 || park_us < 0 ||
-        codebook < 0 || codebook >= GLM53_CE_CODEBOOK_COUNT) {
-        fail(GLM53_CE_EINVAL, "worker_start: need a table, n_layers and n_experts >= 1, act_limit >= 0, spin_us >= 0, "
-                              "nap_us >= 1, park_us >= 0 and a GLM53_CE_CODEBOOK_* codebook");
+    std::string refused;
+    if (!table)
+        refused = "table is NULL";
+    else if (n_layers < 1 || n_experts < 1)
+        refused = "n_layers and n_experts are " + std::to_string(n_layers) + " and " + std::to_string(n_experts) +
+                  ": both must be >= 1";
+    else if (!(act_limit >= 0.0f))
+        refused = "act_limit is " + std::to_string(act_limit) + ": it must be >= 0 (0: no clamp)";
+    else if (spin_us < 0 || nap_us < 1 || park_us < 0)
+        refused = "spin_us, nap_us and park_us are " + std::to_string(spin_us) + ", " + std::to_string(nap_us) + " and " +
+                  std::to_string(park_us) + ": they must be >= 0, >= 1 and >= 0";
+    else if (codebook < 0 || codebook >= GLM53_CE_CODEBOOK_COUNT)
+        refused = "codebook is " + std::to_string(codebook) + ", not a GLM53_CE_CODEBOOK_* (0.." +
+                  std::to_string(GLM53_CE_CODEBOOK_COUNT - 1) + ")";
+    if (!refused.empty()) {
+        fail(GLM53_CE_EINVAL, "worker_start: " + refused);
         return nullptr;
     }
     const size_t n = static_cast<size_t>(n_layers) * n_experts;
@@ -517,10 +495,18 @@ int32_t glm53_ct_producer_publish(void* ring, uint64_t seq, int32_t layer, int32
     if (check_ring(ring) != GLM53_CE_OK)
         return GLM53_CE_EINVAL;
     const glm53_ct_layout& L = layout_of(ring);
-    if (seq < 1 || seq >= (1ull << 56) || layer < 0 || n_tokens < 1 || static_cast<uint32_t>(n_tokens) > L.max_tokens ||
-        n_picks < 1 || static_cast<uint32_t>(n_picks) > L.max_tokens * L.max_picks || !picks || !x)
-        return fail(GLM53_CE_EINVAL, "publish: need seq >= 1, layer >= 0, n_tokens in 1..max_tokens, n_picks in "
-                                     "1..max_tokens * max_picks, picks and x");
+    if (seq < 1 || seq >= (1ull << 56))
+        return fail(GLM53_CE_EINVAL, "publish: seq is " + std::to_string(seq) + ", not in 1..2^56 - 1");
+    if (layer < 0)
+        return fail(GLM53_CE_EINVAL, "publish: layer is " + std::to_string(layer) + ", below 0");
+    if (n_tokens < 1 || static_cast<uint32_t>(n_tokens) > L.max_tokens)
+        return fail(GLM53_CE_EINVAL, "publish: n_tokens is " + std::to_string(n_tokens) + ", not in 1.." +
+                                         std::to_string(L.max_tokens) + " (the ring's max_tokens)");
+    if (n_picks < 1 || static_cast<uint32_t>(n_picks) > L.max_tokens * L.max_picks)
+        return fail(GLM53_CE_EINVAL, "publish: n_picks is " + std::to_string(n_picks) + ", not in 1.." +
+                                         std::to_string(L.max_tokens * L.max_picks) + " (max_tokens * max_picks)");
+    if (!picks || !x)
+        return fail(GLM53_CE_EINVAL, std::string("publish: ") + (!picks ? "picks" : "x") + " is NULL");
     uint8_t* slot = slot_base(ring, seq % L.slots);
     if (!slot_free(ring, seq % L.slots))
         return fail(GLM53_CT_EBUSY, "publish: the worker still holds slot " + std::to_string(seq % L.slots));

@@ -225,35 +225,22 @@ void close_files(Reader* r)
 
 extern "C" {
 
-int32_t glm53_dr_abi(const char* name, int64_t* value)
-{
-    static const glm53_abi_entry table[] = {
-        GLM53_ABI_SIZE(glm53_dr_request),
-        GLM53_ABI_FIELD(glm53_dr_request, dest),
-        GLM53_ABI_FIELD(glm53_dr_request, offset),
-        GLM53_ABI_FIELD(glm53_dr_request, length),
-        GLM53_ABI_FIELD(glm53_dr_request, file),
-        GLM53_ABI_FIELD(glm53_dr_request, state),
-        GLM53_ABI_FIELD(glm53_dr_request, error),
-        GLM53_ABI_FIELD(glm53_dr_request, pad),
-        GLM53_ABI_FIELD(glm53_dr_request, error_offset),
-        GLM53_ABI_VALUE("state.pending", GLM53_DR_PENDING),
-        GLM53_ABI_VALUE("state.done", GLM53_DR_DONE),
-        GLM53_ABI_VALUE("state.failed", GLM53_DR_FAILED),
-        GLM53_ABI_VALUE("fault.short_read", GLM53_DR_SHORT_READ),
-        GLM53_ABI_VALUE("counter.count", GLM53_DR_C_N),
-    };
-    return value ? glm53_abi_lookup(table, sizeof(table) / sizeof(table[0]), name, value) : -1;
-}
+// glm53_dr_abi, over every struct and number of the header (generated from it by glm53/native/bindgen.py)
+#include "disk_reader_abi.inc"
 
 const char* glm53_dr_error(void) { return last_error.c_str(); }
 
 void* glm53_dr_start(const char* const* paths, int32_t files, int32_t threads, int32_t direct, uint64_t align,
                      uint64_t piece_bytes)
 {
-    if (files < 1 || threads < 1 || align == 0 || (align & (align - 1)) != 0 || piece_bytes < align ||
-        piece_bytes % align != 0) {
-        last_error = "files and threads must be >= 1, align a power of two, piece_bytes a multiple of it";
+    if (files < 1 || threads < 1 || !paths) {
+        last_error = "files and threads are " + std::to_string(files) + " and " + std::to_string(threads) +
+                     (paths ? "" : " and paths is NULL") + ": both must be >= 1, paths not NULL";
+        return nullptr;
+    }
+    if (align == 0 || (align & (align - 1)) != 0 || piece_bytes < align || piece_bytes % align != 0) {
+        last_error = "align and piece_bytes are " + std::to_string(align) + " and " + std::to_string(piece_bytes) +
+                     ": align must be a power of two and piece_bytes a multiple of it";
         return nullptr;
     }
     Reader* r = new Reader(static_cast<size_t>(files));
@@ -308,13 +295,18 @@ void glm53_dr_stop(void* reader)
 int32_t glm53_dr_submit(void* reader, glm53_dr_request* requests, int32_t n)
 {
     Reader* r = static_cast<Reader*>(reader);
-    for (int32_t i = 0; i < n; ++i)
-        if (requests[i].file < 0 || static_cast<size_t>(requests[i].file) >= r->files.size() || requests[i].length == 0 ||
-            requests[i].dest == nullptr) {
-            last_error = "request " + std::to_string(i) + ": no file " + std::to_string(requests[i].file) +
-                         ", a length of 0 or no destination";
+    for (int32_t i = 0; i < n; ++i) {
+        const glm53_dr_request& q = requests[i];
+        const std::string refused = q.file < 0 || static_cast<size_t>(q.file) >= r->files.size()
+                                        ? "file is " + std::to_string(q.file) + ", not one of the reader's " +
+                                              std::to_string(r->files.size()) + " files"
+                                    : q.length == 0 ? std::string("length is 0")
+                                    : q.dest == nullptr ? std::string("dest is NULL") : std::string();
+        if (!refused.empty()) {
+            last_error = "submit: requests[" + std::to_string(i) + "]." + refused;
             return -1;
         }
+    }
     for (int32_t i = 0; i < n; ++i) {
         requests[i].error = 0;
         requests[i].error_offset = 0;
@@ -369,8 +361,12 @@ void glm53_dr_counters(void* reader, uint64_t* out)
 int32_t glm53_dr_inject(void* reader, int32_t file, uint64_t offset, int32_t error, int32_t times)
 {
     Reader* r = static_cast<Reader*>(reader);
-    if (file < 0 || static_cast<size_t>(file) >= r->files.size() || times < 1)
+    if (file < 0 || static_cast<size_t>(file) >= r->files.size() || times < 1) {
+        last_error = "inject: " + (times < 1 ? "times is " + std::to_string(times) + ", below 1"
+                                             : "file " + std::to_string(file) + " is not one of the reader's " +
+                                                   std::to_string(r->files.size()) + " files");
         return -1;
+    }
     std::lock_guard<std::mutex> lock(r->fault_mutex);
     r->faults.push_back({file, offset, error, times});
     r->fault_count.fetch_add(1, std::memory_order_release);

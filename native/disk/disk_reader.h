@@ -32,9 +32,9 @@ extern "C" {
 
 #define GLM53_DR_API __attribute__((visibility("default")))
 
-enum { GLM53_DR_PENDING = 0, GLM53_DR_DONE = 1, GLM53_DR_FAILED = 2 };
+enum glm53_dr_state { GLM53_DR_PENDING = 0, GLM53_DR_DONE = 1, GLM53_DR_FAILED = 2 };
 enum { GLM53_DR_SHORT_READ = -1 };  /* an injected fault that returns half the bytes asked (glm53_dr_inject) */
-enum {
+enum glm53_dr_counter {
     GLM53_DR_C_REQUESTS, GLM53_DR_C_FAILED, GLM53_DR_C_BYTES, GLM53_DR_C_DISK_BYTES, GLM53_DR_C_BOUNCED_BYTES,
     GLM53_DR_C_RETRIES, GLM53_DR_C_SHORT_READS, GLM53_DR_C_FALLBACKS, GLM53_DR_C_N
 };

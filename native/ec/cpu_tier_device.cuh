@@ -6,22 +6,6 @@
 // expert_cache.cu (one CUDA library). No host synchronisation: every decision reads memory on the device or over
 // the link.
 
-// The ring's geometry (glm53_ct_layout) and its device address, passed by value.
-struct CtRing {
-    char* base;            // device address of the ring (the mapped alias of the host memory)
-    uint32_t slots, hidden, max_tokens, max_picks;
-    uint64_t slot_bytes, slots_offset, picks_offset, x_offset, out_offset;
-};
-
-enum { CT_EMPTY = 0, CT_PUBLISHED = 1, CT_CLAIMED = 2, CT_DONE = 3, CT_FAILED = 4, CT_TAKEN_BACK = 5, CT_SKIPPED = 6 };
-#define CT_ACK 64  // byte offset of the worker's ACK word in a slot (JOB at 0)
-// What ct_wait decided for a job (*outcome), and the counters the kernels keep (int64 [CT_N]): jobs published,
-// publishes refused for a busy slot, outcomes, the GPU's total wait, jobs (and their experts) the GPU computed
-// itself after all (ct_fallback_plan), shadow jobs published to time the host (probes).
-enum { CT_OUT_NONE = 0, CT_OUT_DONE = 1, CT_OUT_FAILED = 2, CT_OUT_TAKEN_BACK_BEFORE = 3, CT_OUT_TAKEN_BACK_AFTER = 4 };
-enum { CT_C_PUBLISHED = 0, CT_C_BUSY, CT_C_DONE, CT_C_FAILED, CT_C_TAKEN_BEFORE, CT_C_TAKEN_AFTER, CT_C_WAIT_NS,
-       CT_C_FALLBACK_JOBS, CT_C_FALLBACK_EXPERTS, CT_C_PROBES, CT_N = 16 };
-
 __device__ __forceinline__ uint64_t ct_load_acquire(const uint64_t* p)
 {
     uint64_t v;
@@ -114,8 +98,8 @@ __global__ void ct_publish_kernel(CtRing r, uint64_t* next_seq, int layer, int n
 
 // One thread. Waits for job *status until timeout_ns have passed since it started waiting, then takes it back.
 // *outcome: CT_OUT_DONE (the partial is in the slot), CT_OUT_FAILED (the worker refused the job; the caller
-// computes it), CT_OUT_TAKEN_BACK_BEFORE (the worker had not claimed it: it will skip it) or
-// CT_OUT_TAKEN_BACK_AFTER (it had: its result is discarded), or CT_OUT_NONE for status 0. In every case but DONE
+// computes it), CT_OUT_TAKEN_BACK_BEFORE_CLAIM (the worker had not claimed it: it will skip it) or
+// CT_OUT_TAKEN_BACK_AFTER_CLAIM (it had: its result is discarded), or CT_OUT_NONE for status 0. In every case but DONE
 // the job's experts were not computed by the host as far as the caller is concerned.
 // With info (a split's int32 [4], info[2] the experts it sent), the wait is a stop-loss: at most per_expert_ns for
 // each of the job's experts (what the GPU would take to compute them itself), at least floor_ns, never over
@@ -148,7 +132,7 @@ __global__ void ct_wait_kernel(CtRing r, const int64_t* status, int64_t timeout_
             a = ct_load_acquire(ack);
             uint64_t as = a & 0xFF;
             bool claimed = (a >> 8) == seq && (as == CT_CLAIMED || as == CT_DONE || as == CT_FAILED);
-            result = claimed ? CT_OUT_TAKEN_BACK_AFTER : CT_OUT_TAKEN_BACK_BEFORE;
+            result = claimed ? CT_OUT_TAKEN_BACK_AFTER_CLAIM : CT_OUT_TAKEN_BACK_BEFORE_CLAIM;
             break;
         }
         __nanosleep(nap);
@@ -157,7 +141,7 @@ __global__ void ct_wait_kernel(CtRing r, const int64_t* status, int64_t timeout_
     *outcome = result;
     counters[CT_C_WAIT_NS] += (int64_t) (ct_now_ns() - t0);
     counters[result == CT_OUT_DONE ? CT_C_DONE : result == CT_OUT_FAILED ? CT_C_FAILED
-             : result == CT_OUT_TAKEN_BACK_BEFORE ? CT_C_TAKEN_BEFORE : CT_C_TAKEN_AFTER] += 1;
+             : result == CT_OUT_TAKEN_BACK_BEFORE_CLAIM ? CT_C_TAKEN_BACK_BEFORE_CLAIM : CT_C_TAKEN_BACK_AFTER_CLAIM] += 1;
 }
 
 // Grid-stride: when the job is DONE, acc[t][h] += the slot's fp32 out[t][h] for its n_tokens rows (uncached loads:
@@ -173,11 +157,6 @@ __global__ void ct_add_kernel(CtRing r, const int64_t* status, const int32_t* ou
         dst[i] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
     }
 }
-
-#define CT_SPLIT_MAX_PICKS 64  // tokens * top-k of one decode step (8 x 8 for GLM-5.3-Flash)
-// A split's record of the picks it moved to the CPU, for the fallback (int32 [CT_RECORD]): [p] the expert of pick p
-// when its weight was zeroed for the CPU's job, else -1; [CT_SPLIT_MAX_PICKS + p] that pick's fp16 weight bits.
-#define CT_RECORD (2 * CT_SPLIT_MAX_PICKS)
 
 // One block of CT_SPLIT_MAX_PICKS threads, after a MoE layer's routing in a decode step (fast mode): splits the
 // step's T * topk picks (sel int64, rw fp16 [T, topk], exllamav3's own routing tensors) into hits (the expert has a
@@ -350,55 +329,24 @@ __global__ void ct_fallback_plan_kernel(const int64_t* status, const int32_t* ou
     }
 }
 
+#define CT_REQUIRE_RING(r) do { \
+        EC_REQUIRE((r) != nullptr, "r is NULL"); \
+        EC_REQUIRE((r)->hidden % 128 == 0, "r->hidden is %u, not a multiple of 128", (r)->hidden); \
+    } while (0)
+
 extern "C" {
 
 int ct_fallback_plan(const int64_t* status, const int32_t* outcome, const int32_t* record, int n, int topk,
                      int num_experts, int64_t* count, int64_t* token_sorted, void* weight_sorted, int64_t* counters,
                      cudaStream_t stream)
 {
-    if (n < 1 || n > CT_SPLIT_MAX_PICKS || topk < 1 || num_experts < 1 || num_experts > EC_MAX_EXPERTS)
-        return (int) cudaErrorInvalidValue;
+    EC_REQUIRE(n >= 1 && n <= CT_SPLIT_MAX_PICKS, "n is %d, not in 1..%d (CT_SPLIT_MAX_PICKS)", n, CT_SPLIT_MAX_PICKS);
+    EC_REQUIRE(topk >= 1, "topk is %d, below 1", topk);
+    EC_REQUIRE(num_experts >= 1 && num_experts <= EC_MAX_EXPERTS, "num_experts is %d, not in 1..%d (EC_MAX_EXPERTS)",
+               num_experts, EC_MAX_EXPERTS);
     ct_fallback_plan_kernel<<<1, 256, 0, stream>>>(status, outcome, record, n, topk, num_experts, count, token_sorted,
                                                    reinterpret_cast<__half*>(weight_sorted), counters);
-    return (int) cudaGetLastError();
-}
-
-// The sizes, offsets and numbers the Python side (glm53/cpu_tier/device.py) checks its mirrors against at load
-// (../abi.h; 0 when the name is known, else -1).
-int ct_abi(const char* name, int64_t* value)
-{
-    static const glm53_abi_entry table[] = {
-        GLM53_ABI_SIZE(CtRing),
-        GLM53_ABI_FIELD(CtRing, base),
-        GLM53_ABI_FIELD(CtRing, slots),
-        GLM53_ABI_FIELD(CtRing, hidden),
-        GLM53_ABI_FIELD(CtRing, max_tokens),
-        GLM53_ABI_FIELD(CtRing, max_picks),
-        GLM53_ABI_FIELD(CtRing, slot_bytes),
-        GLM53_ABI_FIELD(CtRing, slots_offset),
-        GLM53_ABI_FIELD(CtRing, picks_offset),
-        GLM53_ABI_FIELD(CtRing, x_offset),
-        GLM53_ABI_FIELD(CtRing, out_offset),
-        GLM53_ABI_VALUE("limit.split_max_picks", CT_SPLIT_MAX_PICKS),
-        GLM53_ABI_VALUE("limit.record", CT_RECORD),
-        GLM53_ABI_VALUE("outcome.none", CT_OUT_NONE),
-        GLM53_ABI_VALUE("outcome.done", CT_OUT_DONE),
-        GLM53_ABI_VALUE("outcome.failed", CT_OUT_FAILED),
-        GLM53_ABI_VALUE("outcome.taken_back_before_claim", CT_OUT_TAKEN_BACK_BEFORE),
-        GLM53_ABI_VALUE("outcome.taken_back_after_claim", CT_OUT_TAKEN_BACK_AFTER),
-        GLM53_ABI_VALUE("counter.published", CT_C_PUBLISHED),
-        GLM53_ABI_VALUE("counter.busy", CT_C_BUSY),
-        GLM53_ABI_VALUE("counter.done", CT_C_DONE),
-        GLM53_ABI_VALUE("counter.failed", CT_C_FAILED),
-        GLM53_ABI_VALUE("counter.taken_back_before_claim", CT_C_TAKEN_BEFORE),
-        GLM53_ABI_VALUE("counter.taken_back_after_claim", CT_C_TAKEN_AFTER),
-        GLM53_ABI_VALUE("counter.wait_ns", CT_C_WAIT_NS),
-        GLM53_ABI_VALUE("counter.fallback_jobs", CT_C_FALLBACK_JOBS),
-        GLM53_ABI_VALUE("counter.fallback_experts", CT_C_FALLBACK_EXPERTS),
-        GLM53_ABI_VALUE("counter.probes", CT_C_PROBES),
-        GLM53_ABI_VALUE("counter.count", CT_N),
-    };
-    return value ? glm53_abi_lookup(table, sizeof(table) / sizeof(table[0]), name, value) : -1;
+    return ec_result(__func__, cudaGetLastError());
 }
 
 int ct_split_publish(const CtRing* r, uint64_t* next_seq, int layer, int T, int topk, const int64_t* sel, void* rw,
@@ -406,41 +354,47 @@ int ct_split_publish(const CtRing* r, uint64_t* next_seq, int layer, int T, int 
                      int table_tokens, int table_experts, int probe_k, int64_t* status, int64_t* counters,
                      int32_t* info, int32_t* record, cudaStream_t stream)
 {
-    if (r->hidden % 128 || T * topk > CT_SPLIT_MAX_PICKS || T < 1 || topk < 1) return (int) cudaErrorInvalidValue;
+    CT_REQUIRE_RING(r);
+    EC_REQUIRE(T >= 1, "T is %d, below 1", T);
+    EC_REQUIRE(topk >= 1, "topk is %d, below 1", topk);
+    EC_REQUIRE(T * topk <= CT_SPLIT_MAX_PICKS, "T * topk is %d x %d, above %d (CT_SPLIT_MAX_PICKS)", T, topk,
+               CT_SPLIT_MAX_PICKS);
     ct_split_publish_kernel<<<1, CT_SPLIT_MAX_PICKS, 0, stream>>>(*r, next_seq, layer, T, topk, sel,
         reinterpret_cast<__half*>(rw), y, slot_of, freq, table, table_tokens, table_experts, probe_k, status, counters,
         info, record);
-    return (int) cudaGetLastError();
+    return ec_result(__func__, cudaGetLastError());
 }
 
 int ct_publish(const CtRing* r, uint64_t* next_seq, int layer, int n_tokens, const int32_t* picks, int n_picks,
                const uint16_t* x, int64_t* status, int64_t* counters, cudaStream_t stream)
 {
-    if (r->hidden % 128) return (int) cudaErrorInvalidValue;
+    CT_REQUIRE_RING(r);
     ct_publish_kernel<<<1, 256, 0, stream>>>(*r, next_seq, layer, n_tokens, picks, n_picks, x, status, counters);
-    return (int) cudaGetLastError();
+    return ec_result(__func__, cudaGetLastError());
 }
 
-// ct_wait + ct_add: the whole collection of one job into acc (fp32 [n_tokens, hidden]); info may be NULL (no
-// stop-loss: timeout_ns).
 int ct_collect(const CtRing* r, const int64_t* status, int64_t timeout_ns, const int32_t* info, int64_t per_expert_ns,
                int64_t floor_ns, int32_t* outcome, float* acc, int n_tokens, int add_blocks, int64_t* counters,
                cudaStream_t stream)
 {
+    CT_REQUIRE_RING(r);
+    EC_REQUIRE(n_tokens >= 0 && (uint32_t) n_tokens <= r->max_tokens, "n_tokens is %d, not in 0..%u (r->max_tokens)",
+               n_tokens, r->max_tokens);
+    EC_REQUIRE(add_blocks >= 1, "add_blocks is %d, below 1", add_blocks);
     ct_wait_kernel<<<1, 1, 0, stream>>>(*r, status, timeout_ns, info, per_expert_ns, floor_ns, outcome, counters);
     ct_add_kernel<<<add_blocks, 256, 0, stream>>>(*r, status, outcome, acc, n_tokens);
-    return (int) cudaGetLastError();
+    return ec_result(__func__, cudaGetLastError());
 }
 
-// The device address of host memory registered with cudaHostRegisterMapped; also whether this GPU's link does
-// atomics on host memory natively (cudaDevAttrHostNativeAtomicSupported; reported, not relied on).
 int ct_device_pointer(void* host, void** device, int* native_atomics)
 {
+    EC_REQUIRE(host != nullptr && device != nullptr && native_atomics != nullptr,
+               "host, device and native_atomics must not be NULL");
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(native_atomics, cudaDevAttrHostNativeAtomicSupported, dev);
     if (e == cudaSuccess) e = cudaHostGetDevicePointer(device, host, 0);
-    return (int) e;
+    return ec_result(__func__, e);
 }
 
 }

@@ -2,37 +2,49 @@
 // misses and admissions on the device, rewrite exllamav3's expert pointer tables, and copy admitted experts
 // from the pinned host store into VRAM slots. No host synchronisation: every decision reads device memory.
 //
-// Plain C ABI (loaded with ctypes); every launcher takes the CUDA stream to run on.
+// The library's structs, numbers and entry points are declared once, in expert_cache.h.
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <stdarg.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "../abi.h"
+#include "expert_cache.h"
 
-#define EC_MAX_EXPERTS 512   // exllamav3's own limit per MoE layer (BC_BlockSparseMLP MAX_EXPERTS)
 #define EC_THREADS 512
-#define EC_MAX_ADMIT 16
 
-// Counters per layer (int64): decode picks, hits, admissions, evictions, decode steps
-enum { C_PICKS = 0, C_HITS, C_ADMITS, C_EVICTS, C_STEPS, C_N = 8 };
+static thread_local char ec_last_error[512];
 
-struct EcState {
-    int num_layers;
-    int num_experts;
-    float* freq;           // [L, E] decayed pick frequency (the replacement score)
-    int32_t* slot_of;      // [L, E] slot holding the expert, -1 when it is read from the host store
-    int32_t* owner;        // [S] l * E + e of the expert in the slot, -1 when free
-    int64_t* picks;        // [L, E] decode picks per expert since start (oracle and learned profile)
-    int64_t* counters;     // [L, C_N]
-    const int64_t* home;   // [L, E] device address (UVA) of the expert's [gate | up | down] block in host memory
-    const int64_t* slot_addr;  // [S] device address of each VRAM slot
-    const int64_t* tables; // [L, 4] addresses of exllamav3's tables: gate (E), up (E), down (E), gate/up (E, 2)
-    int64_t off_up;        // byte offset of up and down inside an expert block (the same in host store and slots)
-    int64_t off_down;
-    int32_t* jobs;         // [EC_MAX_ADMIT, 2] (l * E + e, slot) of the copies the next ec_copy runs
-    int32_t* num_jobs;     // [1]
-};
+// Refuses a call for one of its arguments: the call returns cudaErrorInvalidValue and ec_error() names the argument.
+static int ec_refuse(const char* function, const char* format, ...)
+{
+    const int n = snprintf(ec_last_error, sizeof ec_last_error, "%s: ", function);
+    va_list args;
+    va_start(args, format);
+    vsnprintf(ec_last_error + n, sizeof ec_last_error - n, format, args);
+    va_end(args);
+    return (int) cudaErrorInvalidValue;
+}
+
+// What a call's CUDA work returned: 0, or the error, with CUDA's description of it for ec_error().
+static int ec_result(const char* function, cudaError_t e)
+{
+    if (e != cudaSuccess)
+        snprintf(ec_last_error, sizeof ec_last_error, "%s: %s (%s)", function, cudaGetErrorString(e), cudaGetErrorName(e));
+    return (int) e;
+}
+
+#define EC_REQUIRE(ok, ...) do { if (!(ok)) return ec_refuse(__func__, __VA_ARGS__); } while (0)
+// The cache state every kernel reads: present, and no more experts per layer than the kernels' shared arrays hold.
+#define EC_REQUIRE_STATE(s) do { \
+        EC_REQUIRE((s) != nullptr, "s is NULL"); \
+        EC_REQUIRE((s)->num_experts >= 1 && (s)->num_experts <= EC_MAX_EXPERTS, \
+                   "s->num_experts is %d, not in 1..%d (EC_MAX_EXPERTS)", (s)->num_experts, EC_MAX_EXPERTS); \
+    } while (0)
+#define EC_REQUIRE_LAYER(s, layer) EC_REQUIRE((layer) >= 0 && (layer) < (s)->num_layers, \
+                                              "layer is %d, not in 0..%d (s->num_layers - 1)", (layer), (s)->num_layers - 1)
 
 __device__ __forceinline__ void point_tables(const EcState& s, int layer, int e, int64_t base)
 {
@@ -73,16 +85,6 @@ __device__ int block_arg_extreme(const float* v, const bool* ok, int n, bool wan
     __syncthreads();
     return r;
 }
-
-// The fast half of the score and its per-layer weight (glm53/offload/cache_policy.py, Recency and steps 1-4).
-struct EcRecency {
-    float* recent;        // [L, E] fast decayed pick count
-    uint8_t* prev;        // [L, E] 1: picked by the first row of the layer's previous decode step
-    float* reuse;         // [L, 2] measured reuse lift (running average), the lift popularity alone gives
-    float decay;          // of recent
-    float weight;         // recency weight per unit of lift above popularity's
-    float keep;           // of the running average
-};
 
 // One decode step of one MoE layer: count the picks, update both scores and the layer's reuse lift (measured on the
 // first `row` entries of sel, one stream), then admit up to max_admit missed experts whose score beats the weakest
@@ -237,21 +239,37 @@ __global__ void ec_assign_kernel(EcState s, const int32_t* entries, int n)
 
 extern "C" {
 
+const char* ec_error(void)
+{
+    return ec_last_error;
+}
+
 // row: the entries of sel's first row (its routing's top-k), on which the reuse lift is measured.
 int ec_step(const EcState* s, const EcRecency* rc, int layer, const int64_t* sel, int n, int row, float decay,
             float hysteresis, int max_admit, int64_t block_bytes, int copy_blocks, cudaStream_t stream)
 {
-    if (s->num_experts > EC_MAX_EXPERTS || max_admit > EC_MAX_ADMIT) return (int) cudaErrorInvalidValue;
+    EC_REQUIRE_STATE(s);
+    EC_REQUIRE(rc != nullptr, "rc is NULL (the recency state)");
+    EC_REQUIRE_LAYER(s, layer);
+    EC_REQUIRE(n >= 0 && (n == 0 || sel != nullptr), "sel is %s with n %d (n must be >= 0, sel not NULL when n > 0)",
+               sel ? "given" : "NULL", n);
+    EC_REQUIRE(max_admit >= 0 && max_admit <= EC_MAX_ADMIT, "max_admit is %d, not in 0..%d (EC_MAX_ADMIT)", max_admit,
+               EC_MAX_ADMIT);
+    EC_REQUIRE(max_admit == 0 || copy_blocks >= 1, "copy_blocks is %d: the admissions' copy needs at least 1 block",
+               copy_blocks);
+    EC_REQUIRE(row >= 0 && (row <= n || n == 0), "row is %d, not in 0..n (n is %d)", row, n);
     ec_step_kernel<<<1, EC_THREADS, 0, stream>>>(*s, *rc, layer, sel, n, row, decay, hysteresis, max_admit);
     if (max_admit > 0) ec_copy_kernel<<<copy_blocks, 256, 0, stream>>>(*s, block_bytes);
-    return (int) cudaGetLastError();
+    return ec_result(__func__, cudaGetLastError());
 }
 
 int ec_assign(const EcState* s, const int32_t* entries, int n, cudaStream_t stream)
 {
+    EC_REQUIRE_STATE(s);
     if (n <= 0) return 0;
+    EC_REQUIRE(entries != nullptr, "entries is NULL with n %d", n);
     ec_assign_kernel<<<(n + 255) / 256, 256, 0, stream>>>(*s, entries, n);
-    return (int) cudaGetLastError();
+    return ec_result(__func__, cudaGetLastError());
 }
 
 // SM-issued read of mapped host memory (the zero-copy path's bandwidth): sums 16-byte words into *out.
@@ -267,47 +285,11 @@ __global__ void read_probe_kernel(const int4* src, int64_t vecs, unsigned int* o
 
 int ec_read_probe(const void* src, int64_t bytes, unsigned int* out, int blocks, cudaStream_t stream)
 {
+    EC_REQUIRE(src != nullptr && out != nullptr, "src and out must not be NULL (src %p, out %p)", src, (void*) out);
+    EC_REQUIRE(bytes >= 0, "bytes is %lld, below 0", (long long) bytes);
+    EC_REQUIRE(blocks >= 1, "blocks is %d, below 1", blocks);
     read_probe_kernel<<<blocks, 256, 0, stream>>>(reinterpret_cast<const int4*>(src), bytes / 16, out);
-    return (int) cudaGetLastError();
-}
-
-// The sizes, offsets and numbers the Python side checks its mirrors against at load (../abi.h; 0 when the name
-// is known, else -1).
-int ec_abi(const char* name, int64_t* value)
-{
-    static const glm53_abi_entry table[] = {
-        GLM53_ABI_SIZE(EcState),
-        GLM53_ABI_FIELD(EcState, num_layers),
-        GLM53_ABI_FIELD(EcState, num_experts),
-        GLM53_ABI_FIELD(EcState, freq),
-        GLM53_ABI_FIELD(EcState, slot_of),
-        GLM53_ABI_FIELD(EcState, owner),
-        GLM53_ABI_FIELD(EcState, picks),
-        GLM53_ABI_FIELD(EcState, counters),
-        GLM53_ABI_FIELD(EcState, home),
-        GLM53_ABI_FIELD(EcState, slot_addr),
-        GLM53_ABI_FIELD(EcState, tables),
-        GLM53_ABI_FIELD(EcState, off_up),
-        GLM53_ABI_FIELD(EcState, off_down),
-        GLM53_ABI_FIELD(EcState, jobs),
-        GLM53_ABI_FIELD(EcState, num_jobs),
-        GLM53_ABI_SIZE(EcRecency),
-        GLM53_ABI_FIELD(EcRecency, recent),
-        GLM53_ABI_FIELD(EcRecency, prev),
-        GLM53_ABI_FIELD(EcRecency, reuse),
-        GLM53_ABI_FIELD(EcRecency, decay),
-        GLM53_ABI_FIELD(EcRecency, weight),
-        GLM53_ABI_FIELD(EcRecency, keep),
-        GLM53_ABI_VALUE("limit.max_admit", EC_MAX_ADMIT),
-        GLM53_ABI_VALUE("limit.max_experts", EC_MAX_EXPERTS),
-        GLM53_ABI_VALUE("counter.picks", C_PICKS),
-        GLM53_ABI_VALUE("counter.hits", C_HITS),
-        GLM53_ABI_VALUE("counter.admits", C_ADMITS),
-        GLM53_ABI_VALUE("counter.evicts", C_EVICTS),
-        GLM53_ABI_VALUE("counter.steps", C_STEPS),
-        GLM53_ABI_VALUE("counter.count", C_N),
-    };
-    return value ? glm53_abi_lookup(table, sizeof(table) / sizeof(table[0]), name, value) : -1;
+    return ec_result(__func__, cudaGetLastError());
 }
 
 }
@@ -320,3 +302,6 @@ int ec_abi(const char* name, int64_t* value)
 
 // The in-band emulation of a slower host link, for measurements (same library)
 #include "link_emulate.cuh"
+
+// ec_abi, over every struct and number of expert_cache.h (generated from it by glm53/native/bindgen.py)
+#include "expert_cache_abi.inc"

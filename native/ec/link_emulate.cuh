@@ -8,15 +8,7 @@
 // only), by the same rule the kernels follow: an expert is read over the link when its layer's pointer table points
 // at its block in the host store. Included by expert_cache.cu (one CUDA library).
 
-// What each kind of transfer is counted as (int64 [LE_KINDS][2] counters: bytes, emulated nanoseconds).
-enum { LE_MISSES = 0, LE_FALLBACK, LE_ADMISSIONS, LE_PREFETCH, LE_TIER_IO, LE_COPIES, LE_PROBE, LE_KINDS };
 #define LE_THREADS 128
-
-struct LeLink {
-    double zero_copy_ns_per_byte;  // added per byte of an SM-issued read of host memory (0: the link's own rate)
-    double copy_ns_per_byte;       // added per byte of a copy-engine transfer
-    unsigned long long* counters;  // [LE_KINDS * 2] on the device
-};
 
 __device__ __forceinline__ uint64_t le_now_ns()
 {
@@ -104,57 +96,61 @@ __global__ void __launch_bounds__(LE_THREADS) le_tier_io_kernel(LeLink link, con
     le_hold(link, kind, (uint64_t) bytes, link.zero_copy_ns_per_byte);
 }
 
+#define LE_REQUIRE_KIND(kind) EC_REQUIRE((kind) >= 0 && (kind) < LE_KINDS, "kind is %d, not in 0..%d (an le_kind)", (kind), \
+                                         LE_KINDS - 1)
+#define LE_REQUIRE_BLOCKS(blocks) EC_REQUIRE((blocks) >= 1, "blocks is %d, below 1", (blocks))
+
 extern "C" {
 
 int le_picks(const LeLink* link, const EcState* s, int layer, const int64_t* sel, const void* rw, int n,
              int64_t block_bytes, int kind, int blocks, cudaStream_t stream)
 {
-    if (s->num_experts > EC_MAX_EXPERTS || kind < 0 || kind >= LE_KINDS || blocks < 1 || n < 0) return (int) cudaErrorInvalidValue;
+    EC_REQUIRE(link != nullptr, "link is NULL");
+    EC_REQUIRE_STATE(s);
+    EC_REQUIRE_LAYER(s, layer);
+    LE_REQUIRE_KIND(kind);
+    LE_REQUIRE_BLOCKS(blocks);
+    EC_REQUIRE(n >= 0 && (n == 0 || sel != nullptr), "sel is %s with n %d", sel ? "given" : "NULL", n);
     le_picks_kernel<<<blocks, LE_THREADS, 0, stream>>>(*link, *s, layer, sel, static_cast<const __half*>(rw), n, block_bytes, kind);
-    return (int) cudaGetLastError();
+    return ec_result(__func__, cudaGetLastError());
 }
 
 int le_counts(const LeLink* link, const EcState* s, int layer, const int64_t* count, int64_t block_bytes, int kind,
               int blocks, cudaStream_t stream)
 {
-    if (s->num_experts > EC_MAX_EXPERTS || kind < 0 || kind >= LE_KINDS || blocks < 1) return (int) cudaErrorInvalidValue;
+    EC_REQUIRE(link != nullptr, "link is NULL");
+    EC_REQUIRE_STATE(s);
+    EC_REQUIRE_LAYER(s, layer);
+    LE_REQUIRE_KIND(kind);
+    LE_REQUIRE_BLOCKS(blocks);
+    EC_REQUIRE(count != nullptr, "count is NULL");
     le_counts_kernel<<<blocks, LE_THREADS, 0, stream>>>(*link, *s, layer, count, block_bytes, kind);
-    return (int) cudaGetLastError();
+    return ec_result(__func__, cudaGetLastError());
 }
 
 int le_units(const LeLink* link, const int32_t* units, int64_t unit_bytes, int64_t fixed_bytes, int copy_engine, int kind,
              int blocks, cudaStream_t stream)
 {
-    if (kind < 0 || kind >= LE_KINDS || blocks < 1 || fixed_bytes < 0 || unit_bytes < 0) return (int) cudaErrorInvalidValue;
+    EC_REQUIRE(link != nullptr, "link is NULL");
+    LE_REQUIRE_KIND(kind);
+    LE_REQUIRE_BLOCKS(blocks);
+    EC_REQUIRE(fixed_bytes >= 0, "fixed_bytes is %lld, below 0", (long long) fixed_bytes);
+    EC_REQUIRE(unit_bytes >= 0, "unit_bytes is %lld, below 0", (long long) unit_bytes);
     le_units_kernel<<<blocks, LE_THREADS, 0, stream>>>(*link, units, unit_bytes, fixed_bytes, copy_engine, kind);
-    return (int) cudaGetLastError();
+    return ec_result(__func__, cudaGetLastError());
 }
 
 int le_tier_io(const LeLink* link, const int64_t* status, const int32_t* outcome, int64_t in_bytes, int64_t out_bytes,
                int blocks, cudaStream_t stream)
 {
-    if (blocks < 1 || in_bytes < 0 || out_bytes < 0) return (int) cudaErrorInvalidValue;
+    EC_REQUIRE(link != nullptr, "link is NULL");
+    LE_REQUIRE_BLOCKS(blocks);
+    EC_REQUIRE(status != nullptr && outcome != nullptr, "status and outcome must not be NULL (status %p, outcome %p)",
+               (const void*) status, (const void*) outcome);
+    EC_REQUIRE(in_bytes >= 0, "in_bytes is %lld, below 0", (long long) in_bytes);
+    EC_REQUIRE(out_bytes >= 0, "out_bytes is %lld, below 0", (long long) out_bytes);
     le_tier_io_kernel<<<blocks, LE_THREADS, 0, stream>>>(*link, status, outcome, in_bytes, out_bytes, LE_TIER_IO);
-    return (int) cudaGetLastError();
-}
-
-int le_abi(const char* name, int64_t* value)
-{
-    static const glm53_abi_entry table[] = {
-        GLM53_ABI_SIZE(LeLink),
-        GLM53_ABI_FIELD(LeLink, zero_copy_ns_per_byte),
-        GLM53_ABI_FIELD(LeLink, copy_ns_per_byte),
-        GLM53_ABI_FIELD(LeLink, counters),
-        GLM53_ABI_VALUE("kind.misses", LE_MISSES),
-        GLM53_ABI_VALUE("kind.fallback", LE_FALLBACK),
-        GLM53_ABI_VALUE("kind.admissions", LE_ADMISSIONS),
-        GLM53_ABI_VALUE("kind.prefetch", LE_PREFETCH),
-        GLM53_ABI_VALUE("kind.tier_io", LE_TIER_IO),
-        GLM53_ABI_VALUE("kind.copies", LE_COPIES),
-        GLM53_ABI_VALUE("kind.probe", LE_PROBE),
-        GLM53_ABI_VALUE("kind.count", LE_KINDS),
-    };
-    return value ? glm53_abi_lookup(table, sizeof(table) / sizeof(table[0]), name, value) : -1;
+    return ec_result(__func__, cudaGetLastError());
 }
 
 }

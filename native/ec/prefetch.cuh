@@ -6,21 +6,6 @@
 // Only where bytes are read from changes, never the arithmetic. One pool serves every layer in turn: a layer's plan
 // starts after the previous layer's release (the host orders the two streams). Included by expert_cache.cu.
 
-#define PF_MAX_SLOTS 16
-#define PF_MAX_PREDICTED 64  // predicted experts per row
-
-// Counters per layer (int64): experts copied, copied and picked (prefetch hits, counted once per expert and step),
-// copied and not picked, plans made
-enum { PF_COPIED = 0, PF_USED, PF_WASTED, PF_PLANS, PF_N = 4 };
-
-struct EcPool {
-    int slots;                 // VRAM slots of the pool
-    const int64_t* slot_addr;  // [slots] device address of each
-    int32_t* owner;            // [slots] l * E + e of the expert copied there for the layer in flight, -1 when free
-    int32_t* num;              // [1] slots in use
-    int64_t* counters;         // [L, PF_N]
-};
-
 // Points the pool's experts home again, unless the cache admitted one meanwhile (its entries are its slot's then),
 // and frees the pool. Thread t handles slot t.
 __device__ __forceinline__ void pool_release(const EcState& s, const EcPool& p, int n)
@@ -137,45 +122,35 @@ __global__ void ec_prefetch_release_kernel(EcState s, EcPool p, int layer, const
 
 extern "C" {
 
-// Plans and copies layer `layer`'s prefetch from `predicted` (int64 [rows, n_pred]) on `stream` (the side stream).
 int ec_prefetch(const EcState* s, const EcPool* p, int layer, const int64_t* predicted, int rows, int n_pred,
                 int max_copies, int64_t block_bytes, int copy_blocks, cudaStream_t stream)
 {
-    if (s->num_experts > EC_MAX_EXPERTS || p->slots < 1 || p->slots > PF_MAX_SLOTS || n_pred < 1 ||
-        n_pred > PF_MAX_PREDICTED || rows < 1 || max_copies < 0)
-        return (int) cudaErrorInvalidValue;
+    EC_REQUIRE_STATE(s);
+    EC_REQUIRE_LAYER(s, layer);
+    EC_REQUIRE(p != nullptr, "p is NULL");
+    EC_REQUIRE(p->slots >= 1 && p->slots <= PF_MAX_SLOTS, "p->slots is %d, not in 1..%d (PF_MAX_SLOTS)", p->slots,
+               PF_MAX_SLOTS);
+    EC_REQUIRE(n_pred >= 1 && n_pred <= PF_MAX_PREDICTED, "n_pred is %d, not in 1..%d (PF_MAX_PREDICTED)", n_pred,
+               PF_MAX_PREDICTED);
+    EC_REQUIRE(rows >= 1, "rows is %d, below 1", rows);
+    EC_REQUIRE(predicted != nullptr, "predicted is NULL");
+    EC_REQUIRE(max_copies >= 0, "max_copies is %d, below 0", max_copies);
+    EC_REQUIRE(copy_blocks >= 1, "copy_blocks is %d, below 1", copy_blocks);
     ec_prefetch_plan_kernel<<<1, EC_THREADS, 0, stream>>>(*s, *p, layer, predicted, rows, n_pred, max_copies);
     ec_prefetch_copy_kernel<<<copy_blocks, 256, 0, stream>>>(*s, *p, block_bytes);
-    return (int) cudaGetLastError();
+    return ec_result(__func__, cudaGetLastError());
 }
 
-// After layer `layer`'s experts, on the compute stream: counts, points home, frees the pool.
 int ec_prefetch_release(const EcState* s, const EcPool* p, int layer, const int64_t* sel, int n_sel, cudaStream_t stream)
 {
-    if (p->slots < 1 || p->slots > PF_MAX_SLOTS) return (int) cudaErrorInvalidValue;
+    EC_REQUIRE_STATE(s);
+    EC_REQUIRE_LAYER(s, layer);
+    EC_REQUIRE(p != nullptr, "p is NULL");
+    EC_REQUIRE(p->slots >= 1 && p->slots <= PF_MAX_SLOTS, "p->slots is %d, not in 1..%d (PF_MAX_SLOTS)", p->slots,
+               PF_MAX_SLOTS);
+    EC_REQUIRE(n_sel >= 0 && (n_sel == 0 || sel != nullptr), "sel is %s with n_sel %d", sel ? "given" : "NULL", n_sel);
     ec_prefetch_release_kernel<<<1, PF_MAX_SLOTS, 0, stream>>>(*s, *p, layer, sel, n_sel);
-    return (int) cudaGetLastError();
-}
-
-// The sizes, offsets and numbers of this file (the Python mirror in glm53/offload/ec_native.py checks them).
-int ec_prefetch_abi(const char* name, int64_t* value)
-{
-    static const glm53_abi_entry table[] = {
-        GLM53_ABI_SIZE(EcPool),
-        GLM53_ABI_FIELD(EcPool, slots),
-        GLM53_ABI_FIELD(EcPool, slot_addr),
-        GLM53_ABI_FIELD(EcPool, owner),
-        GLM53_ABI_FIELD(EcPool, num),
-        GLM53_ABI_FIELD(EcPool, counters),
-        GLM53_ABI_VALUE("limit.max_slots", PF_MAX_SLOTS),
-        GLM53_ABI_VALUE("limit.max_predicted", PF_MAX_PREDICTED),
-        GLM53_ABI_VALUE("counter.copied", PF_COPIED),
-        GLM53_ABI_VALUE("counter.used", PF_USED),
-        GLM53_ABI_VALUE("counter.wasted", PF_WASTED),
-        GLM53_ABI_VALUE("counter.plans", PF_PLANS),
-        GLM53_ABI_VALUE("counter.count", PF_N),
-    };
-    return value ? glm53_abi_lookup(table, sizeof(table) / sizeof(table[0]), name, value) : -1;
+    return ec_result(__func__, cudaGetLastError());
 }
 
 }

@@ -1,36 +1,24 @@
 """The CPU tier's test scaffolding: a host stand-in for the GPU producer, the worker's hold hook and an expert table
 over a whole host store. The library's reference producer functions (``glm53_ct_producer_*``) and its test hook
-(``glm53_ct_worker_debug_hold``) are bound here, not in ``glm53.cpu_tier.worker``: only tests call them."""
+(``glm53_ct_worker_debug_hold``) are called here only (their signatures are ``glm53.native.cpu_binding``'s)."""
 
 from __future__ import annotations
 
 import ctypes
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import cache
 
 import numpy as np
 
 from glm53.cpu_tier import worker as ct
 from glm53.cpu_tier.worker import ExpertTable, Ring, Worker, host_store_experts
-
-
-@cache
-def _library() -> ctypes.CDLL:
-    lib = ct.library()
-    i32, i64, u64, ptr = ctypes.c_int32, ctypes.c_int64, ctypes.c_uint64, ctypes.c_void_p
-    for name, restype, argtypes in (("glm53_ct_worker_debug_hold", None, [ptr, i32]),
-                                    ("glm53_ct_producer_publish", i32, [ptr, u64, i32, i32, ptr, i32, ptr]),
-                                    ("glm53_ct_producer_wait", i32, [ptr, u64, i64, ptr]),
-                                    ("glm53_ct_producer_take_back", i32, [ptr, u64, ptr])):
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = restype, argtypes
-    return lib
+from glm53.native.cpu import library
+from glm53.native.cpu_binding import GLM53_CT_EBUSY, glm53_ct_pick
 
 
 def debug_hold(worker: Worker, hold: bool) -> None:
     """While ``hold``, the worker, having claimed a job, waits before computing it (the library's test hook)."""
-    _library().glm53_ct_worker_debug_hold(worker.handle, int(hold))
+    library().glm53_ct_worker_debug_hold(worker.handle, int(hold))
 
 
 def expert_table(store, sign_scale: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> ExpertTable:
@@ -62,10 +50,10 @@ class HostProducer:
         if self.next_seq - self.ring.layout.slots in self._tokens:
             return None  # the slot's previous job is still ours to read (result() or its outcome ends it)
         xa = np.ascontiguousarray(x, dtype=np.float16)
-        arr = (ct._CPick * len(picks))(*(ct._CPick(int(t), int(e), float(w)) for t, e, w in picks))
+        arr = (glm53_ct_pick * len(picks))(*(glm53_ct_pick(int(t), int(e), float(w)) for t, e, w in picks))
         seq = self.next_seq
-        rc = _library().glm53_ct_producer_publish(self.ring.address, seq, layer, xa.shape[0], arr, len(picks), xa.ctypes.data)
-        if rc == ct.EBUSY:
+        rc = library().glm53_ct_producer_publish(self.ring.address, seq, layer, xa.shape[0], arr, len(picks), xa.ctypes.data)
+        if rc == GLM53_CT_EBUSY:
             return None
         ct._check(rc)
         self.next_seq += 1
@@ -85,11 +73,11 @@ class HostProducer:
         """Waits for job seq up to timeout_s (None: forever), then takes it back."""
         after = ctypes.c_int32(0)
         timeout_us = -1 if timeout_s is None else int(timeout_s * 1e6)
-        return self._finish(seq, self._outcome(_library().glm53_ct_producer_wait(self.ring.address, seq, timeout_us, ctypes.byref(after)), after))
+        return self._finish(seq, self._outcome(library().glm53_ct_producer_wait(self.ring.address, seq, timeout_us, ctypes.byref(after)), after))
 
     def take_back(self, seq: int) -> Outcome:
         after = ctypes.c_int32(0)
-        return self._finish(seq, self._outcome(_library().glm53_ct_producer_take_back(self.ring.address, seq, ctypes.byref(after)), after))
+        return self._finish(seq, self._outcome(library().glm53_ct_producer_take_back(self.ring.address, seq, ctypes.byref(after)), after))
 
     def result(self, seq: int) -> np.ndarray:
         """A copy of a DONE job's output."""
