@@ -51,7 +51,7 @@ class Kernels:
         stream = torch.cuda.current_stream().cuda_stream
         row = sel.shape[-1] if sel.dim() else 1
         self._check(self._lib.ec_step(ctypes.byref(state), ctypes.byref(recency), layer, sel.data_ptr(), sel.numel(), row, decay,
-                                      hysteresis, max_admit, block_bytes, copy_blocks, stream), "ec_step")
+                                      hysteresis, max_admit, block_bytes, copy_blocks, stream))
 
     def assign(self, state: EcState, entries: torch.Tensor) -> None:
         """entries: int32 [n, 3] (layer row, expert, slot or -1) on the device."""

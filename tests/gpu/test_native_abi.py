@@ -27,10 +27,10 @@ def test_the_cuda_librarys_structs_and_numbers_are_the_binding():
 def test_an_argument_the_cache_step_refuses_is_raised_by_name():
     import torch
 
-    from glm53.offload.ec_native import MAX_ADMIT, EcState, Kernels
+    from glm53.offload.ec_native import MAX_ADMIT, EcRecency, EcState, Kernels
 
     sel = torch.zeros(8, dtype=torch.int64)  # refused before any kernel reads it
     with pytest.raises(abi.NativeError, match=f"^ec_step: max_admit is {MAX_ADMIT + 1}, not in 0..{MAX_ADMIT} \\(EC_MAX_ADMIT\\)$"):
-        Kernels().step(EcState(num_layers=2, num_experts=8), 0, sel, 0.9, 1.0, MAX_ADMIT + 1, 4096, 1)
+        Kernels().step(EcState(num_layers=2, num_experts=8), EcRecency(), 0, sel, 0.9, 1.0, MAX_ADMIT + 1, 4096, 1)
     with pytest.raises(abi.NativeError, match="^ec_step: layer is 2, not in 0..1"):
-        Kernels().step(EcState(num_layers=2, num_experts=8), 2, sel, 0.9, 1.0, 1, 4096, 1)
+        Kernels().step(EcState(num_layers=2, num_experts=8), EcRecency(), 2, sel, 0.9, 1.0, 1, 4096, 1)

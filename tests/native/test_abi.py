@@ -152,3 +152,19 @@ def test_an_argument_the_cuda_library_refuses_is_named(cuda_library, call, messa
     assert cuda_library.ec_error().decode() == message
     with pytest.raises(abi.NativeError, match=f"^{re.escape(message)}$"):
         cuda.checked(cuda_library, 1)
+
+
+def test_the_cache_kernels_python_calls_reach_the_librarys_checks(cuda_library, monkeypatch):
+    """Each ``ec_native.Kernels`` method as the offload calls it, down to the library's own refusal (no GPU: every
+    call is refused before a kernel runs), so a wrapper that calls its entry point wrongly fails here, not on a GPU."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: SimpleNamespace(cuda_stream=0))
+    kernels = ec_native.Kernels(Path(cuda_library._name))
+    state, sel = cuda_binding.EcState(num_layers=2, num_experts=8), torch.zeros((1, 4), dtype=torch.int64)
+    with pytest.raises(abi.NativeError, match=r"^ec_step: layer is 2, not in 0\.\.1"):
+        kernels.step(state, cuda_binding.EcRecency(), 2, sel, 0.9, 1.0, 1, 4096, 1)
+    with pytest.raises(abi.NativeError, match=r"^ec_step: rc is NULL"):
+        kernels._check(kernels._lib.ec_step(ctypes.byref(state), None, 0, sel.data_ptr(), 4, 4, 0.9, 1.0, 1, 4096, 1, 0))
+    with pytest.raises(abi.NativeError, match=r"^ec_prefetch: p->slots is 17"):
+        kernels.prefetch(state, cuda_binding.EcPool(slots=17), 0, torch.zeros((1, 4), dtype=torch.int64), 4, 4096, 1)
