@@ -60,7 +60,8 @@ class Process:
     """A child in its own process group, logging to a temporary file."""
 
     def __init__(self, argv: list[str], env: dict[str, str]):
-        self.log_file = tempfile.TemporaryFile(mode="w+")
+        # a file, not a pipe: a pipe nobody reads fills up and blocks the child; closed with the object
+        self.log_file = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
         self.proc = subprocess.Popen(argv, env=env, cwd=REPO, stdout=self.log_file, stderr=subprocess.STDOUT, text=True,
                                      start_new_session=True)
 
@@ -136,7 +137,7 @@ class Fleet:
             if p is not None:
                 p.wait(30)
 
-    def __enter__(self) -> Fleet:
+    def __enter__(self) -> Fleet:  # noqa: PYI034 (Fleet is final)
         try:
             return self.start()
         except BaseException:

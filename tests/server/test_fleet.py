@@ -105,7 +105,7 @@ def test_concurrent_conversations_spread_over_the_replicas_and_keep_their_own(fl
     assert sorted(b - a for a, b in zip(before, after_first)) == [0, 1, 1]
     for name in ("Cato", "Dara"):
         conversations[name] += [{"role": "assistant", "content": "Done."}, {"role": "user", "content": "Next step."}]
-        answer, delta = served_delta(fleet, "/v1/chat/completions", lambda: chat(fleet.url, conversations[name], 8))
+        answer, delta = served_delta(fleet, "/v1/chat/completions", lambda m=conversations[name]: chat(fleet.url, m, 8))
         assert answer["status"] == 200 and sum(delta) == 1
         homes[name] = delta.index(1)
     assert homes["Cato"] != homes["Dara"]
@@ -145,8 +145,9 @@ def test_a_killed_replica_costs_only_the_requests_it_was_running(fleet):
     for t in threads:
         t.join()
     failed = [r for r in results if r["status"] != 200 or not r["done"]]
-    print("running", running, "failed", [(r["status"], r["done"]) for r in failed])
     assert len(results) == 9 and len(failed) <= running[victim]
+    # what was lost is streams cut short (no [DONE]): the router retried the unstreamed ones on another replica
+    assert all(r["status"] == 200 for r in results)
     assert all(r["usage"]["completion_tokens"] == 100 for r in results if r not in failed)
     # new work goes to the others at once: the first request that meets the dead replica opens its circuit and is retried
     after: list[dict] = []

@@ -15,7 +15,13 @@ from dataclasses import dataclass, field
 import torch
 
 from glm53.engine.constraints import Constraint, MaskWorker, Vocabulary, apply_masks
-from glm53.engine.interface import LogprobRequest, ModelInfo, SampledToken, SamplingParams, TokenLogprobs
+from glm53.engine.interface import (
+    LogprobRequest,
+    ModelInfo,
+    SampledToken,
+    SamplingParams,
+    TokenLogprobs,
+)
 from glm53.engine.sampling import logprobs_for, sample
 from glm53.engine.tiny.model import TinyConfig, TinyGLM, text_prior
 from glm53.engine.tiny.prefix_cache import PrefixCache
