@@ -15,7 +15,7 @@ import urllib.request
 import openai
 import pytest
 
-from bench.fleet import MODEL, Fleet
+from bench.fleet import MODEL, Fleet, get_json
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +109,11 @@ def test_concurrent_conversations_spread_over_the_replicas_and_keep_their_own(fl
         assert answer["status"] == 200 and sum(delta) == 1
         homes[name] = delta.index(1)
     assert homes["Cato"] != homes["Dara"]
+
+
+def test_the_router_lists_the_served_model(fleet):
+    """It takes each replica's model id from /server_info's served_model_name."""
+    assert [m["id"] for m in get_json(fleet.url + "/v1/models")["data"]] == [MODEL]
 
 
 def test_previous_response_id_continues_on_any_replica(fleet):
