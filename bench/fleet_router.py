@@ -117,6 +117,8 @@ def to_markdown(result: dict) -> str:
         ("`latency`: a one-token non-streamed completion, send to last byte. `ttft`: a streamed chat completion, send "
          "to the first content event."),
         "",
+        result["note"],
+        "",
         (f"Agent conversation, cached / prompt tokens per turn: via the router {m['agent_reuse']['router']}, one box "
          f"{m['agent_reuse']['single_box']}; second turn through the router / one box = {m['agent_reuse']['second_turn_ratio']}."),
         "",
@@ -129,6 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--n", type=int, default=60, help="requests of each kind per path")
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--host-label", default=platform.node(), help="what the results call this machine")
+    ap.add_argument("--note", default="", help="a sentence on the conditions, kept in both outputs")
     ap.add_argument("--out", default=None, help="JSON result (default: print)")
     ap.add_argument("--md", default=None, help="also write the Markdown summary here")
     args = ap.parse_args(argv)
@@ -140,7 +143,7 @@ def main(argv: list[str] | None = None) -> None:
         "bench": "fleet_router", "date": utc_now(), "replicas": args.replicas, "router_version": version("sglang-router"),
         "host": {"label": args.host_label, "cpus": os.cpu_count(), "machine": platform.machine()},
         "command": "python -m bench.fleet_router " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "measured": measured,
+        "note": args.note, "measured": measured,
     }
     write_json(result, args.out)
     if args.md:
