@@ -245,6 +245,21 @@ def test_an_agents_next_turn_prefills_only_what_it_added():
     assert_same_distributions(second, run(fresh, [second_prompt], 8, logprobs=ALL_LOGPROBS)[0])
 
 
+def test_a_cached_prefix_joins_a_batch_that_is_running():
+    """The pool a running batch's forward made is written in inference mode (torch refuses otherwise)."""
+    b = backend(chunk_size=64)
+    first = prompt(80, seed=6)
+    run(b, [first], 4)
+    b.remove(0)
+    b.add(1, prompt(30, seed=7), GREEDY)
+    b.step()  # the running sequence's forward remakes the pool
+    b.add(2, first + [5], GREEDY)
+    produced = {}
+    while 2 not in produced:
+        produced.update(b.step())
+    assert produced[2][0].cached_prompt_tokens == 80
+
+
 def test_the_prefix_cache_keeps_its_token_budget_and_drops_covered_entries():
     b = TinyBackend(context_length=512, max_batch_size=2, chunk_size=512, prefix_cache_tokens=300)
     short = prompt(100, seed=3)

@@ -108,9 +108,11 @@ class TinyBackend:
         seq = _Sequence(prompt, sampling, logprobs, slot, generator, counts, constraint)
         entry, seq.cached = self._prefixes.match(prompt)
         if entry is not None:
-            self._pool.reserve(seq.cached)
-            self._pool.k[:, slot, :, : seq.cached] = entry.k[:, :, : seq.cached]
-            self._pool.v[:, slot, :, : seq.cached] = entry.v[:, :, : seq.cached]
+            # the pool may have been made by a step's forward: an inference tensor, written only in inference mode
+            with torch.inference_mode():
+                self._pool.reserve(seq.cached)
+                self._pool.k[:, slot, :, : seq.cached] = entry.k[:, :, : seq.cached]
+                self._pool.v[:, slot, :, : seq.cached] = entry.v[:, :, : seq.cached]
             self._pool.lengths[slot] = seq.cached
         self._sequences[seq_id] = seq
 
