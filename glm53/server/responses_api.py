@@ -29,14 +29,7 @@ from .jobs import check_model, runtime
 from .parsing import new_call_id
 from .response_store import ResponseStore, StoreUnavailable, make_store
 from .responses import engine_failure
-from .responses_protocol import (
-    FunctionCallItem,
-    FunctionCallOutputItem,
-    MessageItem,
-    NamedFunction,
-    ReasoningItem,
-    ResponsesRequest,
-)
+from .responses_protocol import FunctionCallItem, FunctionCallOutputItem, MessageItem, NamedFunction, ReasoningItem, ResponsesRequest
 from .sse import named_frame, stream_response
 
 log = logging.getLogger(__name__)
