@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # A CPU build of torch is enough for the demo model and the CPU tests; pinned so that pip does not fetch a
 # multi-GB CUDA build (pip takes this version from a local wheel where one is provided, as on CI).
 TORCH  ?= torch==2.13.0
-STAMP  := $(VENV)/.installed-serve-dev-hub
+STAMP  := $(VENV)/.installed-serve-dev-hub-fleet
 # The agent CLIs that tests/server/test_agent_clis.py drives, pinned; each npm package brings its native binary.
 CLAUDE_CODE := 2.1.332
 CODEX_CLI   := 0.171.0
@@ -23,7 +23,7 @@ EXLLAMAV3_WHEEL := $(VENV)/wheels/exllamav3-$(EXLLAMAV3)-py3-none-any.whl
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet "$(TORCH)"
-	$(BIN)/pip install --quiet -e '.[serve,dev,hub]'
+	$(BIN)/pip install --quiet -e '.[serve,dev,hub,fleet]'
 	touch $(STAMP)
 
 # ARGS is appended to the server's command line (make demo ARGS="--port 38123"): the last value of a flag wins.

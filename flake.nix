@@ -43,6 +43,7 @@
           serve-exact
           oci-fast
           oci-exact
+          sglang-router
           ;
         appliance-image = self.nixosConfigurations.appliance.config.system.build.images.raw-efi;
         default = glm53.serve-fast;
@@ -56,6 +57,8 @@
       };
 
       nixosModules.default = import ./nix/module.nix { inherit (self) packages; };
+      # services.glm53-router: several appliances behind SGLang's router, with a shared Valkey (README, "Several boxes")
+      nixosModules.fleet = import ./nix/fleet.nix { inherit (self) packages; };
 
       nixosConfigurations.appliance = nixpkgs.lib.nixosSystem {
         modules = [
@@ -97,6 +100,11 @@
         module-options = pkgs.callPackage ./nix/tests/module-options.nix {
           inherit (nixpkgs.lib) nixosSystem;
           module = self.nixosModules.default;
+          packages = self.packages.${system};
+        };
+        fleet-options = pkgs.callPackage ./nix/tests/fleet-options.nix {
+          inherit (nixpkgs.lib) nixosSystem;
+          module = self.nixosModules.fleet;
           packages = self.packages.${system};
         };
       };

@@ -184,7 +184,7 @@ def main() -> int:
     args = ap.parse_args()
     client = client_from_args(args)
     info = client.get_optional("/server_info")
-    args.vocab = (info or {}).get("model", {}).get("vocab_size", 150000)
+    args.vocab = (info or {}).get("loaded_model", {}).get("vocab_size", 150000)
     why = does_not_fit(client, args)
     if why:
         print(f"agent_loop: {why}", file=sys.stderr)

@@ -101,7 +101,7 @@ def main() -> int:
                      f"{other.get('args', {}).get('more')}, not {args.prompt}/{args.more}")
     client = client_from_args(args)
     info = client.get_optional("/server_info") or {}
-    vocab = info.get("model", {}).get("vocab_size", 150000)
+    vocab = info.get("loaded_model", {}).get("vocab_size", 150000)
     rows = [one(client, seed, args.prompt, args.more, vocab, args.top) for seed in range(args.first_seed, args.first_seed + args.seeds)]
     report = {"bench": "resume_logprob", "time": utc_now(), "url": args.url, "settings": info.get("settings"),
               "args": {k: v for k, v in vars(args).items() if k != "api_key"}, "rows": rows,

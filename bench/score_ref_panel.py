@@ -27,7 +27,7 @@ A reference id that is not in the server's top-k is taken from its requested-id 
 (``outside_topk``). An id the server's answer has in neither is counted in ``missing_ids`` and given the
 log-probability ``FLOOR_LOGPROB`` (probability 1e-30, as in the original scorer), so the KL charges it in full
 instead of dropping it. That happens with ``--topk-only`` (servers without ``token_ids_logprob``) and for ids
-outside the vocabulary ``/server_info`` reports (``model.vocab_size``), which are not sent: the server would
+outside the vocabulary ``/server_info`` reports (``loaded_model.vocab_size``), which are not sent: the server would
 refuse the whole request.
 
 Output (JSON, to ``--out`` or stdout): ``positions``, ``top1_agreement``, ``mean_kl_top20``, ``p99_kl``,
@@ -227,7 +227,7 @@ def run(client: Client, args: argparse.Namespace) -> dict:
     items = load_panel(args.panel)
     started = utc_now()
     info = client.get_optional("/server_info")
-    result = score(client, items, args, ((info or {}).get("model") or {}).get("vocab_size"))
+    result = score(client, items, args, ((info or {}).get("loaded_model") or {}).get("vocab_size"))
     gates = gate_results(args, result["top1_agreement"], result["mean_kl_top20"])
     result.update(
         url=client.base, started=started, finished=utc_now(),

@@ -322,7 +322,7 @@ def context_length(client: Client, info: dict | None, given: int | None) -> int:
 
 def token_id_range(wanted: tuple[int, int], info: dict | None) -> tuple[int, int]:
     """``wanted`` cut to the vocabulary ``/server_info`` reports; the whole vocabulary when that leaves nothing."""
-    vocab = ((info or {}).get("model") or {}).get("vocab_size")
+    vocab = ((info or {}).get("loaded_model") or {}).get("vocab_size")
     lo, hi = wanted
     if isinstance(vocab, int):
         hi = min(hi, vocab)

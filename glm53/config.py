@@ -117,6 +117,16 @@ PATH = Parser("a path", lambda t: Path(_parse_nonempty(t)).expanduser())
 HOST = Parser("an IP address or host name", _parse_nonempty)
 
 
+def _parse_store_url(text: str) -> str | None:
+    value = text.strip()
+    if value and not re.fullmatch(r"(redis|rediss|unix)://\S+", value):
+        raise ValueError(text)
+    return value or None
+
+
+STORE_URL = Parser("a redis://, rediss:// or unix:// URL of a Redis or Valkey server, or empty (this process's memory)", _parse_store_url)
+
+
 def _parse_cpus(text: str) -> str | tuple[int, ...]:
     """``auto`` or a Linux CPU list such as ``2-11,14``."""
     value = text.strip().lower()
@@ -223,6 +233,8 @@ class Settings:
     sse_keepalive_s: float = setting(_number(float, 0.1, 300, " s"), 5.0, "idle time after which a stream gets an SSE comment (keeps proxies and clients from timing out)")
     shutdown_grace_s: float = setting(_number(float, 0, 3600, " s"), 30.0, "on SIGTERM, how long in-flight requests may run to completion while new ones get 503; the rest are then cancelled")
     responses_store: int = setting(_number(int, 0, 100000), 256, "responses /v1/responses keeps in memory for previous_response_id (least recently used dropped first; 0: none)")
+    responses_store_url: str | None = setting(STORE_URL, None, "a Redis or Valkey server that holds the stored responses instead, shared by every replica behind a router "
+                                              "(each kept 30 days); a replica then continues any previous_response_id", secret=True, show_default="unset (in memory)")
     log_prompts: bool = setting(BOOL, False, "put prompt and completion text in the per-request access-log line (off: counts and timings only)")
     # --- engine
     cache_size: int = setting(_multiple_of(_number(int, 256, 16 * 1048576), 256), 131072, "KV cache size in tokens: the context one sequence may use, shared by all", flags=("-cs",))

@@ -1,4 +1,4 @@
-"""Read-only endpoints: ``/health``, ``/v1/models``, ``/stats``, ``/server_info``, ``/metrics``."""
+"""Read-only endpoints: ``/health``, ``/v1/models``, ``/stats``, ``/server_info``, ``/model_info``, ``/metrics``."""
 
 from __future__ import annotations
 
@@ -64,8 +64,8 @@ def stats():
 
 @bp.get("/server_info")
 def server_info():
-    """Effective settings (secrets redacted), where each came from, the model's facts and, once it is loaded, the
-    GPU it runs on (``gpu``: null for the CPU demo model)."""
+    """Effective settings (secrets redacted), where each came from, the model's facts (``loaded_model``) and, once
+    it is loaded, the GPU it runs on (``gpu``: null for the CPU demo model)."""
     rt = runtime()
     sched = rt.scheduler
     s = rt.settings
@@ -76,7 +76,10 @@ def server_info():
         "settings": s.public(),
         "setting_sources": dict(s.sources),
         "load_seconds": sched.load_seconds,
-        # SGLang-style fields that generic clients and bench/sweep.py read
+        # SGLang-style fields that generic clients and bench/sweep.py read; sglang-router takes a worker's model id
+        # from served_model_name (and fails to read the whole body when ``model`` is not a string: hence loaded_model)
+        "served_model_name": s.served_name,
+        "model_path": s.served_name,
         "max_running_requests": s.max_batch_size,
         "chunked_prefill_size": s.chunk_size,
     }
@@ -85,12 +88,22 @@ def server_info():
         body.update(
             context_length=info.context_length,
             max_total_num_tokens=info.context_length,
-            model={"name": info.name, "architecture": info.architecture, "vocab_size": info.vocab_size,
+            loaded_model={"name": info.name, "architecture": info.architecture, "vocab_size": info.vocab_size,
                    "eos_token_ids": sorted(info.eos_token_ids), "chat_template": rt.template().origin,
                    **info.facts},
             gpu=dict(info.gpu) if info.gpu is not None else None,
         )
     return body
+
+
+@bp.get("/model_info")
+def model_info():
+    """SGLang's model facts, which its router (``sglang-router``) reads when a worker registers: the served name is
+    the model id it routes requests for and lists at its own ``/v1/models``."""
+    rt = runtime()
+    name = rt.settings.served_name
+    return {"model_path": name, "tokenizer_path": name, "served_model_name": name, "is_generation": True,
+            "model_type": "glm_moe", "architectures": ["Glm4MoeForCausalLM"]}
 
 
 @bp.get("/metrics")

@@ -27,7 +27,7 @@ from .body import parse_body
 from .errors import APIError
 from .jobs import check_model, runtime
 from .parsing import new_call_id
-from .response_store import ResponseStore
+from .response_store import ResponseStore, StoreUnavailable, make_store
 from .responses import engine_failure
 from .responses_protocol import FunctionCallItem, FunctionCallOutputItem, MessageItem, NamedFunction, ReasoningItem, ResponsesRequest
 from .sse import named_frame, stream_response
@@ -43,7 +43,8 @@ _ignored_tools: set[str] = set()
 
 @bp.record_once
 def _make_store(state) -> None:
-    state.app.extensions["glm53.responses"] = ResponseStore(state.app.extensions["glm53"].settings.responses_store)
+    settings = state.app.extensions["glm53"].settings
+    state.app.extensions["glm53.responses"] = make_store(settings.responses_store, settings.responses_store_url)
 
 
 def new_id(prefix: str) -> str:
@@ -52,17 +53,12 @@ def new_id(prefix: str) -> str:
 
 @bp.post("/v1/responses")
 def create_response():
-    """The OpenAI Responses API. :raise 400: invalid body (naming the field), unknown previous_response_id, prompt
-    over the context. :raise 404: unknown model. :raise 429: queue full. :raise 503: not ready."""
+    """The OpenAI Responses API. :raise 400: invalid body (naming the field), prompt over the context. :raise 404:
+    unknown model, unknown previous_response_id. :raise 429: queue full. :raise 503: not ready, shared store down."""
     req = parse_body(ResponsesRequest)
     check_model(req.model)
     store: ResponseStore = current_app.extensions["glm53.responses"]
-    history = []
-    if req.previous_response_id is not None:
-        history = store.conversation(req.previous_response_id)
-        if history is None:
-            raise APIError(400, f"previous_response_id: no stored response {req.previous_response_id!r} (this server keeps the "
-                                f"last {store.capacity} stored responses in memory)", param="previous_response_id", code="previous_response_not_found")
+    history = [] if req.previous_response_id is None else _stored(store, req.previous_response_id)
     conversation = history + input_messages(req)
     turn = Turn(to_chat(req, conversation), new_call_id, CHAT_PARAMS)
     meta = {"id": new_id("resp"), "created_at": int(time.time()), "model": runtime().settings.served_name}
@@ -74,6 +70,17 @@ def create_response():
     if keep is not None:
         store.put(meta["id"], conversation + [_assistant(blocks)])
     return _response(meta, req, _status(finish), items, _usage(turn, finish, blocks))
+
+
+def _stored(store: ResponseStore, response_id: str) -> list[dict]:
+    try:
+        history = store.conversation(response_id)
+    except StoreUnavailable as e:
+        raise APIError(503, f"the responses store is unavailable ({e}); retry", code="store_unavailable", headers={"Retry-After": "1"}) from e
+    if history is None:
+        raise APIError(404, f"previous_response_id: previous response with id {response_id!r} not found ({store.describe()})",
+                       param="previous_response_id", code="previous_response_not_found")
+    return history
 
 
 def input_messages(req: ResponsesRequest) -> list[dict]:

@@ -144,7 +144,7 @@ class ResponsesRequest(Lenient):
     top_p: TopP | None = None
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None
-    stream: bool = False
+    stream: bool | None = None  # null is false: routers (SGLang's) send it so
     store: bool | None = None
     previous_response_id: str | None = None
     include: list[str] | None = None

@@ -39,6 +39,10 @@ let
       inherit (outputs.checks.${system}.module-options) config;
       onPurpose = [ ];
     };
+    fleet-options = {
+      inherit (outputs.checks.${system}.fleet-options) config;
+      onPurpose = [ ];
+    };
     # the VM has no GPU, so no NVIDIA driver: it serves the CPU demo engine
     vm-machine = {
       config = outputs.hydraJobs.vm.${system}.config.nodes.machine;

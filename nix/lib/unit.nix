@@ -38,17 +38,7 @@ let
   stateDir = "/var/lib/${name}";
   cacheDir = "/var/cache/${name}";
 
-  # systemd's own quoting for ExecStart: a word stays bare when it holds no special character; otherwise it is
-  # double-quoted with backslash escapes. `%` (specifiers) and `$` (variable expansion) are doubled either way.
-  execArg =
-    arg:
-    let
-      literal = replaceStrings [ "%" "$" ] [ "%%" "$$" ] arg;
-    in
-    if match "[A-Za-z0-9_./:=@+,-]+" arg != null then
-      literal
-    else
-      "\"" + replaceStrings [ "\\" "\"" ] [ "\\\\" "\\\"" ] literal + "\"";
+  execArg = import ./exec-arg.nix;
 
   # Where the probe reaches the server: a wildcard address is reached through loopback, and an IPv6 literal needs
   # brackets in a URL.

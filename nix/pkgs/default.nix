@@ -14,7 +14,8 @@ let
   glm53 = callPackage ./glm53.nix {
     inherit python cudaPackages;
     inherit (pythonPackages) torch;
-    dependencies = pythonPackages.runtimeRoots;
+    # redis: the client of a fleet's shared Responses store (GLM53_RESPONSES_STORE_URL), pure Python, from nixpkgs
+    dependencies = pythonPackages.runtimeRoots ++ [ python.pkgs.redis ];
   };
   serve = mode: callPackage ./serve.nix { inherit python glm53 mode; };
   serve-fast = serve "fast";
@@ -30,6 +31,7 @@ in
     serve-exact
     ;
   inherit (pythonPackages) exllamav3 torch triton;
+  sglang-router = callPackage ./sglang-router.nix { inherit python; };
   oci-fast = callPackage ./oci.nix { serve = serve-fast; };
   oci-exact = callPackage ./oci.nix { serve = serve-exact; };
   devShell = callPackage ./devshell.nix { inherit python cudaPackages pythonPackages; };

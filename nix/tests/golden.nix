@@ -23,6 +23,7 @@ let
     ;
 
   unit = import ../lib/unit.nix;
+  router = import ../lib/router.nix;
   image = import ../lib/image.nix;
   wrapper = import ../lib/wrapper.nix;
   cuda = import ../lib/cuda.nix;
@@ -53,7 +54,38 @@ let
 
   applianceMounts = import ../../appliance/mounts.nix;
 
+  routerExe = "/nix/store/00000000000000000000000000000000-python3.13-sglang-router-0.3.2/bin/sglang-router";
+
   cases = {
+    # The fleet's router with the fleet module's defaults.
+    router-default = router {
+      exe = routerExe;
+      workers = [
+        "http://10.0.0.11:30000"
+        "http://10.0.0.12:30000"
+      ];
+    };
+    # HTTPS to the clients and an API key, read from credentials; a flag systemd would otherwise misread.
+    router-tls-key = router {
+      exe = routerExe;
+      workers = [
+        "http://10.0.0.11:30000"
+        "http://10.0.0.12:30000"
+        "http://10.0.0.13:30000"
+      ];
+      host = "0.0.0.0";
+      port = 443;
+      healthIntervalS = 5;
+      tls = {
+        certFile = "/var/lib/acme/llm/fullchain.pem";
+        keyFile = "/var/lib/acme/llm/key.pem";
+      };
+      apiKeyFile = "/run/secrets/glm53 key";
+      extraArgs = [
+        "--request-id-headers"
+        "x-request-id $HOME 100%"
+      ];
+    };
     # The defaults of the NixOS module.
     unit-fast = unit {
       mode = "fast";

@@ -9,7 +9,7 @@ def test_the_overhead_report(demo_server, tmp_path):
     rc, result, log = run_tool("constrained_overhead.py", tmp_path / "overhead.json", "--url", demo_server.url, "--streams", "1", "2",
                                "--items", "3", "--repeats", "1", timeout=300)
     assert rc == 0, log
-    assert [r["streams"] for r in result["results"]] == [1, 2] and result["server_info"]["model"]["name"] == "glm53-tiny"
+    assert [r["streams"] for r in result["results"]] == [1, 2] and result["server_info"]["loaded_model"]["name"] == "glm53-tiny"
     for r in result["results"]:
         # the free answers have the constrained one's length: the rates compare like with like
         assert len(r["answer_tokens"]) == 1 and r["answer_tokens"][0] > 3 * 4

@@ -1,6 +1,7 @@
-"""bench/resume_logprob.py against the CPU demo model, which keeps no prefix cache: every seed's resumed request is
-a whole forward (cached 0) and agrees with the cache-less scoring to the bit, so the report's median is 0 and every
-greedy token is the scoring's own (the GPU engine's resumed requests are what the tool is for)."""
+"""bench/resume_logprob.py against the CPU demo model: every seed's resumed request takes its whole prompt from the
+demo's prefix cache and agrees with the cache-less scoring to the bit (a position's keys and values depend on the
+tokens before it alone), so the report's median is 0 and every greedy token is the scoring's own (the GPU engine's
+resumed requests are what the tool is for)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ def test_a_run_reports_every_seed_and_the_median(demo_server, tmp_path):
                                "--prompt", "120", "--more", "40")
     assert rc == 0 and result is not None, log
     assert [row["seed"] for row in result["rows"]] == [1, 2, 3]
-    assert all(row["cached"] == 0 and row["difference"] == 0.0 and row["same_greedy_token"] for row in result["rows"])
+    assert all(row["cached"] == 120 and row["difference"] == 0.0 and row["same_greedy_token"] for row in result["rows"])
     assert result["median_difference"] == 0.0 and result["same_greedy_token"] == 3
     assert result["args"]["prompt"] == 120 and "api_key" not in result["args"]
 

@@ -49,7 +49,7 @@ def panel(server) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def vocab_size(server) -> int:
-    return server.get("/server_info")[1]["model"]["vocab_size"]
+    return server.get("/server_info")[1]["loaded_model"]["vocab_size"]
 
 
 def score(server, tmp_path, panel, *args):

@@ -44,7 +44,7 @@ def test_fixed_decode_sweep(server, tmp_path):
     assert rc == 0, log
     assert result["label"] == "ci" and result["ctx_len"] == CTX and result["params"]["decode_mode"] == "fixed"
     assert result["server_info"]["settings"]["cache_size"] == CTX and result["server_info"]["settings"]["engine"] == "tiny"
-    assert result["params"]["id_range"] == [0, result["server_info"]["model"]["vocab_size"]]
+    assert result["params"]["id_range"] == [0, result["server_info"]["loaded_model"]["vocab_size"]]
 
     prefill = result["prefill"]["256"]
     assert prefill["n"] == 2 and len(prefill["all"]) == 2 and min(prefill["all"]) > 0

@@ -228,3 +228,47 @@ def test_sampled_text_looks_like_words():
     letters_and_spaces = sum(c.isascii() and (c.isalpha() or c in " \n.,") for c in text)
     assert letters_and_spaces / len(text) > 0.9
     assert 0.05 < text.count(" ") / len(text) < 0.3
+
+
+def test_an_agents_next_turn_prefills_only_what_it_added():
+    """Turn two repeats turn one's prompt and answer and adds a message: it takes every token turn one fed from the
+    prefix cache, reports them on its first token, and computes what a backend without the cache computes."""
+    cached_backend, fresh = backend(chunk_size=64), backend(chunk_size=64)
+    first_prompt = prompt(150, seed=1)
+    answer = run(cached_backend, [first_prompt], 12)[0]
+    cached_backend.remove(0)
+    fed = first_prompt + ids(answer)[:-1]  # the last sampled token was never fed
+    second_prompt = first_prompt + ids(answer) + prompt(40, seed=2)
+    second = run(cached_backend, [second_prompt], 8, logprobs=ALL_LOGPROBS)[0]
+    assert [t.cached_prompt_tokens for t in second] == [len(fed)] + [0] * 7
+    assert cached_backend.stats()["prefill_tokens"] == len(first_prompt) + len(second_prompt) - len(fed)
+    assert_same_distributions(second, run(fresh, [second_prompt], 8, logprobs=ALL_LOGPROBS)[0])
+
+
+def test_a_cached_prefix_joins_a_batch_that_is_running():
+    """The pool a running batch's forward made is written in inference mode (torch refuses otherwise)."""
+    b = backend(chunk_size=64)
+    first = prompt(80, seed=6)
+    run(b, [first], 4)
+    b.remove(0)
+    b.add(1, prompt(30, seed=7), GREEDY)
+    b.step()  # the running sequence's forward remakes the pool
+    b.add(2, first + [5], GREEDY)
+    produced = {}
+    while 2 not in produced:
+        produced.update(b.step())
+    assert produced[2][0].cached_prompt_tokens == 80
+
+
+def test_the_prefix_cache_keeps_its_token_budget_and_drops_covered_entries():
+    b = TinyBackend(context_length=512, max_batch_size=2, chunk_size=512, prefix_cache_tokens=300)
+    short = prompt(100, seed=3)
+    for seq_id, p in enumerate([short, short + prompt(60, seed=4), prompt(200, seed=5)]):
+        b.add(seq_id, p, GREEDY)
+        while seq_id not in b.step():
+            pass
+        b.remove(seq_id)
+    # the 100-token entry is a prefix of the 160-token one; the 200-token one pushes the 160 out of 300
+    assert (b.stats()["prefix_cache_entries"], b.stats()["prefix_cache_tokens"]) == (1, 200)
+    b.add(9, short + [1], GREEDY)
+    assert b.step()[9][0].cached_prompt_tokens == 0

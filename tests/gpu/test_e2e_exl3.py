@@ -28,9 +28,9 @@ def concurrency():
 
 def test_server_reports_the_checkpoint(server):
     code, info = server.get("/server_info")
-    assert code == 200 and info["model"]["architecture"] == "Glm5NextForConditionalGeneration"
-    assert info["model"]["chat_template"] == "checkpoint tokenizer_config.json"
-    assert info["model"]["decode_slots"] == 4 and info["load_seconds"] > 0
+    assert code == 200 and info["loaded_model"]["architecture"] == "Glm5NextForConditionalGeneration"
+    assert info["loaded_model"]["chat_template"] == "checkpoint tokenizer_config.json"
+    assert info["loaded_model"]["decode_slots"] == 4 and info["load_seconds"] > 0
 
 
 def test_tool_request_round_trip(server):

@@ -66,7 +66,7 @@ def figures(server):
     keys = ("engine", "mode", "cache_size", "max_batch_size", "ambs", "chunk_size", "max_queue", "shutdown_grace_s")
     out: dict = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "gpu": info.get("gpu"),
                  "server": {k: info["settings"][k] for k in keys}, "checkpoint": "tiny synthetic (glm53 synth --preset tiny --seed 1)",
-                 "model": {k: info["model"].get(k) for k in ("architecture", "decode_slots", "load_seconds")}}
+                 "model": {k: info["loaded_model"].get(k) for k in ("architecture", "decode_slots", "load_seconds")}}
     yield out
     write_report(out)
 

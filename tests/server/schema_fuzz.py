@@ -171,7 +171,7 @@ ENDPOINTS = [
     ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("POST", "/v1/messages"), ("POST", "/v1/messages/count_tokens"),
     ("POST", "/v1/responses"), ("POST", "/generate"), ("POST", "/tokenize"),
     ("POST", "/detokenize"), ("GET", "/v1/models/{model_id}"), ("GET", "/v1/models"), ("GET", "/health"),
-    ("GET", "/stats"), ("GET", "/server_info"), ("GET", "/metrics"), ("GET", "/openapi.json"),
+    ("GET", "/stats"), ("GET", "/server_info"), ("GET", "/model_info"), ("GET", "/metrics"), ("GET", "/openapi.json"),
 ]
 URL_TEXT = st.text(st.characters(codec="utf-8"), max_size=16)
 # What the model validators of server/protocol.py require beyond the schema; half the bodies follow these.

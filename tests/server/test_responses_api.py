@@ -85,9 +85,9 @@ def test_previous_response_id_continues_a_stored_conversation(client):
     assert second.output_text == AGENT_ANSWER + "rain" and second.previous_response_id == first.id
     for _ in range(2):  # the store keeps two: the first is dropped
         client.responses.create(model=MODEL, input="[[script:plain]]")
-    with pytest.raises(openai.BadRequestError) as gone:
+    with pytest.raises(openai.NotFoundError) as gone:
         client.responses.create(model=MODEL, previous_response_id=first.id, input="again")
-    assert gone.value.body["param"] == "previous_response_id"
+    assert (gone.value.body["param"], gone.value.body["code"]) == ("previous_response_id", "previous_response_not_found")
 
 
 def test_max_output_tokens_gives_an_incomplete_response(client):

@@ -33,19 +33,22 @@ def test_extreme_valid_sampling_values_are_served(client, extra):
     assert r.status_code == 200 and len(r.get_json()["output_ids"]) <= 4
 
 
-def test_the_demo_model_has_no_prefix_cache_and_no_gpu(client):
-    """A repeated prompt is prefilled again in full (the demo model keeps no prefix cache), and says so."""
+def test_a_repeated_prompt_is_served_from_the_prefix_cache_and_there_is_no_gpu(client):
+    """The demo model keeps finished sequences' keys and values: a repeated prompt prefills only its last token (the
+    one whose logits give the answer's first), reports the rest as cached, and answers the same (greedy)."""
     before = client.get("/stats").get_json()["scheduler"]
     body = {"prompt": "the same prompt, twice " * 20, "max_tokens": 2, "temperature": 0}
+    answers = []
     for _ in range(2):
         r = client.post("/v1/completions", json=body)
-        usage = r.get_json()["usage"]
-        assert r.status_code == 200 and usage["prompt_tokens_details"] == {"cached_tokens": 0}
-    prompt_tokens = usage["prompt_tokens"]
+        answers.append((r.status_code, r.get_json()["choices"][0]["text"], r.get_json()["usage"]))
+    (first_status, first_text, first), (second_status, second_text, second) = answers
+    prompt_tokens = first["prompt_tokens"]
+    assert (first_status, second_status, first_text) == (200, 200, second_text)
+    assert (first["prompt_tokens_details"], second["prompt_tokens_details"]) == ({"cached_tokens": 0}, {"cached_tokens": prompt_tokens - 1})
     after = client.get("/stats").get_json()["scheduler"]
-    assert after["prefix_cache_hits"] == before["prefix_cache_hits"] == 0
-    assert after["prefix_cache_misses"] - before["prefix_cache_misses"] == 2 * prompt_tokens
-    assert after["prefix_cache_hit_rate"] == 0.0
+    assert after["prefix_cache_hits"] - before["prefix_cache_hits"] == prompt_tokens - 1
+    assert after["prefix_cache_misses"] - before["prefix_cache_misses"] == prompt_tokens + 1
     r = client.get("/server_info")
     info = r.get_json()
     assert r.status_code == 200 and "gpu" in info and info["gpu"] is None

@@ -3,21 +3,28 @@
 Every serving path runs for real on it: chunked prefill, one batched decode forward over all sequences
 (each sequence's KV cache is one slot of a shared pool), per-sequence sampling, logprobs, grammar constraints and
 teacher-forced scoring. The weights come from a seed, so two backends with the same seed give the same outputs.
-It keeps no prefix cache (a sequence's slot is wiped when it ends), so every prompt is prefilled in full and
-reports no cached prompt tokens.
+A sequence that ends leaves its keys and values in a prefix cache (``prefix_cache.py``): a prompt that starts the
+same way prefills only the rest and reports the tokens it was spared as cached.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from glm53.engine.constraints import Constraint, MaskWorker, Vocabulary, apply_masks
-from glm53.engine.interface import LogprobRequest, ModelInfo, SampledToken, SamplingParams, TokenLogprobs
+from glm53.engine.interface import (
+    LogprobRequest,
+    ModelInfo,
+    SampledToken,
+    SamplingParams,
+    TokenLogprobs,
+)
 from glm53.engine.sampling import logprobs_for, sample
 from glm53.engine.tiny.model import TinyConfig, TinyGLM, text_prior
+from glm53.engine.tiny.prefix_cache import PrefixCache
 from glm53.engine.tiny.tokenizer import N_BYTES, ByteTokenizer
 from glm53.models.glm_special_tokens import END_OF_TEXT
 
@@ -37,16 +44,21 @@ class _Sequence:
     counts: torch.Tensor | None  # [V] tokens generated so far; kept only when a penalty needs them
     constraint: Constraint | None = None  # the grammar its tokens must follow
     pending: int | None = None  # the last sampled token, fed to the model in the next step
+    sampled: list[int] = field(default_factory=list)  # every token sampled so far, the pending one last
+    cached: int = 0  # prompt tokens taken from the prefix cache
 
 
 class TinyBackend:
-    def __init__(self, context_length: int, max_batch_size: int, chunk_size: int, seed: int = 0) -> None:
+    def __init__(self, context_length: int, max_batch_size: int, chunk_size: int, seed: int = 0,
+                 prefix_cache_tokens: int | None = None) -> None:
         """
         :param context_length: most tokens one sequence may hold.
         :param max_batch_size: most sequences active at once.
         :param chunk_size: most prompt tokens prefilled per step (over all sequences), and the chunk size
             of ``score``.
         :param seed: the weights' seed.
+        :param prefix_cache_tokens: most tokens the prefix cache keeps (None: one context's worth; at the demo's
+            size a token's keys and values take 1.5 KB).
         """
         self.tokenizer = ByteTokenizer()
         # every id past the bytes is a special token: grammars match it whole, never spelled in bytes
@@ -70,6 +82,7 @@ class TinyBackend:
         self._free_slots = set(range(max_batch_size))
         self._sequences: dict[int, _Sequence] = {}  # in order of arrival, which is also the prefill order
         self._masks = MaskWorker(cfg.vocab_size)
+        self._prefixes = PrefixCache(context_length if prefix_cache_tokens is None else prefix_cache_tokens)
         self._counters = dict(steps=0, prefill_tokens=0, decode_tokens=0, scored_tokens=0)
 
     def add(self, seq_id: int, prompt_ids: Sequence[int], sampling: SamplingParams, logprobs: LogprobRequest | None = None,
@@ -92,11 +105,25 @@ class TinyBackend:
         # The lowest free slot keeps the active slots packed, so decode batches stay views of the pool.
         slot = min(self._free_slots)
         self._free_slots.remove(slot)
-        self._sequences[seq_id] = _Sequence(prompt, sampling, logprobs, slot, generator, counts, constraint)
+        seq = _Sequence(prompt, sampling, logprobs, slot, generator, counts, constraint)
+        entry, seq.cached = self._prefixes.match(prompt)
+        if entry is not None:
+            # the pool may have been made by a step's forward: an inference tensor, written only in inference mode
+            with torch.inference_mode():
+                self._pool.reserve(seq.cached)
+                self._pool.k[:, slot, :, : seq.cached] = entry.k[:, :, : seq.cached]
+                self._pool.v[:, slot, :, : seq.cached] = entry.v[:, :, : seq.cached]
+            self._pool.lengths[slot] = seq.cached
+        self._sequences[seq_id] = seq
 
     def remove(self, seq_id: int) -> None:
+        """Forget the sequence; what its slot holds (the prompt and every fed token) goes to the prefix cache."""
         seq = self._sequences.pop(seq_id, None)
         if seq is not None:
+            held = self._pool.lengths[seq.slot]
+            if held:
+                k, v = self._pool.k[:, seq.slot, :, :held], self._pool.v[:, seq.slot, :, :held]  # [L, H, N, D] each
+                self._prefixes.insert((seq.prompt + seq.sampled)[:held], k, v)
             self._pool.free(seq.slot)
             self._free_slots.add(seq.slot)
 
@@ -151,13 +178,15 @@ class TinyBackend:
         chosen = sample(masked, [s.sampling for s in seqs], [s.generator for s in seqs], [s.counts for s in seqs])
         produced = {}
         for (seq_id, seq), token, row in zip(batch, chosen.tolist(), logits):
+            first = not seq.sampled
             seq.pending = token
+            seq.sampled.append(token)
             if seq.constraint is not None:
                 seq.constraint.advance(token)
             if seq.counts is not None:
                 seq.counts[token] += 1
             logprobs = logprobs_for(row, token, seq.logprobs) if seq.logprobs is not None else None
-            produced[seq_id] = [SampledToken(token, logprobs)]
+            produced[seq_id] = [SampledToken(token, logprobs, seq.cached if first else 0)]
         return produced
 
     def score(self, ids: Sequence[int], start: int, request: LogprobRequest) -> Iterator[list[TokenLogprobs | None] | None]:
@@ -200,12 +229,14 @@ class TinyBackend:
     def stats(self) -> dict:
         return {
             **self._counters,
+            **self._prefixes.stats(),
             "active_sequences": len(self._sequences),
             # Routed-expert choices so far, one list (indexed by expert) per MoE layer.
             "expert_selections": [layer.selections.tolist() for layer in self.model.moe_layers],
         }
 
     def close(self) -> None:
+        self._prefixes = PrefixCache(0)  # nothing that ends now is worth keeping
         for seq_id in list(self._sequences):
             self.remove(seq_id)
         self._masks.close()

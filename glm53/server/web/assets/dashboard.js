@@ -229,8 +229,8 @@ export class Dashboard {
   showSettings() {
     const info = this.info;
     const facts = [
-      ["model", info.model?.name ?? info.served_name],
-      ["architecture", info.model?.architecture],
+      ["model", info.loaded_model?.name ?? info.served_name],
+      ["architecture", info.loaded_model?.architecture],
       ["served as", info.served_name],
       ["context", info.context_length],
       ["GPU", info.gpu ? `${info.gpu.name} (${info.gpu.total_memory_gb} GB)` : info.state === "ready" ? "none (CPU)" : null],

@@ -1,0 +1,192 @@
+"""A fleet on loopback: N ``glm53 serve`` replicas behind SGLang's router (``sglang-router``), sharing one Redis or
+Valkey for the Responses store. The fleet tests (``tests/server/test_fleet.py``) and the router benchmark
+(``bench/fleet_router.py``) start it; the NixOS fleet module and ``nix/compose/fleet.yaml`` deploy the same shape.
+
+Each replica runs in a process group of its own, so ``kill`` takes the gunicorn master and its worker down at once
+(a crash: SIGKILL), and ``drain`` sends SIGTERM as a service manager's stop does (in-flight requests finish, new
+ones get 503, then it exits).
+
+The router's flags are ``router_flags``: cache-aware routing over a prefix tree of the requests' text; health checks
+every ``health_s`` on ``/health``, one failure taking a replica out of rotation and one success putting it back; a
+circuit breaker that opens on the first failed request, so a replica that died between two health checks costs at
+most the request that found it (that request is retried on another replica, as 5xx answers are); retries on 408,
+429 and 5xx, which is how a draining replica's 503 reaches another replica instead of the client.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = "glm-5.3-flash"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def router_flags(worker_urls: list[str], port: int, metrics_port: int, health_s: int, host: str = "127.0.0.1") -> list[str]:
+    """The router's command-line flags for a fleet (see the module docstring for why each)."""
+    return [
+        "--host", host, "--port", str(port), "--worker-urls", *worker_urls,
+        "--policy", "cache_aware",
+        "--health-check-endpoint", "/health", "--health-check-interval-secs", str(health_s),
+        "--health-failure-threshold", "1", "--health-success-threshold", "1",
+        "--cb-failure-threshold", "1", "--cb-success-threshold", "1", "--cb-timeout-duration-secs", str(health_s),
+        "--retry-max-retries", "5",
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
+        "--log-level", "warn",
+    ]
+
+
+def get_json(url: str, timeout: float = 5) -> dict:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return json.load(r)
+
+
+class Process:
+    """A child in its own process group, logging to a temporary file."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]):
+        # a file, not a pipe: a pipe nobody reads fills up and blocks the child; closed with the object
+        self.log_file = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
+        self.proc = subprocess.Popen(argv, env=env, cwd=REPO, stdout=self.log_file, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
+
+    def log(self) -> str:
+        self.log_file.seek(0)
+        return self.log_file.read()
+
+    def signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+
+    def wait(self, timeout: float) -> None:
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            self.proc.wait()
+
+
+class Fleet:
+    def __init__(self, replicas: int = 3, replica_args: tuple[str, ...] = (), health_s: int = 1, env: dict | None = None):
+        self.ports = [free_port() for _ in range(replicas)]
+        self.urls = [f"http://127.0.0.1:{p}" for p in self.ports]
+        self.replica_args = ("--engine", "tiny", "--max-batch-size", "4", "-cs", "4096", *replica_args)
+        self.health_s = health_s
+        self.store_port = free_port()
+        self.router_port = free_port()
+        self.url = f"http://127.0.0.1:{self.router_port}"
+        clean = {k: v for k, v in os.environ.items() if not k.startswith("GLM53_")}
+        clean["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+        clean["GLM53_RESPONSES_STORE_URL"] = f"redis://127.0.0.1:{self.store_port}/0"
+        self.env = {**clean, **(env or {})}
+        self.replicas: list[Process | None] = [None] * replicas
+        self.store: Process | None = None
+        self.router: Process | None = None
+
+    # ----- lifecycle
+
+    def start(self) -> Fleet:
+        redis = shutil.which("valkey-server") or shutil.which("redis-server")
+        if redis is None:
+            raise RuntimeError("the fleet's Responses store needs valkey-server or redis-server (Debian: apt-get install redis-server)")
+        self.store = Process([redis, "--bind", "127.0.0.1", "--port", str(self.store_port), "--save", "", "--appendonly", "no"], self.env)
+        for i in range(len(self.ports)):
+            self.start_replica(i)
+        for i in range(len(self.ports)):
+            self.wait_healthy(i)
+        router = [sys.executable, "-m", "sglang_router.launch_router",
+                  *router_flags(self.urls, self.router_port, free_port(), self.health_s)]
+        self.router = Process(router, self.env)
+        self.wait_until(lambda: all(self.routed()), "the router to take every replica", 60)
+        return self
+
+    def start_replica(self, i: int) -> None:
+        argv = [sys.executable, "-m", "glm53", "serve", *self.replica_args, "--port", str(self.ports[i])]
+        self.replicas[i] = Process(argv, self.env)
+
+    def kill(self, i: int) -> None:
+        """A crash: the replica's master and worker get SIGKILL at once."""
+        self.replicas[i].signal(signal.SIGKILL)
+        self.replicas[i].wait(10)
+
+    def drain(self, i: int, timeout: float = 60) -> None:
+        """A service manager's stop: SIGTERM, then wait for the replica to finish its requests and exit."""
+        self.replicas[i].signal(signal.SIGTERM)
+        self.replicas[i].wait(timeout)
+
+    def stop(self) -> None:
+        for p in [self.router, *self.replicas, self.store]:
+            if p is not None:
+                p.signal(signal.SIGTERM)
+        for p in [self.router, *self.replicas, self.store]:
+            if p is not None:
+                p.wait(30)
+
+    def __enter__(self) -> Fleet:  # noqa: PYI034 (Fleet is final)
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ----- state
+
+    def wait_until(self, condition, what: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            for p in (self.store, self.router):
+                if p is not None and p.proc.poll() is not None:
+                    raise RuntimeError(f"exited while waiting for {what}:\n{p.log()[-3000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"timed out waiting for {what}")
+            time.sleep(0.1)
+
+    def wait_healthy(self, i: int, timeout: float = 90) -> None:
+        def healthy() -> bool:
+            if self.replicas[i].proc.poll() is not None:
+                raise RuntimeError(f"replica {i} exited:\n{self.replicas[i].log()[-3000:]}")
+            try:
+                return get_json(self.urls[i] + "/health", 1).get("status") == "ok"
+            except OSError:
+                return False
+        self.wait_until(healthy, f"replica {i}", timeout)
+
+    def routed(self) -> list[bool]:
+        """For each replica, whether the router now sends it work (registered and healthy)."""
+        try:
+            workers = {w["url"]: w["is_healthy"] for w in get_json(self.url + "/workers")["workers"]}
+        except OSError:
+            return [False] * len(self.urls)
+        return [workers.get(url, False) for url in self.urls]
+
+    def served(self, endpoint: str) -> list[int]:
+        """Per replica, the 200 answers it gave on ``endpoint`` so far (0 for one that is down)."""
+        out = []
+        for url in self.urls:
+            try:
+                out.append(get_json(url + "/stats")["requests"]["requests"].get(f"{endpoint} 200", 0))
+            except OSError:
+                out.append(0)
+        return out
+
+    def active(self) -> list[int]:
+        """Per replica, the generation jobs it is running now."""
+        return [get_json(url + "/stats")["scheduler"]["active"] for url in self.urls]
