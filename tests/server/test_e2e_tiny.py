@@ -26,10 +26,17 @@ def concurrency():
 
 
 def test_stream_rate_tool_passes_against_the_demo_model(server):
-    out = subprocess.run(
-        [sys.executable, "bench/stream_rate.py", "--url", server.url, "--max-tokens", "6500", "--ignore-eos"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )
+    def run():
+        return subprocess.run(
+            [sys.executable, "bench/stream_rate.py", "--url", server.url, "--max-tokens", "6500", "--ignore-eos"],
+            cwd=REPO, capture_output=True, text=True, timeout=300,
+        )
+
+    out = run()
+    if out.returncode != 0:
+        # once more: on a 2-core machine shared with the Nix checks the demo model's rate can swing by a third within
+        # a stream; a server that batches its events fails every time (about 25 % by the midpoint, a burst at the end)
+        out = run()
     assert out.returncode == 0, out.stdout + out.stderr
     report = json.loads(out.stdout)
     assert report["pass"] and {p["path"] for p in report["paths"]} == {"chat", "generate"}
