@@ -1,5 +1,5 @@
 """A fleet on loopback: N ``glm53 serve`` replicas behind SGLang's router (``sglang-router``), sharing one Redis or
-Valkey for the Responses store. The fleet tests (``tests/server/test_fleet.py``) and the router benchmark
+Valkey for the Responses store, with nginx in front (``front_url``) for the Anthropic Messages API. The fleet tests (``tests/server/test_fleet.py``) and the router benchmark
 (``bench/fleet_router.py``) start it; the NixOS fleet module and ``nix/compose/fleet.yaml`` deploy the same shape.
 
 Each replica runs in a process group of its own, so ``kill`` takes the gunicorn master and its worker down at once
@@ -11,10 +11,15 @@ every ``health_s`` on ``/health``, one failure taking a replica out of rotation 
 circuit breaker that opens on the first failed request, so a replica that died between two health checks costs at
 most the request that found it (that request is retried on another replica, as 5xx answers are); retries on 408,
 429 and 5xx, which is how a draining replica's 503 reaches another replica instead of the client.
+
+The front proxy's configuration is ``nix/lib/front-proxy.conf`` (its comments say why each setting), filled in by
+``front_proxy_conf``: ``/v1/messages`` goes to the replicas by a consistent hash of Claude Code's session header,
+everything else to the router. ``box_for_session`` computes which replica that hash picks.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import shutil
@@ -25,10 +30,12 @@ import sys
 import tempfile
 import time
 import urllib.request
+import zlib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "glm-5.3-flash"
+FRONT_PROXY_TEMPLATE = REPO / "nix" / "lib" / "front-proxy.conf"
 
 
 def free_port() -> int:
@@ -49,6 +56,41 @@ def router_flags(worker_urls: list[str], port: int, metrics_port: int, health_s:
         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
         "--log-level", "warn",
     ]
+
+
+def front_proxy_conf(boxes: list[str], router: str, listen: str, runtime_dir: str, health_s: int) -> str:
+    """nginx's configuration for the front proxy: ``boxes`` and ``router`` as ``host:port``, ``listen`` the listen
+    directive's arguments; a box that fails one attempt is left out for ``health_s``."""
+    values = {
+        "@LISTEN@": f"listen {listen};",
+        "@BOXES@": " ".join(f"server {box} max_fails=1 fail_timeout={health_s}s;" for box in boxes),
+        "@ROUTER@": router,
+        "@RUNTIME@": runtime_dir,
+    }
+    text = FRONT_PROXY_TEMPLATE.read_text()
+    for placeholder, value in values.items():
+        text = text.replace(placeholder, value)
+    return text
+
+
+def box_for_session(session_id: str, boxes: list[str]) -> int:
+    """The index of the box that nginx's ``hash ... consistent`` sends ``session_id`` to while all are up.
+
+    nginx's ring (ngx_http_upstream_hash_module, compatible with Cache::Memcached::Fast): 160 points per server,
+    the first the CRC-32 of ``host NUL port`` plus four zero bytes, each next one of the same with the previous
+    point's value (little-endian) in their place; points sorted, a repeated value kept once; a key goes to the first
+    point at or above its CRC-32, past the last to the first."""
+    ring: dict[int, int] = {}
+    for index, box in enumerate(boxes):
+        host, port = box.rsplit(":", 1)
+        seed, point = zlib.crc32(f"{host}\0{port}".encode()), 0
+        for _ in range(160):
+            point = zlib.crc32(point.to_bytes(4, "little"), seed)
+            ring.setdefault(point, index)
+    values = sorted(ring)
+    key = zlib.crc32(session_id.encode())
+    at = bisect.bisect_left(values, key)
+    return ring[values[at % len(values)]]
 
 
 def get_json(url: str, timeout: float = 5) -> dict:
@@ -90,6 +132,8 @@ class Fleet:
         self.store_port = free_port()
         self.router_port = free_port()
         self.url = f"http://127.0.0.1:{self.router_port}"
+        self.front_port = free_port()
+        self.front_url = f"http://127.0.0.1:{self.front_port}"
         clean = {k: v for k, v in os.environ.items() if not k.startswith("GLM53_")}
         clean["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
         clean["GLM53_RESPONSES_STORE_URL"] = f"redis://127.0.0.1:{self.store_port}/0"
@@ -97,6 +141,8 @@ class Fleet:
         self.replicas: list[Process | None] = [None] * replicas
         self.store: Process | None = None
         self.router: Process | None = None
+        self.front: Process | None = None
+        self.front_dir = tempfile.TemporaryDirectory(prefix="glm53-front-")
 
     # ----- lifecycle
 
@@ -113,7 +159,27 @@ class Fleet:
                   *router_flags(self.urls, self.router_port, free_port(), self.health_s)]
         self.router = Process(router, self.env)
         self.wait_until(lambda: all(self.routed()), "the router to take every replica", 60)
+        self.start_front_proxy()
         return self
+
+    def start_front_proxy(self) -> None:
+        nginx = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin")
+        if nginx is None:
+            raise RuntimeError("the fleet's front proxy needs nginx (Debian: apt-get install nginx)")
+        # run as root (a CI container), the master hands the requests to unprivileged workers, which must get in
+        os.chmod(self.front_dir.name, 0o755)
+        conf = Path(self.front_dir.name) / "nginx.conf"
+        boxes = [url.removeprefix("http://") for url in self.urls]
+        conf.write_text(front_proxy_conf(boxes, f"127.0.0.1:{self.router_port}", f"127.0.0.1:{self.front_port}",
+                                         self.front_dir.name, self.health_s))
+        self.front = Process([nginx, "-e", "stderr", "-c", str(conf)], self.env)
+
+        def answers() -> bool:
+            try:
+                return bool(get_json(self.front_url + "/v1/models", 1)["data"])
+            except OSError:
+                return False
+        self.wait_until(answers, "the front proxy", 30)
 
     def start_replica(self, i: int) -> None:
         argv = [sys.executable, "-m", "glm53", "serve", *self.replica_args, "--port", str(self.ports[i])]
@@ -130,12 +196,13 @@ class Fleet:
         self.replicas[i].wait(timeout)
 
     def stop(self) -> None:
-        for p in [self.router, *self.replicas, self.store]:
+        for p in [self.front, self.router, *self.replicas, self.store]:
             if p is not None:
                 p.signal(signal.SIGTERM)
-        for p in [self.router, *self.replicas, self.store]:
+        for p in [self.front, self.router, *self.replicas, self.store]:
             if p is not None:
                 p.wait(30)
+        self.front_dir.cleanup()
 
     def __enter__(self) -> Fleet:  # noqa: PYI034 (Fleet is final)
         try:
@@ -152,7 +219,7 @@ class Fleet:
     def wait_until(self, condition, what: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while not condition():
-            for p in (self.store, self.router):
+            for p in (self.store, self.router, self.front):
                 if p is not None and p.proc.poll() is not None:
                     raise RuntimeError(f"exited while waiting for {what}:\n{p.log()[-3000:]}")
             if time.monotonic() > deadline:
