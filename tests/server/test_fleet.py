@@ -18,7 +18,7 @@ import anthropic
 import openai
 import pytest
 
-from bench.fleet import MODEL, Fleet, box_for_session, get_json
+from bench.fleet import MODEL, REPO, Fleet, box_for_session, front_proxy_conf, get_json
 
 
 @pytest.fixture(scope="module")
@@ -154,6 +154,14 @@ def sessions_on(fleet: Fleet, box: int | None, count: int, prefix: str) -> list[
 
 def text_of(message) -> str:
     return "".join(block.text for block in message.content if block.type == "text")
+
+
+def test_the_tests_front_proxy_is_the_one_the_nixos_module_deploys():
+    """bench/fleet.py and nix/lib/front-proxy.nix fill the same template: for the module's defaults, the same text
+    (nix/tests/golden/front-proxy-default.json is what the Nix side renders; nix/ci/check.sh keeps it in step)."""
+    golden = json.loads((REPO / "nix/tests/golden/front-proxy-default.json").read_text())["config"]
+    assert front_proxy_conf(["10.0.0.11:30000", "10.0.0.12:30000"], "127.0.0.1:30001", "127.0.0.1:30000",
+                            "/run/glm53-front-proxy", 2) == golden
 
 
 def test_a_claude_code_sessions_five_turns_stay_on_its_home_box_and_reuse_its_prefix_cache(fleet):
