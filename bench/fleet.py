@@ -1,6 +1,7 @@
 """A fleet on loopback: N ``glm53 serve`` replicas behind SGLang's router (``sglang-router``), sharing one Redis or
-Valkey for the Responses store, with nginx in front (``front_url``) for the Anthropic Messages API. The fleet tests (``tests/server/test_fleet.py``) and the router benchmark
-(``bench/fleet_router.py``) start it; the NixOS fleet module and ``nix/compose/fleet.yaml`` deploy the same shape.
+Valkey for the Responses store, with nginx in front (``front_url``) for the Anthropic Messages API. The fleet tests
+(``tests/server/test_fleet.py``) and the router benchmark (``bench/fleet_router.py``) start it; the NixOS fleet
+module and ``nix/compose/fleet.yaml`` deploy the same shape.
 
 Each replica runs in a process group of its own, so ``kill`` takes the gunicorn master and its worker down at once
 (a crash: SIGKILL), and ``drain`` sends SIGTERM as a service manager's stop does (in-flight requests finish, new
@@ -123,6 +124,37 @@ class Process:
             self.proc.wait()
 
 
+class FrontProxy:
+    """nginx with the front proxy's configuration on a free loopback port, in front of ``boxes`` (``host:port``) for
+    ``/v1/messages`` and ``router`` for the rest."""
+
+    def __init__(self, boxes: list[str], router: str, health_s: int, env: dict[str, str]):
+        nginx = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin")
+        if nginx is None:
+            raise RuntimeError("the fleet's front proxy needs nginx (Debian: apt-get install nginx)")
+        self.dir = tempfile.TemporaryDirectory(prefix="glm53-front-")
+        # run as root (a CI container), the master hands the requests to unprivileged workers, which must get in
+        os.chmod(self.dir.name, 0o755)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        conf = Path(self.dir.name) / "nginx.conf"
+        conf.write_text(front_proxy_conf(boxes, router, f"127.0.0.1:{self.port}", self.dir.name, health_s))
+        self.process = Process([nginx, "-e", "stderr", "-c", str(conf)], env)
+
+    def answers(self) -> bool:
+        """Whether nginx takes connections (any answer, an upstream's error included)."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                return True
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        self.process.signal(signal.SIGTERM)
+        self.process.wait(30)
+        self.dir.cleanup()
+
+
 class Fleet:
     def __init__(self, replicas: int = 3, replica_args: tuple[str, ...] = (), health_s: int = 1, env: dict | None = None):
         self.ports = [free_port() for _ in range(replicas)]
@@ -132,8 +164,7 @@ class Fleet:
         self.store_port = free_port()
         self.router_port = free_port()
         self.url = f"http://127.0.0.1:{self.router_port}"
-        self.front_port = free_port()
-        self.front_url = f"http://127.0.0.1:{self.front_port}"
+        self.front_url = ""
         clean = {k: v for k, v in os.environ.items() if not k.startswith("GLM53_")}
         clean["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
         clean["GLM53_RESPONSES_STORE_URL"] = f"redis://127.0.0.1:{self.store_port}/0"
@@ -141,8 +172,7 @@ class Fleet:
         self.replicas: list[Process | None] = [None] * replicas
         self.store: Process | None = None
         self.router: Process | None = None
-        self.front: Process | None = None
-        self.front_dir = tempfile.TemporaryDirectory(prefix="glm53-front-")
+        self.front: FrontProxy | None = None
 
     # ----- lifecycle
 
@@ -159,27 +189,11 @@ class Fleet:
                   *router_flags(self.urls, self.router_port, free_port(), self.health_s)]
         self.router = Process(router, self.env)
         self.wait_until(lambda: all(self.routed()), "the router to take every replica", 60)
-        self.start_front_proxy()
+        self.front = FrontProxy([url.removeprefix("http://") for url in self.urls], f"127.0.0.1:{self.router_port}",
+                                self.health_s, self.env)
+        self.front_url = self.front.url
+        self.wait_until(self.front.answers, "the front proxy", 30)
         return self
-
-    def start_front_proxy(self) -> None:
-        nginx = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin")
-        if nginx is None:
-            raise RuntimeError("the fleet's front proxy needs nginx (Debian: apt-get install nginx)")
-        # run as root (a CI container), the master hands the requests to unprivileged workers, which must get in
-        os.chmod(self.front_dir.name, 0o755)
-        conf = Path(self.front_dir.name) / "nginx.conf"
-        boxes = [url.removeprefix("http://") for url in self.urls]
-        conf.write_text(front_proxy_conf(boxes, f"127.0.0.1:{self.router_port}", f"127.0.0.1:{self.front_port}",
-                                         self.front_dir.name, self.health_s))
-        self.front = Process([nginx, "-e", "stderr", "-c", str(conf)], self.env)
-
-        def answers() -> bool:
-            try:
-                return bool(get_json(self.front_url + "/v1/models", 1)["data"])
-            except OSError:
-                return False
-        self.wait_until(answers, "the front proxy", 30)
 
     def start_replica(self, i: int) -> None:
         argv = [sys.executable, "-m", "glm53", "serve", *self.replica_args, "--port", str(self.ports[i])]
@@ -196,13 +210,14 @@ class Fleet:
         self.replicas[i].wait(timeout)
 
     def stop(self) -> None:
-        for p in [self.front, self.router, *self.replicas, self.store]:
+        if self.front is not None:
+            self.front.stop()
+        for p in [self.router, *self.replicas, self.store]:
             if p is not None:
                 p.signal(signal.SIGTERM)
-        for p in [self.front, self.router, *self.replicas, self.store]:
+        for p in [self.router, *self.replicas, self.store]:
             if p is not None:
                 p.wait(30)
-        self.front_dir.cleanup()
 
     def __enter__(self) -> Fleet:  # noqa: PYI034 (Fleet is final)
         try:
@@ -219,7 +234,7 @@ class Fleet:
     def wait_until(self, condition, what: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while not condition():
-            for p in (self.store, self.router, self.front):
+            for p in (self.store, self.router, self.front.process if self.front else None):
                 if p is not None and p.proc.poll() is not None:
                     raise RuntimeError(f"exited while waiting for {what}:\n{p.log()[-3000:]}")
             if time.monotonic() > deadline:
