@@ -182,6 +182,7 @@ def test_a_claude_code_sessions_five_turns_stay_on_its_home_box_and_reuse_its_pr
 
 
 def test_sessions_whose_ids_hash_to_different_boxes_are_served_there(fleet):
+    """Each on the box nginx's ring gives its id; a request without the header on the box its address hashes to."""
     first = sessions_on(fleet, None, 1, "claude-spread")[0]
     second = next(s for s in sessions_on(fleet, None, 50, "claude-spread") if home_box(fleet, s) != home_box(fleet, first))
     for session in (first, second, first, second):
@@ -190,6 +191,11 @@ def test_sessions_whose_ids_hash_to_different_boxes_are_served_there(fleet):
                 model=MODEL, max_tokens=4, messages=[{"role": "user", "content": f"{s}: next step."}]))
         assert answer.stop_reason in ("end_turn", "max_tokens")
         assert delta == [int(i == home_box(fleet, session)) for i in range(len(fleet.urls))]
+    # a client without the header is keyed by its address
+    with anthropic.Anthropic(base_url=fleet.front_url, api_key="unused", max_retries=0) as client:
+        _, delta = served_delta(fleet, "/v1/messages", lambda: client.messages.create(
+            model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "No session: next step."}]))
+    assert delta == [int(i == home_box(fleet, "127.0.0.1")) for i in range(len(fleet.urls))]
     # count_tokens takes the same way, and everything else goes through nginx to the router
     before = fleet.served("/v1/messages/count_tokens")
     with claude_client(fleet, first) as client:
