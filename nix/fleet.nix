@@ -2,9 +2,10 @@
 # SGLang's router on one host, with a Valkey there for the replicas' shared Responses store, and nginx in front of the
 # router (frontProxy) for the Anthropic Messages API, which the router does not route.
 #
-# The units are data in nix/lib/router.nix and nix/lib/front-proxy.nix (golden-tested without nixpkgs). On each replica set
-# services.glm53.host to an address the router reaches, services.glm53.environment.GLM53_RESPONSES_STORE_URL to this
-# host's Valkey (redis://router-host:6379/0) and, with a key, the same GLM53_API_KEY as the router's apiKeyFile.
+# The units are data in nix/lib/router.nix and nix/lib/front-proxy.nix (golden-tested without nixpkgs). On each
+# replica set services.glm53.host to an address the router and the front proxy reach,
+# services.glm53.environment.GLM53_RESPONSES_STORE_URL to this host's Valkey (redis://router-host:6379/0) and, with a
+# key, the same GLM53_API_KEY as the router's apiKeyFile.
 {
   # the flake's `packages` output, for the default of `package`
   packages,
@@ -207,7 +208,7 @@ in
     systemd.services.glm53-front-proxy = lib.mkIf front (
       frontProxy.service // { restartTriggers = [ frontProxy.config ]; }
     );
-    environment.etc.${frontProxy.configPath}.text = lib.mkIf front frontProxy.config;
+    environment.etc = lib.mkIf front { ${frontProxy.configPath}.text = frontProxy.config; };
 
     # nixpkgs' Redis module runs Valkey as well (one package for every server of the host)
     services.redis.package = lib.mkIf cfg.valkey.enable pkgs.valkey;
