@@ -1,9 +1,11 @@
 # nixosModules.fleet: services.glm53-router, several glm53 appliances (each a host with services.glm53) behind
-# SGLang's router on one host, with a Valkey there for the replicas' shared Responses store.
+# SGLang's router on one host, with a Valkey there for the replicas' shared Responses store, and nginx in front of the
+# router (frontProxy) for the Anthropic Messages API, which the router does not route.
 #
-# The router's unit is data in nix/lib/router.nix (golden-tested without nixpkgs). On each replica set
-# services.glm53.host to an address the router reaches, services.glm53.environment.GLM53_RESPONSES_STORE_URL to this
-# host's Valkey (redis://router-host:6379/0) and, with a key, the same GLM53_API_KEY as the router's apiKeyFile.
+# The units are data in nix/lib/router.nix and nix/lib/front-proxy.nix (golden-tested without nixpkgs). On each
+# replica set services.glm53.host to an address the router and the front proxy reach,
+# services.glm53.environment.GLM53_RESPONSES_STORE_URL to this host's Valkey (redis://router-host:6379/0) and, with a
+# key, the same GLM53_API_KEY as the router's apiKeyFile.
 {
   # the flake's `packages` output, for the default of `package`
   packages,
@@ -19,18 +21,32 @@ let
   cfg = config.services.glm53-router;
   absolutePath = types.strMatching "/.*";
 
+  tls = if cfg.tls.certFile == null then null else { inherit (cfg.tls) certFile keyFile; };
+  front = cfg.frontProxy.enable;
+  # with the front proxy, nginx takes the clients' address, port and TLS, and the router listens behind it on loopback
   router = import ./lib/router.nix {
     inherit (cfg)
       workers
-      host
-      port
       metricsPort
       healthIntervalS
       apiKeyFile
       extraArgs
       ;
     exe = lib.getExe cfg.package;
-    tls = if cfg.tls.certFile == null then null else { inherit (cfg.tls) certFile keyFile; };
+    host = if front then "127.0.0.1" else cfg.host;
+    port = if front then cfg.frontProxy.routerPort else cfg.port;
+    tls = if front then null else tls;
+  };
+  frontProxy = import ./lib/front-proxy.nix {
+    inherit (cfg)
+      workers
+      host
+      port
+      healthIntervalS
+      ;
+    inherit tls;
+    inherit (cfg.frontProxy) routerPort;
+    exe = lib.getExe cfg.frontProxy.package;
   };
 in
 {
@@ -60,13 +76,13 @@ in
       type = types.str;
       default = "127.0.0.1";
       example = "0.0.0.0";
-      description = "Address the router listens on for clients.";
+      description = "Address the fleet listens on for clients (the front proxy's, or the router's without it).";
     };
 
     port = mkOption {
       type = types.port;
       default = 30000;
-      description = "Port the router listens on for clients.";
+      description = "Port the fleet listens on for clients (the front proxy's, or the router's without it).";
     };
 
     metricsPort = mkOption {
@@ -105,7 +121,9 @@ in
       example = "/run/secrets/glm53-api-key";
       description = ''
         File holding the fleet's API key. The router then demands it of every client (`Authorization: Bearer`) and
-        presents it to the replicas, which must have the same `GLM53_API_KEY`. `null`: no key.
+        presents it to the replicas, which must have the same `GLM53_API_KEY`. What the front proxy sends straight to a
+        replica (`/v1/messages`) carries the client's own key (`x-api-key` or `Authorization`), which the replica
+        checks. `null`: no key.
       '';
     };
 
@@ -128,6 +146,32 @@ in
         type = types.port;
         default = 6379;
         description = "Valkey's port.";
+      };
+    };
+
+    frontProxy = {
+      enable = mkOption {
+        type = types.bool;
+        default = true;
+        description = ''
+          Run nginx in front of the router, on `host`:`port` with `tls`: Anthropic Messages (`/v1/messages`, which
+          sglang-router does not route) goes straight to the replicas by a consistent hash of Claude Code's
+          `X-Claude-Code-Session-Id` header (a client without it: of its address), a draining replica's 503 retried
+          on the next; everything else goes to the router, which then listens on loopback at `routerPort`. nginx's
+          health checks are passive: a replica that fails one request is left out for `healthIntervalS`. The API key
+          passes through to the router or the replica, which check it. `false`: the router alone on `host`:`port`.
+        '';
+      };
+      package = mkOption {
+        type = types.package;
+        default = pkgs.nginx;
+        defaultText = literalExpression "pkgs.nginx";
+        description = "The nginx package.";
+      };
+      routerPort = mkOption {
+        type = types.port;
+        default = 30001;
+        description = "Port the router listens on, on loopback, behind the front proxy.";
       };
     };
 
@@ -154,9 +198,17 @@ in
         assertion = (cfg.tls.certFile == null) == (cfg.tls.keyFile == null);
         message = "services.glm53-router.tls needs both certFile and keyFile, or neither";
       }
+      {
+        assertion = front -> lib.all (lib.hasPrefix "http://") cfg.workers;
+        message = "services.glm53-router.frontProxy reaches the workers over plain HTTP: list them as http://host:port";
+      }
     ];
 
     systemd.services.glm53-router = router.service;
+    systemd.services.glm53-front-proxy = lib.mkIf front (
+      frontProxy.service // { restartTriggers = [ frontProxy.config ]; }
+    );
+    environment.etc = lib.mkIf front { ${frontProxy.configPath}.text = frontProxy.config; };
 
     # nixpkgs' Redis module runs Valkey as well (one package for every server of the host)
     services.redis.package = lib.mkIf cfg.valkey.enable pkgs.valkey;

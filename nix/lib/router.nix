@@ -27,6 +27,7 @@ let
 
   name = "glm53-router";
   execArg = import ./exec-arg.nix;
+  sandbox = import ./sandbox.nix;
   # one word for the shell: single-quoted, so it expands nothing
   shellArg = arg: "'" + builtins.replaceStrings [ "'" ] [ "'\\''" ] arg + "'";
   # where systemd puts the unit's LoadCredential files ($CREDENTIALS_DIRECTORY)
@@ -92,7 +93,7 @@ assert builtins.all isString (workers ++ extraArgs);
     after = [ "network-online.target" ];
     wants = [ "network-online.target" ];
 
-    serviceConfig = {
+    serviceConfig = sandbox // {
       Type = "exec";
       # sglang-router takes the key only as a flag: a shell reads it from the credential at start, so it stays out of
       # the world-readable store and the unit (it does show in the running router's command line).
@@ -110,41 +111,6 @@ assert builtins.all isString (workers ++ extraArgs);
       TimeoutStopSec = "30s";
       Restart = "always";
       RestartSec = "2s";
-
-      DynamicUser = true;
-      UMask = "0077";
-      CapabilityBoundingSet = [ "" ];
-      NoNewPrivileges = true;
-      LockPersonality = true;
-      MemoryDenyWriteExecute = true;
-      PrivateDevices = true;
-      PrivateTmp = true;
-      PrivateUsers = true;
-      ProcSubset = "pid";
-      ProtectClock = true;
-      ProtectControlGroups = true;
-      ProtectHome = true;
-      ProtectHostname = true;
-      ProtectKernelLogs = true;
-      ProtectKernelModules = true;
-      ProtectKernelTunables = true;
-      ProtectProc = "invisible";
-      ProtectSystem = "strict";
-      RemoveIPC = true;
-      RestrictAddressFamilies = [
-        "AF_INET"
-        "AF_INET6"
-        "AF_UNIX"
-      ];
-      RestrictNamespaces = true;
-      RestrictRealtime = true;
-      RestrictSUIDSGID = true;
-      SystemCallArchitectures = "native";
-      SystemCallFilter = [
-        "@system-service"
-        "~@privileged"
-      ];
-      SystemCallErrorNumber = "EPERM";
     };
   };
 }

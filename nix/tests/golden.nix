@@ -24,6 +24,7 @@ let
 
   unit = import ../lib/unit.nix;
   router = import ../lib/router.nix;
+  frontProxy = import ../lib/front-proxy.nix;
   image = import ../lib/image.nix;
   wrapper = import ../lib/wrapper.nix;
   cuda = import ../lib/cuda.nix;
@@ -55,6 +56,7 @@ let
   applianceMounts = import ../../appliance/mounts.nix;
 
   routerExe = "/nix/store/00000000000000000000000000000000-python3.13-sglang-router-0.3.2/bin/sglang-router";
+  nginxExe = "/nix/store/00000000000000000000000000000000-nginx-1.28.0/bin/nginx";
 
   cases = {
     # The fleet's router with the fleet module's defaults.
@@ -86,6 +88,36 @@ let
         "x-request-id $HOME 100%"
       ];
     };
+    # The front proxy with the fleet module's defaults: nginx's whole configuration and its unit.
+    front-proxy-default = frontProxy {
+      exe = nginxExe;
+      workers = [
+        "http://10.0.0.11:30000"
+        "http://10.0.0.12:30000"
+      ];
+    };
+    # HTTPS to the clients from credentials, on a port below 1024, a longer health interval.
+    front-proxy-tls = frontProxy {
+      exe = nginxExe;
+      workers = [
+        "http://10.0.0.11:30000"
+        "http://10.0.0.12:30000"
+        "http://10.0.0.13:30000/"
+      ];
+      host = "0.0.0.0";
+      port = 443;
+      routerPort = 30100;
+      healthIntervalS = 5;
+      tls = {
+        certFile = "/var/lib/acme/llm/fullchain.pem";
+        keyFile = "/var/lib/acme/llm/key.pem";
+      };
+    };
+    # An https:// worker: nginx's upstream is plain HTTP.
+    front-proxy-https-worker = rejects (frontProxy {
+      exe = nginxExe;
+      workers = [ "https://10.0.0.11:30000" ];
+    });
     # The defaults of the NixOS module.
     unit-fast = unit {
       mode = "fast";

@@ -1,21 +1,24 @@
 """Three demo-model replicas behind the real SGLang router (``sglang-router``), with a shared Redis for the Responses
-store, on loopback (``bench/fleet.py``): conversation affinity and cache reuse, spreading, ``previous_response_id``
-across replicas, a crash, and a rolling restart under load.
+store and nginx in front for the Anthropic Messages API, on loopback (``bench/fleet.py``): conversation affinity and
+cache reuse, spreading, ``previous_response_id`` across replicas, Claude Code's sessions through nginx (affinity,
+spreading, a drained replica), a crash, and a rolling restart under load.
 
 One fleet serves the whole module; the crash and the restart tests put every replica back before they end.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import urllib.error
 import urllib.request
 
+import anthropic
 import openai
 import pytest
 
-from bench.fleet import MODEL, Fleet, get_json
+from bench.fleet import MODEL, REPO, Fleet, box_for_session, front_proxy_conf, get_json
 
 
 @pytest.fixture(scope="module")
@@ -128,6 +131,134 @@ def test_previous_response_id_continues_on_any_replica(fleet):
             follow = client.responses.create(model=MODEL, input="Which word?", previous_response_id=first.id, max_output_tokens=8)
         assert follow.previous_response_id == first.id
         assert follow.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens - 8
+
+
+# ----- Anthropic Messages through the front proxy (nginx), as Claude Code sends it: one session id a conversation
+
+
+def claude_client(fleet: Fleet, session: str) -> anthropic.Anthropic:
+    # no retries of the SDK's own: a request the fleet failed must show as failed
+    return anthropic.Anthropic(base_url=fleet.front_url, api_key="unused", max_retries=0,
+                               default_headers={"X-Claude-Code-Session-Id": session})
+
+
+def home_box(fleet: Fleet, session: str) -> int:
+    return box_for_session(session, [url.removeprefix("http://") for url in fleet.urls])
+
+
+def sessions_on(fleet: Fleet, box: int | None, count: int, prefix: str) -> list[str]:
+    """The first ``count`` session ids ``prefix-0``, ``prefix-1``, ... whose home is ``box`` (any box: None)."""
+    ids = (f"{prefix}-{k}" for k in itertools.count())
+    return list(itertools.islice((s for s in ids if box is None or home_box(fleet, s) == box), count))
+
+
+def text_of(message) -> str:
+    return "".join(block.text for block in message.content if block.type == "text")
+
+
+def test_the_tests_front_proxy_is_the_one_the_nixos_module_deploys():
+    """bench/fleet.py and nix/lib/front-proxy.nix fill the same template: for the module's defaults, the same text
+    (nix/tests/golden/front-proxy-default.json is what the Nix side renders; nix/ci/check.sh keeps it in step)."""
+    golden = json.loads((REPO / "nix/tests/golden/front-proxy-default.json").read_text())["config"]
+    assert front_proxy_conf(["10.0.0.11:30000", "10.0.0.12:30000"], "127.0.0.1:30001", "127.0.0.1:30000",
+                            "/run/glm53-front-proxy", 2) == golden
+
+
+def test_a_claude_code_sessions_five_turns_stay_on_its_home_box_and_reuse_its_prefix_cache(fleet):
+    session = sessions_on(fleet, None, 1, "claude-affinity")[0]
+    prompt = system("Ezra")["content"]
+    messages, boxes, cached = [], set(), []
+    with claude_client(fleet, session) as client:
+        for turn in range(5):
+            messages.append({"role": "user", "content": f"Turn {turn}: run the next step of the plan and show me the output."})
+            answer, delta = served_delta(fleet, "/v1/messages", lambda: client.messages.create(
+                model=MODEL, max_tokens=12, system=prompt, messages=messages))
+            assert sum(delta) == 1
+            boxes.add(delta.index(1))
+            cached.append(answer.usage.cache_read_input_tokens)
+            messages.append({"role": "assistant", "content": text_of(answer) or "."})
+    assert boxes == {home_box(fleet, session)}
+    assert cached[0] < 20 and all(c > 0 for c in cached[1:]), cached
+
+
+def test_sessions_whose_ids_hash_to_different_boxes_are_served_there(fleet):
+    """Each on the box nginx's ring gives its id; a request without the header on the box its address hashes to."""
+    first = sessions_on(fleet, None, 1, "claude-spread")[0]
+    second = next(s for s in sessions_on(fleet, None, 50, "claude-spread") if home_box(fleet, s) != home_box(fleet, first))
+    for session in (first, second, first, second):
+        with claude_client(fleet, session) as client:
+            answer, delta = served_delta(fleet, "/v1/messages", lambda c=client, s=session: c.messages.create(
+                model=MODEL, max_tokens=4, messages=[{"role": "user", "content": f"{s}: next step."}]))
+        assert answer.stop_reason in ("end_turn", "max_tokens")
+        assert delta == [int(i == home_box(fleet, session)) for i in range(len(fleet.urls))]
+    # a client without the header is keyed by its address
+    with anthropic.Anthropic(base_url=fleet.front_url, api_key="unused", max_retries=0) as client:
+        _, delta = served_delta(fleet, "/v1/messages", lambda: client.messages.create(
+            model=MODEL, max_tokens=4, messages=[{"role": "user", "content": "No session: next step."}]))
+    assert delta == [int(i == home_box(fleet, "127.0.0.1")) for i in range(len(fleet.urls))]
+    # count_tokens takes the same way, and everything else goes through nginx to the router
+    before = fleet.served("/v1/messages/count_tokens")
+    with claude_client(fleet, first) as client:
+        assert client.messages.count_tokens(model=MODEL, messages=[{"role": "user", "content": "hello"}]).input_tokens > 0
+    assert [a - b for a, b in zip(fleet.served("/v1/messages/count_tokens"), before)] == \
+        [int(i == home_box(fleet, first)) for i in range(len(fleet.urls))]
+    assert get_json(fleet.front_url + "/v1/models") == get_json(fleet.url + "/v1/models")
+
+
+def test_a_drained_box_fails_no_messages_request(fleet):
+    """Three Claude Code sessions, two of them at home on the box that is stopped as a service manager stops it
+    (SIGTERM: 503 to new requests while it drains, then exit) and started again; every request is answered in full:
+    nginx retries the 503s and the refused connections on the next box of the ring."""
+    victim = 1
+    sessions = [*sessions_on(fleet, victim, 2, "claude-drain"),
+                next(s for s in sessions_on(fleet, None, 50, "claude-drain") if home_box(fleet, s) != victim)]
+    stop, victim_down = threading.Event(), threading.Event()
+    results: list[dict] = []
+
+    def session_loop(session: str) -> None:
+        with claude_client(fleet, session) as client:
+            for i in range(200):  # a bound, far above what the restart takes
+                if stop.is_set():
+                    return
+                request = {"model": MODEL, "max_tokens": 16,
+                           "messages": [{"role": "user", "content": f"{session}, request {i}: check the build."}]}
+                down = victim_down.is_set()
+                try:
+                    if i % 2:
+                        with client.messages.stream(**request) as stream:
+                            answer = stream.get_final_message()
+                    else:
+                        answer = client.messages.create(**request)
+                    results.append({"session": session, "down": down, "stop_reason": answer.stop_reason})
+                except anthropic.APIError as e:
+                    results.append({"session": session, "down": down, "error": repr(e)})
+
+    clients = [threading.Thread(target=session_loop, args=(s,)) for s in sessions]
+    for t in clients:
+        t.start()
+    fleet.wait_until(lambda: {r["session"] for r in results} == set(sessions), "every session answered once", 60)
+    fleet.drain(victim)
+    victim_down.set()
+    fleet.start_replica(victim)
+    fleet.wait_healthy(victim)
+    victim_down.clear()
+    fleet.wait_until(lambda: all(fleet.routed()), f"replica {victim} back in the router's rotation", 30)
+    stop.set()
+    for t in clients:
+        t.join()
+    failed = [r for r in results if r.get("stop_reason") not in ("end_turn", "max_tokens")]
+    assert failed == []
+    # the victim's sessions went on while it was away (their requests went to the next box of the ring)
+    assert {r["session"] for r in results if r["down"]} == set(sessions)
+    # and come home once it is back: nginx tries it again after fail_timeout (one health interval)
+    probe = claude_client(fleet, sessions[0])
+
+    def served_at_home() -> bool:
+        _, delta = served_delta(fleet, "/v1/messages/count_tokens", lambda: probe.messages.count_tokens(
+            model=MODEL, messages=[{"role": "user", "content": "hello"}]))
+        return delta[victim] == 1
+    fleet.wait_until(served_at_home, f"session {sessions[0]} back on replica {victim}", 30)
+    probe.close()
 
 
 def run_load(fleet: Fleet, count: int, max_tokens: int, results: list) -> list[threading.Thread]:
