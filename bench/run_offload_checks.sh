@@ -9,11 +9,12 @@
 #                                                                # (its trace, for bench.cache_policy_sim --trace), disk_bw
 #   source .gpu/prep.sh && bench/run_offload_checks.sh random    # the same on `random` routing
 #   source .gpu/prep.sh && bench/run_offload_checks.sh tests     # the GPU tests of exactness, the policy kernel, prefetch, fast mode
+#   source .gpu/prep.sh && bench/run_offload_checks.sh scaled-exact  # exactness (prefetch cases too) on the scaled checkpoint
 #
 # ARMS: bench.compare's arms (default exact,exact-prefetch,exact-oracle,fast); GPU_TESTS: the test files of `tests`;
 # SCALED_CHECKPOINT: also run exactness on that scaled checkpoint (with prefetch on).
 cd "$(dirname "$0")/.."
-PHASES="trained random tests"
+PHASES="trained random tests scaled-exact"
 WORK=${WORK:-/tmp/glm53-offload-checks}
 source bench/device/phases.sh
 ARMS=${ARMS:-exact,exact-prefetch,exact-oracle,fast}
@@ -44,6 +45,14 @@ tests() {
 	[ -e "$TEST_CHECKPOINT/config.json" ] || python3 -m glm53 synth --preset tiny --out "$TEST_CHECKPOINT" --seed 1 --force >/dev/null
 	step gpu-tests 540 python3 -m pytest -v -rA -p no:cacheprovider ${GPU_TESTS:-tests/gpu/test_offload_exact.py \
 		tests/gpu/test_cache_policy_kernel.py tests/gpu/test_prefetch.py tests/gpu/test_fast_tier.py}
+}
+
+scaled-exact() {  # test_offload_exact on the 12-MoE-layer checkpoint as well as the tiny one (about 3 minutes more)
+	export TEST_CHECKPOINT=/tmp/glm53-ckpt/tiny SCALED_CHECKPOINT=${SCALED_CHECKPOINT:-$CKPT_ROOT/scaled-exact}
+	[ -e "$TEST_CHECKPOINT/config.json" ] || python3 -m glm53 synth --preset tiny --out "$TEST_CHECKPOINT" --seed 1 --force >/dev/null
+	[ -e "$SCALED_CHECKPOINT/config.json" ] || step synth-scaled 200 python3 -m glm53 synth --preset scaled --seed 1 \
+		--out "$SCALED_CHECKPOINT" --force
+	step gpu-tests-scaled 380 python3 -m pytest -v -rA -p no:cacheprovider tests/gpu/test_offload_exact.py
 }
 
 run_phases "$@"

@@ -120,6 +120,22 @@ def test_a_late_job_is_taken_back_before_or_after_the_claim(tier):
         producer.close()
 
 
+def _wrong_partial(experts, job, got, recent) -> str:
+    """What a DONE partial that is not the job's own matches, of the ways the ring could go wrong: an earlier job's
+    result (a stale out), this job's picks on an earlier job's input (a stale x: the worker read the slot before the
+    GPU's writes landed), or the job's own result plus an earlier one (a double add)."""
+    layer, x, picks = job
+    for age, (p_layer, p_x, p_picks) in enumerate(recent, 1):
+        earlier = reference(experts, p_layer, p_x, p_picks)
+        if np.array_equal(got, earlier):
+            return f"it is the result of the job {age} before (a stale out)"
+        if p_x.shape == x.shape and np.array_equal(got, reference(experts, layer, p_x, picks)):
+            return f"it is this job's picks on the input of the job {age} before (a stale x)"
+        if np.allclose(got, reference(experts, *job) + earlier, rtol=1e-5, atol=1e-6):
+            return f"it is this job's result plus that of the job {age} before (a double add)"
+    return f"it matches none of the last {len(recent)} jobs' results, inputs or sums"
+
+
 def test_deadlines_racing_the_worker_never_lose_nor_double_count_a_job(tier, pool):
     """Deadlines around the worker's compute time: the GPU's take-back and the worker's completion cross; every job
     ends exactly one way on the GPU's side (a DONE partial exact, a taken-back job adds nothing), the worker reaches
@@ -131,6 +147,7 @@ def test_deadlines_racing_the_worker_never_lose_nor_double_count_a_job(tier, poo
     ring = ct.Ring(slots=2, hidden=HIDDEN)
     producer = DeviceProducer(ring, DEVICE)
     ends = {name: 0 for name in OUTCOMES}
+    recent = []  # the last jobs, newest first: what a wrong partial is compared with
     try:
         with ct.Worker(ring, table, act_limit=LIMIT, pool=pool, spin_us=100000) as worker:
             for i in range(300):
@@ -140,9 +157,11 @@ def test_deadlines_racing_the_worker_never_lose_nor_double_count_a_job(tier, poo
                 outcome = OUTCOMES[int(producer.collect(producer.publish(layer, x, picks), acc, timeout_s=float(rng.uniform(0, 300e-6))))]
                 ends[outcome] += 1
                 if outcome == "done":
-                    assert np.array_equal(acc.cpu().numpy(), reference(experts, *job)), f"job {i}"
+                    got = acc.cpu().numpy()
+                    assert np.array_equal(got, reference(experts, *job)), f"job {i}: {_wrong_partial(experts, job, got, recent)}"
                 else:
                     assert not acc.any(), f"job {i}: {outcome} but something was added"
+                recent = [job, *recent[:2]]
                 if outcome != "done":  # the slot comes back when the worker has passed the job
                     wait_for(lambda: ring.free(0) and ring.free(1))
             wait_for(lambda: ring.worker_next() == 301)
