@@ -10,11 +10,13 @@
 #   source .gpu/prep.sh && bench/run_offload_checks.sh random    # the same on `random` routing
 #   source .gpu/prep.sh && bench/run_offload_checks.sh tests     # the GPU tests of exactness, the policy kernel, prefetch, fast mode
 #   source .gpu/prep.sh && bench/run_offload_checks.sh scaled-exact  # exactness (prefetch cases too) on the scaled checkpoint
+#   source .gpu/prep.sh && bench/run_offload_checks.sh prefetch-budget  # prefetch with 1 slot, what one layer's attention
+#                                                                # window carries on this host, against 2, on `trained`
 #
 # ARMS: bench.compare's arms (default exact,exact-prefetch,exact-oracle,fast); GPU_TESTS: the test files of `tests`;
 # SCALED_CHECKPOINT: also run exactness on that scaled checkpoint (with prefetch on).
 cd "$(dirname "$0")/.."
-PHASES="trained random tests scaled-exact"
+PHASES="trained random tests scaled-exact prefetch-budget"
 WORK=${WORK:-/tmp/glm53-offload-checks}
 source bench/device/phases.sh
 ARMS=${ARMS:-exact,exact-prefetch,exact-oracle,fast}
@@ -53,6 +55,16 @@ scaled-exact() {  # test_offload_exact on the 12-MoE-layer checkpoint as well as
 	[ -e "$SCALED_CHECKPOINT/config.json" ] || step synth-scaled 200 python3 -m glm53 synth --preset scaled --seed 1 \
 		--out "$SCALED_CHECKPOINT" --force
 	step gpu-tests-scaled 380 python3 -m pytest -v -rA -p no:cacheprovider tests/gpu/test_offload_exact.py
+}
+
+prefetch-budget() {  # 2 slots' copies (344 us at 55 GB/s) overrun the ~165 us between two layers: does 1 slot gain?
+	local slots
+	for slots in 1 2; do
+		step "compare-trained-slots-$slots" 280 python3 -m bench.compare --routing trained --arms exact,exact-prefetch \
+			--project-args "--prefetch-slots $slots" --streams --decode-reps 2 --decode-tokens 128 --prefill 512 \
+			--prefill-reps 1 --repeat none --arm-timeout 110 --budget-s 260 --ckpt-root "$CKPT_ROOT" --out-dir "$dir" \
+			--name "compare-trained-slots-$slots"
+	done
 }
 
 run_phases "$@"
