@@ -3,9 +3,10 @@
 reads in flight (one a reader thread), with O_DIRECT and buffered.
 
 A scratch file of ``--experts`` records of 9.44 MB (GLM-5.3-Flash's expert trellises) plus a partial last block is
-written once next to ``--file`` and read whole at each depth, every record at an offset 8 bytes past a block
+written once next to ``--file`` and read whole at each depth, every record (by default) at an offset 8 bytes past a block
 boundary (a safetensors tensor's offset is rarely aligned) into slots of one arena laid out at the expert stride,
-so that O_DIRECT reads go through the bounce buffer as they do for a real checkpoint. The page cache:
+so that O_DIRECT reads go through the bounce buffer as they do for a real checkpoint (``--offset-skew 0``: records on
+block boundaries, read straight into their slots, which shows what the bounce costs). The page cache:
 
 - ``o_direct``: not involved (each pass reads the device);
 - ``buffered_cold``: the file's pages are dropped (``fsync``, then ``POSIX_FADV_DONTNEED``) before each pass;
@@ -38,14 +39,14 @@ from bench.output import emit_json
 from glm53.offload.disk import ALIGN, DiskReader, Read
 
 EXPERT_BYTES = 9_437_184  # gate + up + down trellises of one GLM-5.3-Flash expert (3 x 4096 x 2048 x 3 bits / 8)
-SKEW = 8  # records start this far past a block boundary
+SKEW = 8  # records start this far past a block boundary (default: a safetensors offset is rarely aligned)
 MODES = ("o_direct", "buffered_cold", "buffered_cached")
 
 
-def write_scratch(path: Path, experts: int, expert_bytes: int, seed: int = 0) -> int:
+def write_scratch(path: Path, experts: int, expert_bytes: int, seed: int = 0, skew: int = SKEW) -> int:
     """Random records (and a partial last block) into ``path``, synced; returns the file's size."""
     rng = np.random.default_rng(seed)
-    size = SKEW + experts * expert_bytes + ALIGN // 2
+    size = skew + experts * expert_bytes + ALIGN // 2
     with open(path, "wb") as f:
         left = size
         while left:
@@ -66,8 +67,9 @@ def drop_cached(path: Path) -> None:
         os.close(fd)
 
 
-def one_pass(path: Path, experts: int, expert_bytes: int, depth: int, direct: bool, arena: np.ndarray) -> tuple[float, dict]:
-    reads = [Read(0, SKEW + e * expert_bytes, expert_bytes, arena[e * expert_bytes:(e + 1) * expert_bytes]) for e in range(experts)]
+def one_pass(path: Path, experts: int, expert_bytes: int, depth: int, direct: bool, arena: np.ndarray,
+             skew: int = SKEW) -> tuple[float, dict]:
+    reads = [Read(0, skew + e * expert_bytes, expert_bytes, arena[e * expert_bytes:(e + 1) * expert_bytes]) for e in range(experts)]
     with DiskReader([path], threads=depth, direct=direct) as reader:
         t0 = time.perf_counter()
         reader.read(reads)
@@ -75,10 +77,10 @@ def one_pass(path: Path, experts: int, expert_bytes: int, depth: int, direct: bo
         return experts * expert_bytes / seconds / 1e9, {"direct": reader.direct(0), **reader.counters()}
 
 
-def check_sample(path: Path, arena: np.ndarray, experts: int, expert_bytes: int) -> None:
+def check_sample(path: Path, arena: np.ndarray, experts: int, expert_bytes: int, skew: int = SKEW) -> None:
     with open(path, "rb") as f:
         for e in sorted({0, experts // 2, experts - 1}):
-            f.seek(SKEW + e * expert_bytes)
+            f.seek(skew + e * expert_bytes)
             if f.read(expert_bytes) != arena[e * expert_bytes:(e + 1) * expert_bytes].tobytes():
                 raise SystemExit(f"record {e} read back wrong: the reader is broken")
 
@@ -97,23 +99,23 @@ def commit() -> str | None:
     return done.stdout.strip() or None
 
 
-def measure(path: Path, experts: int, expert_bytes: int, depths: list[int], reps: int) -> dict:
+def measure(path: Path, experts: int, expert_bytes: int, depths: list[int], reps: int, skew: int = SKEW) -> dict:
     buf = mmap.mmap(-1, experts * expert_bytes)
     arena = np.frombuffer(buf, np.uint8)
     results: dict[str, dict] = {}
     for mode in MODES:
         direct = mode == "o_direct"
         if mode == "buffered_cached":
-            one_pass(path, experts, expert_bytes, 4, False, arena)
+            one_pass(path, experts, expert_bytes, 4, False, arena, skew)
         rows = {}
         for depth in depths:
             rates, counters = [], None
             for _ in range(reps):
                 if mode == "buffered_cold":
                     drop_cached(path)
-                rate, counters = one_pass(path, experts, expert_bytes, depth, direct, arena)
+                rate, counters = one_pass(path, experts, expert_bytes, depth, direct, arena, skew)
                 rates.append(rate)
-            check_sample(path, arena, experts, expert_bytes)
+            check_sample(path, arena, experts, expert_bytes, skew)
             rows[str(depth)] = {"best_gbs": round(max(rates), 3), "median_gbs": round(statistics.median(rates), 3),
                                 "read_direct": counters["direct"], "bounced_share": round(counters["bounced_bytes"] / counters["bytes"], 3)}
         results[mode] = rows
@@ -127,13 +129,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--expert-bytes", type=int, default=EXPERT_BYTES)
     ap.add_argument("--depths", default="1,2,4,8,16", help="reads in flight to measure at")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--offset-skew", type=int, default=SKEW, help=f"bytes past a block boundary each record starts (default {SKEW}: "
+                    "O_DIRECT reads bounce; 0 with expert bytes a multiple of 4096: they go straight into the slots)")
     ap.add_argument("--keep", action="store_true", help="leave the scratch file")
     ap.add_argument("--out", help="write the JSON here (default: standard output)")
     ns = ap.parse_args(argv)
     depths = [int(d) for d in ns.depths.split(",")]
-    size = write_scratch(ns.file, ns.experts, ns.expert_bytes)
+    size = write_scratch(ns.file, ns.experts, ns.expert_bytes, skew=ns.offset_skew)
     try:
-        results = measure(ns.file, ns.experts, ns.expert_bytes, depths, ns.reps)
+        results = measure(ns.file, ns.experts, ns.expert_bytes, depths, ns.reps, ns.offset_skew)
     finally:
         if not ns.keep:
             ns.file.unlink()
@@ -141,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": shlex.join(["python3", "bench/disk_bw.py", *(argv if argv is not None else sys.argv[1:])]),
         "commit": commit(),
         "machine": {"host": platform.node(), "kernel": platform.release(), "cpus": os.cpu_count(), "filesystem": filesystem(ns.file.parent)},
-        "file_bytes": size, "experts": ns.experts, "expert_bytes": ns.expert_bytes, "offset_skew": SKEW, "reps": ns.reps,
+        "file_bytes": size, "experts": ns.experts, "expert_bytes": ns.expert_bytes, "offset_skew": ns.offset_skew, "reps": ns.reps,
         "page_cache": {"o_direct": "bypassed", "buffered_cold": "the file's pages dropped (fsync + POSIX_FADV_DONTNEED) before each pass",
                        "buffered_cached": "the file read once first: every pass served from the page cache"},
         "gbs_by_reads_in_flight": results,

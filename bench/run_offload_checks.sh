@@ -36,6 +36,9 @@ trained() {
 	compare_routing trained
 	step disk-bw 60 python3 bench/disk_bw.py --file /tmp/disk_bw.scratch --experts 48 --depths 1,4,16 --reps 2 \
 		--out "$dir/disk-bw.json"
+	# the same with records on block boundaries: what the bounce buffer costs (O_DIRECT was slower than buffered here)
+	step disk-bw-aligned 60 python3 bench/disk_bw.py --file /tmp/disk_bw.scratch --experts 48 --depths 1,4,16 --reps 2 \
+		--offset-skew 0 --out "$dir/disk-bw-aligned.json"
 }
 
 random() {

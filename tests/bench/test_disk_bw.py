@@ -25,3 +25,16 @@ def test_a_small_run_measures_every_mode_and_depth_and_leaves_no_file(tmp_path):
             assert row["read_direct"] == (mode == "o_direct" and direct)
             # records 8 bytes past a block boundary into an arena aligned at 0: O_DIRECT bounces all of it
             assert row["bounced_share"] == (1.0 if row["read_direct"] else 0.0)
+
+
+def test_aligned_records_are_read_straight_into_the_slots(tmp_path):
+    """--offset-skew 0 with records a multiple of the block: O_DIRECT bounces nothing (where the filesystem has it)."""
+    scratch, out = tmp_path / "scratch.bin", tmp_path / "r.json"
+    assert disk_bw.main(["--file", str(scratch), "--experts", "4", "--expert-bytes", str(64 * 4096), "--depths", "2",
+                         "--reps", "1", "--offset-skew", "0", "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["offset_skew"] == 0 and r["file_bytes"] == 4 * 64 * 4096 + disk_bw.ALIGN // 2
+    scratch.write_bytes(b"x")
+    direct = o_direct_opens(scratch)
+    row = r["gbs_by_reads_in_flight"]["o_direct"]["2"]
+    assert row["read_direct"] == direct and row["bounced_share"] == 0.0 and row["best_gbs"] > 0
