@@ -169,8 +169,10 @@ def test_the_page_loads_with_no_console_errors(browser, scripted):
 
 def test_a_chat_turn_against_the_demo_model_streams_into_the_page_and_ends(browser, tiny):
     fresh(browser, tiny, key=KEY)
-    browser.find_element(By.ID, "set-thinking").click()  # the demo model would think for all 24 tokens
-    set_field(browser, "max_tokens", "24")
+    browser.find_element(By.ID, "set-thinking").click()  # the demo model would think for all its tokens
+    # enough tokens that the answer spans many of the browser's reads: 24 came in one read on a loaded 2-core machine
+    # (the demo model makes them in a few milliseconds), which drew the answer in one piece
+    set_field(browser, "max_tokens", "160")
     set_field(browser, "temperature", "0")  # greedy: the answer the API gives to the same request
     # every text the answer shows while it streams, as the page draws it
     browser.execute_script("""
@@ -188,7 +190,7 @@ def test_a_chat_turn_against_the_demo_model_streams_into_the_page_and_ends(brows
     assert re.search(r"\b\d+ tokens · [\d.]+ tok/s", footer), footer
     conversations = json.loads(browser.execute_script("return localStorage.getItem('glm53.conversations.v1')"))
     assert [m["role"] for m in conversations[0]["messages"]] == ["user", "assistant"]
-    status, direct = tiny.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 24, "temperature": 0,
+    status, direct = tiny.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 160, "temperature": 0,
                                                         "chat_template_kwargs": {"enable_thinking": False}}, {"Authorization": f"Bearer {KEY}"})
     assert status == 200 and conversations[0]["messages"][1]["content"] == direct["choices"][0]["message"]["content"]
     assert answer.split() == direct["choices"][0]["message"]["content"].split()  # shown as it came (Markdown aside)
