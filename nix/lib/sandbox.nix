@@ -1,6 +1,7 @@
-# The systemd sandbox of the fleet's network services (nix/lib/router.nix, nix/lib/front-proxy.nix): a dynamic user
-# with no capabilities, no devices, a read-only system and the system calls of a plain network service. A unit
-# overrides what it needs (`sandbox // { ... }`).
+# The systemd sandbox of the project's services (the server's unit, nix/lib/unit.nix; the fleet's router and front
+# proxy, nix/lib/router.nix and nix/lib/front-proxy.nix): a dynamic user with no capabilities, no devices, a
+# read-only system and the system calls of a plain network service. A unit overrides what it needs
+# (`sandbox // { ... }`).
 {
   DynamicUser = true;
   UMask = "0077";
@@ -35,5 +36,6 @@
     "@system-service"
     "~@privileged"
   ];
+  # a call outside the list fails with EPERM, which Python reports with its name, instead of killing the process
   SystemCallErrorNumber = "EPERM";
 }

@@ -34,6 +34,7 @@ let
     replaceStrings
     ;
 
+  sandbox = import ./sandbox.nix;
   name = "glm53";
   stateDir = "/var/lib/${name}";
   cacheDir = "/var/cache/${name}";
@@ -97,7 +98,8 @@ assert builtins.all isString extraArgs;
     }
     // environment;
 
-    serviceConfig = {
+    # the project's service sandbox (./sandbox.nix), opened where a GPU server needs more (each override says why)
+    serviceConfig = sandbox // {
       Type = "exec";
       ExecStart = concatStringsSep " " (
         map execArg (
@@ -120,13 +122,11 @@ assert builtins.all isString extraArgs;
       # Exit status 2 is a setting the server refuses; retrying cannot fix it.
       RestartPreventExitStatus = "2";
 
-      DynamicUser = true;
       StateDirectory = name;
       StateDirectoryMode = "0700";
       CacheDirectory = name;
       CacheDirectoryMode = "0700";
       WorkingDirectory = stateDir;
-      UMask = "0077";
       # Every routed expert lives once in page-locked host RAM (cudaHostRegister/mlock); the default 8 MB limit
       # would make pinning fail.
       LimitMEMLOCK = "infinity";
@@ -142,42 +142,16 @@ assert builtins.all isString extraArgs;
         "char-nvidia-caps"
       ];
 
-      CapabilityBoundingSet = [ "" ];
-      NoNewPrivileges = true;
-      LockPersonality = true;
       # torch (oneDNN's JIT) and Triton write machine code and then execute it: W^X would make them fail.
       MemoryDenyWriteExecute = false;
-      PrivateTmp = true;
-      PrivateUsers = true;
       # torch reads /proc/cpuinfo and /proc/meminfo, which ProcSubset=pid would hide.
       ProcSubset = "all";
-      ProtectClock = true;
-      ProtectControlGroups = true;
-      ProtectHome = true;
-      ProtectHostname = true;
-      ProtectKernelLogs = true;
-      ProtectKernelModules = true;
-      ProtectKernelTunables = true;
-      ProtectProc = "invisible";
-      ProtectSystem = "strict";
-      RemoveIPC = true;
-      RestrictAddressFamilies = [
-        "AF_INET"
-        "AF_INET6"
-        "AF_UNIX"
-      ];
-      RestrictNamespaces = true;
-      RestrictRealtime = true;
-      RestrictSUIDSGID = true;
-      SystemCallArchitectures = "native";
       # @resources holds mbind/set_mempolicy and sched_setaffinity, which the CPU tier uses to place its threads.
       SystemCallFilter = [
         "@system-service"
         "@resources"
         "~@privileged"
       ];
-      # A call outside the list fails with EPERM, which Python reports with its name, instead of killing the server.
-      SystemCallErrorNumber = "EPERM";
     }
     // optionalAttr (environmentFile != null) { EnvironmentFile = environmentFile; };
   };
