@@ -239,6 +239,9 @@ def test_a_drained_box_fails_no_messages_request(fleet):
     fleet.wait_until(lambda: {r["session"] for r in results} == set(sessions), "every session answered once", 60)
     fleet.drain(victim)
     victim_down.set()
+    # the box stays away until every session has been answered without it (a loaded machine may start one late)
+    fleet.wait_until(lambda: {r["session"] for r in results if r["down"]} == set(sessions),
+                     f"every session answered while replica {victim} is away", 60)
     fleet.start_replica(victim)
     fleet.wait_healthy(victim)
     victim_down.clear()
