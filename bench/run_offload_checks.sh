@@ -10,13 +10,15 @@
 #   source .gpu/prep.sh && bench/run_offload_checks.sh random    # the same on `random` routing
 #   source .gpu/prep.sh && bench/run_offload_checks.sh tests     # the GPU tests of exactness, the policy kernel, prefetch, fast mode
 #   source .gpu/prep.sh && bench/run_offload_checks.sh scaled-exact  # exactness (prefetch cases too) on the scaled checkpoint
+#   source .gpu/prep.sh && bench/run_offload_checks.sh policy-ab   # exact mode on `trained` with the two-timescale cache policy
+#                                                                # against the popularity-only one it replaced, A/B/A
 #   source .gpu/prep.sh && bench/run_offload_checks.sh prefetch-budget  # prefetch with 1 slot, what one layer's attention
 #                                                                # window carries on this host, against 2, on `trained`
 #
 # ARMS: bench.compare's arms (default exact,exact-prefetch,exact-oracle,fast); GPU_TESTS: the test files of `tests`;
 # SCALED_CHECKPOINT: also run exactness on that scaled checkpoint (with prefetch on).
 cd "$(dirname "$0")/.."
-PHASES="trained random tests scaled-exact prefetch-budget"
+PHASES="trained random tests scaled-exact prefetch-budget policy-ab"
 WORK=${WORK:-/tmp/glm53-offload-checks}
 source bench/device/phases.sh
 ARMS=${ARMS:-exact,exact-prefetch,exact-oracle,fast}
@@ -67,6 +69,17 @@ prefetch-budget() {  # 2 slots' copies (344 us at 55 GB/s) overrun the ~165 us b
 			--project-args "--prefetch-slots $slots" --streams --decode-reps 2 --decode-tokens 128 --prefill 512 \
 			--prefill-reps 1 --repeat none --arm-timeout 110 --budget-s 260 --ckpt-root "$CKPT_ROOT" --out-dir "$dir" \
 			--name "compare-trained-slots-$slots"
+	done
+}
+
+policy-ab() {  # the cache policy's share of a before/after difference: the same code, the old policy's settings
+	local run args
+	for run in new-1 old new-2; do
+		args=""
+		[ "$run" = old ] && args="--ec-decay 0.995 --ec-recency-weight 0"
+		step "compare-trained-policy-$run" 150 python3 -m bench.compare --routing trained --arms exact --project-args "$args" \
+			--streams --decode-reps 3 --decode-tokens 128 --prefill 512 --prefill-reps 1 --repeat none --arm-timeout 110 \
+			--budget-s 140 --ckpt-root "$CKPT_ROOT" --out-dir "$dir" --name "compare-trained-policy-$run"
 	done
 }
 

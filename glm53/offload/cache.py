@@ -56,6 +56,12 @@ class Policy:
         if not 0.0 < self.recency_decay < 1.0 or not weight_ok or not 0.0 <= self.recency_keep < 1.0:
             raise ValueError(f"bad cache policy {self}: recency_decay in (0, 1), recency_weight >= 0, recency_keep in [0, 1)")
 
+    @classmethod
+    def from_settings(cls, settings) -> Policy:
+        """The default policy with what ``GLM53_EC_DECAY`` / ``GLM53_EC_RECENCY_WEIGHT`` set (unset: the defaults)."""
+        given = {"decay": settings.ec_decay, "recency_weight": settings.ec_recency_weight}
+        return cls(**{k: v for k, v in given.items() if v is not None})
+
     @property
     def recency(self) -> Recency:
         return Recency(self.recency_decay, self.recency_weight, self.recency_keep)

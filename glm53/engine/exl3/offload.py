@@ -55,7 +55,7 @@ def start_offload(settings: Settings, model, load: Callable[[], None], warmup: C
         model's MoE layers are not the checkpoint's.
     """
     progress = progress or Progress()
-    policy = policy or Policy()
+    policy = policy or Policy.from_settings(settings)
     device = torch.device("cuda", torch.cuda.current_device())
     patches.check_version()  # before 125 GB are read for patch points that would not fit
     t0 = time.monotonic()

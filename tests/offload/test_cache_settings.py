@@ -1,0 +1,28 @@
+"""The expert cache's policy settings: unset means the policy's defaults, which the README's table states."""
+
+import pytest
+
+from glm53 import config
+from glm53.offload.cache import Policy
+
+
+def test_unset_settings_give_the_default_policy():
+    assert Policy.from_settings(config.load([], {})) == Policy()
+
+
+def test_settings_override_decay_and_recency_weight():
+    policy = Policy.from_settings(config.load([], {"GLM53_EC_DECAY": "0.995", "GLM53_EC_RECENCY_WEIGHT": "0"}))
+    assert (policy.decay, policy.recency_weight) == (0.995, 0.0)
+    assert policy.recency_decay == Policy().recency_decay
+
+
+@pytest.mark.parametrize("name, field", [("ec_decay", "decay"), ("ec_recency_weight", "recency_weight")])
+def test_the_shown_default_is_the_policys(name, field):
+    shown = config.Settings.__dataclass_fields__[name].metadata
+    text = next(v for v in shown.values() if isinstance(v, str) and v.startswith("unset ("))
+    assert float(text[len("unset ("):-1]) == getattr(Policy(), field)
+
+
+def test_a_decay_out_of_range_is_refused_naming_the_setting():
+    with pytest.raises(config.ConfigError, match="GLM53_EC_DECAY"):
+        config.load([], {"GLM53_EC_DECAY": "1.5"})
