@@ -10,6 +10,8 @@
 #   source .gpu/prep.sh && bench/run_offload_checks.sh random    # the same on `random` routing
 #   source .gpu/prep.sh && bench/run_offload_checks.sh tests     # the GPU tests of exactness, the policy kernel, prefetch, fast mode
 #   source .gpu/prep.sh && bench/run_offload_checks.sh scaled-exact  # exactness (prefetch cases too) on the scaled checkpoint
+#   source .gpu/prep.sh && bench/run_offload_checks.sh ram-tier    # exact decode and prefill 4096 with RAM for 100 / 50 / 25 %
+#                                                                # of the experts (the rest read from disk), against the bound
 #   source .gpu/prep.sh && bench/run_offload_checks.sh policy-ab   # exact mode on `trained` with the two-timescale cache policy
 #                                                                # against the popularity-only one it replaced, A/B/A
 #   source .gpu/prep.sh && bench/run_offload_checks.sh prefetch-budget  # prefetch with 1 slot, what one layer's attention
@@ -18,7 +20,7 @@
 # ARMS: bench.compare's arms (default exact,exact-prefetch,exact-oracle,fast); GPU_TESTS: the test files of `tests`;
 # SCALED_CHECKPOINT: also run exactness on that scaled checkpoint (with prefetch on).
 cd "$(dirname "$0")/.."
-PHASES="trained random tests scaled-exact prefetch-budget policy-ab"
+PHASES="trained random tests scaled-exact prefetch-budget policy-ab ram-tier"
 WORK=${WORK:-/tmp/glm53-offload-checks}
 source bench/device/phases.sh
 ARMS=${ARMS:-exact,exact-prefetch,exact-oracle,fast}
@@ -81,6 +83,24 @@ policy-ab() {  # the cache policy's share of a before/after difference: the same
 			--streams --decode-reps 3 --decode-tokens 128 --prefill 512 --prefill-reps 1 --repeat none --arm-timeout 110 \
 			--budget-s 140 --ckpt-root "$CKPT_ROOT" --out-dir "$dir" --name "compare-trained-policy-$run"
 	done
+}
+
+ram-tier() {  # issue 32: a RAM tier of 50 % and 25 % of the experts against all of them, on `trained` routing
+	local ckpt share gb common="--routing trained --streams --decode-reps 1 --decode-tokens 64 --prefill 4096 --prefill-reps 1 \
+		--repeat none --ckpt-root $CKPT_ROOT --out-dir $dir"
+	step compare-ram-100 200 python3 -m bench.compare $common --arms stock-vram,exact --arm-timeout 120 --budget-s 190 \
+		--name compare-ram-100
+	ckpt=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["checkpoint"]["dir"])' "$dir/compare-ram-100.json" 2>/dev/null)
+	[ -n "$ckpt" ] || return 0
+	step disk-bw 60 python3 bench/disk_bw.py --file "$CKPT_ROOT/disk_bw.scratch" --experts 48 --depths 1,4,16 --reps 2 \
+		--out "$dir/disk-bw.json"
+	for share in 50 25; do
+		gb=$(python3 -m bench.ram_tier_decode --budget-gb "$ckpt" "$share")
+		step "compare-ram-$share" 170 python3 -m bench.compare $common --arms exact --project-args "--host-ram-gb $gb" \
+			--arm-timeout 160 --budget-s 165 --name "compare-ram-$share"
+	done
+	step ram-tier-report 30 python3 -m bench.ram_tier_decode --report "$dir" --out "$dir/ram-tier.json"
+	cat "$dir/ram-tier.json" 2>/dev/null
 }
 
 run_phases "$@"

@@ -269,7 +269,7 @@ class Settings:
     prefetch_extra: int = setting(_number(int, 0, 56), 0, "experts predicted per token beyond the router's top-k (candidates when the top-k are resident)")
     prefetch_lead: bool = setting(BOOL, False, "with GLM53_PREFETCH, also copy the first MoE layer's likely picks (the previous step's picks of that layer) "
                                   "when a decode step starts, while the embedding, the dense layers and that layer's attention leave the link idle")
-    host_ram_gb: float | None = setting(_optional(_number(float, 0.1, None, " GB"), "what the host has less the process's needs"), None,
+    host_ram_gb: float | None = setting(_optional(_number(float, 0.001, None, " GB"), "what the host has less the process's needs"), None,
                                         "host RAM for the routed experts; below what they take, a RAM tier of this size caches them over "
                                         "the checkpoint's files, read from disk with O_DIRECT on a miss (unset: MemAvailable, or the "
                                         "cgroup's room, less the process's needs; with enough RAM every expert is held as before)",

@@ -17,7 +17,8 @@ Host RAM needed, from the checkpoint's routed-expert bytes E (the sizes of its `
 
 The need is compared with MemAvailable and, inside a cgroup, with its limit minus what it already uses. Where it does
 not fit, or ``GLM53_HOST_RAM_GB`` is below the store, the check says what share of the experts a RAM tier of the
-bytes left (``cost_model.expert_ram_budget``) would hold; it fails while the engine cannot serve from one. The terms and
+bytes left (``offload.ram_budget``) holds, as a warning: the engine serves with one, reading the rest from the
+checkpoint's files. It fails only below one MoE layer's experts, the least a RAM tier works with. The terms and
 figures are the cost model's (``glm53.cost_model.host_ram_needed``), as ``glm53 plan`` gives them.
 
 In fast mode, the cost model also projects what the CPU tier would take of the full model's decode on this host (its
@@ -50,6 +51,7 @@ from .engine import cuda_gpu_visible, resolve_engine
 from .models import checkpoint
 from .models.download import fetch_command
 from .models.safetensors_header import read_header
+from .offload import ram_budget
 
 GiB = 2**30
 FAST_MODE_CPU_FLAGS = ("avx2", "fma", "f16c")
@@ -208,27 +210,13 @@ def _expert_bytes(model_dir: Path) -> checkpoint.ExpertBytes | None:
 
 def ram_needed(experts: checkpoint.ExpertBytes, settings: Settings) -> int:
     """Host RAM the chosen mode needs for this checkpoint (the module docstring gives the terms)."""
-    return cm.host_ram_needed(experts.routed, experts.sign_scale, settings.mode, _cpu_tier_threads(settings))
-
-
-def _cpu_tier_threads(settings: Settings) -> int:
-    if settings.ct_threads:
-        return settings.ct_threads
-    if isinstance(settings.ct_cpus, tuple):
-        return len(settings.ct_cpus)
-    return os.cpu_count() or 1  # auto leaves some cores out: counting all of them errs on the safe side
+    return cm.host_ram_needed(experts.routed, experts.sign_scale, settings.mode, ram_budget.cpu_tier_threads(settings))
 
 
 def _host_ram(experts: checkpoint.ExpertBytes | None, settings: Settings, paths: host.HostPaths) -> Check:
-    avail = host.meminfo(paths.meminfo).get("MemAvailable")
+    avail, text = ram_budget.available(paths)
     if avail is None:
-        return Check("host_ram", "warn", f"cannot read MemAvailable from {paths.meminfo}; host RAM unchecked")
-    text = f"{avail / GiB:.1f} GiB available"
-    cgroup = host.cgroup_memory(paths)
-    if cgroup is not None:
-        room = cgroup.limit - (cgroup.current or 0)
-        text += f", cgroup limit {cgroup.limit / GiB:.1f} GiB ({room / GiB:.1f} GiB unused)"
-        avail = min(avail, room)
+        return Check("host_ram", "warn", f"{text}; host RAM unchecked")
     if experts is None:
         return Check("host_ram", "ok", text)
     need = ram_needed(experts, settings)
@@ -236,18 +224,21 @@ def _host_ram(experts: checkpoint.ExpertBytes | None, settings: Settings, paths:
     if settings.mode == "fast":
         terms += f" + the CPU tier's {(need - int(cm.STORE_PADDING * experts.routed) - cm.PROCESS_OVERHEAD) / GiB:.1f} GiB"
     store = cm.STORE_PADDING * experts.routed
-    budget = (int(settings.host_ram_gb * GB) if settings.host_ram_gb is not None
-              else cm.expert_ram_budget(avail, experts.sign_scale, settings.mode, _cpu_tier_threads(settings)))
-    if need > avail or budget < store:
-        given = f"GLM53_HOST_RAM_GB={settings.host_ram_gb:g}" if settings.host_ram_gb is not None else "what the process leaves"
-        return Check("host_ram", "fail", f"{settings.mode} mode needs {need / GiB:.1f} GiB of host RAM for this checkpoint ({terms}) but {text}; "
-                                         f"a RAM tier of {budget / GiB:.1f} GiB ({given}) would hold {min(1.0, budget / store):.0%} of the "
-                                         "routed experts and read the rest from the checkpoint's files, but the engine does not serve from "
-                                         "a RAM tier yet (`glm53 plan --ram-gib` projects one): free memory, raise the memory limit "
-                                         "(docker --memory, systemd MemoryMax)"
+    budget, given = ram_budget.expert_budget(settings, experts.sign_scale, paths)
+    if need <= avail and budget >= store:
+        return Check("host_ram", "ok", f"{settings.mode} mode needs {need / GiB:.1f} GiB ({terms}); {text}")
+    share = min(1.0, budget / store)
+    if budget < experts.layer_bytes:
+        return Check("host_ram", "fail", f"{settings.mode} mode holds every routed expert in {need / GiB:.1f} GiB of host RAM ({terms}) "
+                                         f"but {text}; a RAM tier of {budget / GiB:.1f} GiB ({given}) does not hold one MoE layer's "
+                                         f"experts ({experts.layer_bytes / GiB:.2f} GiB), which a prefill reads together: free "
+                                         "memory, raise the memory limit (docker --memory, systemd MemoryMax) or GLM53_HOST_RAM_GB"
                                          + (", or use GLM53_MODE=exact" if settings.mode == "fast" else ""))
-    return Check("host_ram", "ok", f"{settings.mode} mode needs {need / GiB:.1f} GiB ({terms}); {text}")
-
+    note = (" The CPU tier stays off with a RAM tier (it reads experts from the host store)." if settings.mode == "fast" else "")
+    return Check("host_ram", "warn", f"{settings.mode} mode would hold every routed expert in {need / GiB:.1f} GiB ({terms}) but "
+                                     f"{text}: a RAM tier of {budget / GiB:.1f} GiB ({given}) holds {share:.0%} of the routed experts "
+                                     f"and the rest are read from the checkpoint's files on a miss (decode and prefill slow to the "
+                                     f"disk's rate; `glm53 plan --ram-gib` projects it).{note}")
 
 def _memlock(experts: checkpoint.ExpertBytes | None) -> Check:
     soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
@@ -296,7 +287,7 @@ def _fast_projection(settings: Settings, paths: host.HostPaths, query_gpus) -> C
     isa = widest_isa(host.cpu_flags(paths.cpuinfo) or set())
     if isa is None:
         return None  # the CPU check has said what is missing
-    threads = _cpu_tier_threads(settings) if settings.ct_threads or isinstance(settings.ct_cpus, tuple) else len(tier_cpus(settings.ct_cpus))
+    threads = ram_budget.cpu_tier_threads(settings) if settings.ct_threads or isinstance(settings.ct_cpus, tuple) else len(tier_cpus(settings.ct_cpus))
     try:
         gpu = host.selected_gpu(query_gpus(), os.environ.get("CUDA_VISIBLE_DEVICES"))
     except OSError:

@@ -12,6 +12,7 @@ from .safetensors_header import read_header
 
 # Routed experts: model.layers.N.mlp.experts.E.*; the shared expert is mlp.shared_experts and does not match.
 ROUTED_EXPERT = re.compile(r"\.mlp\.experts\.\d+\.")
+MOE_LAYER = re.compile(r"^(.*)\.mlp\.experts\.\d+\.")
 # The per-channel sign/scale vectors of each EXL3 linear, of which the CPU tier keeps its own fp16 copies.
 SIGN_SCALE = re.compile(r"\.(suh|svh)$")
 # A checkpoint's own routing profile, {"model.language_model.layers.N.mlp": [picks per expert]}: the synthetic
@@ -25,6 +26,12 @@ GENERATION_CONFIG_FILE = "generation_config.json"
 class ExpertBytes:
     routed: int  # bytes of every routed-expert tensor: what the host store holds once
     sign_scale: int  # of those, the suh/svh vectors
+    moe_layers: int = 1  # layers with routed experts
+
+    @property
+    def layer_bytes(self) -> int:
+        """One MoE layer's routed experts (what a prefill's forward reads together)."""
+        return self.routed // max(self.moe_layers, 1)
 
 
 def has_config(model_dir: Path) -> bool:
@@ -61,12 +68,14 @@ def shards(model_dir: Path) -> list[Path]:
 def expert_bytes(model_dir: Path) -> ExpertBytes:
     """:raise OSError, ValueError, KeyError: a missing or unreadable shard or index."""
     routed = sign_scale = 0
+    layers = set()
     for shard in shards(model_dir):
         header, _ = read_header(shard)
         for name, entry in header.items():
             if ROUTED_EXPERT.search(name):
+                layers.add(MOE_LAYER.match(name).group(1))
                 size = entry["data_offsets"][1] - entry["data_offsets"][0]
                 routed += size
                 if SIGN_SCALE.search(name):
                     sign_scale += size
-    return ExpertBytes(routed, sign_scale)
+    return ExpertBytes(routed, sign_scale, max(len(layers), 1))

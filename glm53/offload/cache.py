@@ -81,6 +81,7 @@ class ExpertCache(Part):
         policy: Policy | None = None,
         profile: np.ndarray | None = None,
         link: Link | None = None,
+        ram_tier=None,
     ):
         """
         :param tables: per MoE layer (in store order), exllamav3's gate, up, down (E,) and gate/up (E, 2) tables.
@@ -89,7 +90,10 @@ class ExpertCache(Part):
         :param profile: float [layers, experts] picks per expert, for the partition and the warm start.
         :param link: the host link every part of the offload tells what it moved (default: the full link's, which
             does nothing); the stager, prefetch and the CPU tier use this one too.
+        :param ram_tier: where the experts are when host RAM holds only part of them (``ram_tier.RamTier``): slots are
+            filled from it (read from disk a layer at a time), not from the host store's arenas.
         """
+        self.ram_tier = ram_tier
         self.kernels = kernels
         self.link = link or Link(kernels, device)
         self.store = store
@@ -173,10 +177,24 @@ class ExpertCache(Part):
         self.kernels.assign(self.state, t)
 
     def copy_in(self, entries: list[tuple[int, int, int]]) -> None:
-        """Copy experts' blocks from the host store into their slots with the copy engine (DMA)."""
-        for l, e, slot in entries:
+        """Copy experts' blocks from host memory (the host store, or the RAM tier's window) into their slots with the
+        copy engine (DMA)."""
+        for (l, e, slot), block in self._host_blocks(entries):
             chunk = self.chunks[slot // CHUNK_SLOTS]
-            chunk[slot % CHUNK_SLOTS].copy_(self.store.host_block(l, e), non_blocking=True)
+            chunk[slot % CHUNK_SLOTS].copy_(block, non_blocking=True)
+
+    def _host_blocks(self, entries: list):
+        """(entry, its expert's block in host memory) for entries whose first two fields are (layer, expert). With a
+        RAM tier the blocks are read from disk into its window a layer at a time: what was done with one layer's
+        blocks must be queued before the next is asked for (the window is reused once the device is done with it)."""
+        if self.ram_tier is None:
+            for entry in entries:
+                yield entry, self.store.host_block(entry[0], entry[1])
+            return
+        wait = lambda: torch.cuda.synchronize(self.device)
+        for indices, blocks in self.ram_tier.batches([(entry[0], entry[1]) for entry in entries], wait):
+            for i, block in zip(indices, blocks):
+                yield entries[i], torch.from_numpy(block)
 
     # ---- the decode path
 
@@ -305,6 +323,11 @@ class ExpertCache(Part):
         home = self.home_host
         addrs = self.slot_addr.cpu().numpy()
         offs = self.store.layout.offsets
+        resident = [(l, e, int(slot_of[l, e])) for l in range(len(self._tables)) for e in range(self.store.num_experts) if slot_of[l, e] >= 0]
+        for (l, e, s), block in self._host_blocks(resident):
+            chunk = self.chunks[s // CHUNK_SLOTS]
+            if chunk is None or not torch.equal(chunk[s % CHUNK_SLOTS].cpu(), block):
+                problems.append(f"layer {l} expert {e}: slot {s} does not hold its bytes")
         for l, layer in enumerate(self._tables):
             g, u, d, gu = (t.cpu().numpy() for t in layer)
             for e in range(self.store.num_experts):
@@ -314,8 +337,4 @@ class ExpertCache(Part):
                 got = (g[e], u[e], d[e])
                 if got != want or tuple(gu[e]) != want[:2]:
                     problems.append(f"layer {l} expert {e}: tables {got} want {want}")
-                if s >= 0:
-                    chunk = self.chunks[s // CHUNK_SLOTS]
-                    if chunk is None or not torch.equal(chunk[s % CHUNK_SLOTS].cpu(), self.store.host_block(l, e)):
-                        problems.append(f"layer {l} expert {e}: slot {s} does not hold its bytes")
         return problems

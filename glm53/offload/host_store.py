@@ -78,6 +78,7 @@ class HostStore:
         self.arenas: list[torch.Tensor] = []  # per layer: uint8 [num_experts * block_bytes], CPU
         self._cuda_arenas: list[torch.Tensor] = []
         self._registered = False
+        self.tiered = False  # the experts are in a RAM tier (``alias_window``), not in arenas of this store
 
     # ---- building
 
@@ -205,6 +206,21 @@ class HostStore:
         self._registered = True
         self._cuda_arenas = [device_view(arena, device.index or 0) for arena in self.arenas]
 
+    def probe_region(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's pinned host bytes and their CUDA alias, for measuring the link: the first arena, or with a RAM
+        tier its window."""
+        return (self._window_host, self._cuda_arenas[0]) if self.tiered else (self.arenas[0], self._cuda_arenas[0])
+
+    def alias_window(self, window: torch.Tensor, window_host: torch.Tensor) -> None:
+        """With a RAM tier instead of :meth:`load`: every layer's experts alias ``window`` (the tier's CUDA uint8 alias
+        of one layer's blocks, expert by expert; ``window_host`` the same bytes on the host), so the model loads with valid expert addresses and
+        :meth:`home_addresses` starts there; the tier points each expert at its real place before a kernel reads it."""
+        if window.numel() != self.num_experts * self.layout.block_bytes:
+            raise ValueError(f"a window of {window.numel()} bytes; one layer's experts take {self.num_experts * self.layout.block_bytes}")
+        self._cuda_arenas = [window] * self.num_layers
+        self._window_host = window_host
+        self.tiered = True
+
     def unpin(self, unregister: Callable[[int], None]) -> None:
         """Undo :meth:`pin_and_map` (``unregister``: :func:`cuda_unregister`, or a test's stand-in)."""
         if self._registered:
@@ -231,7 +247,11 @@ class HostStore:
         return self._cuda_arenas[row]
 
     def host_block(self, row: int, expert: int) -> torch.Tensor:
-        """The expert's ``[gate | up | down]`` block in host memory (a CPU tensor; pinned after ``pin_and_map``)."""
+        """The expert's ``[gate | up | down]`` block in host memory (a CPU tensor; pinned after ``pin_and_map``).
+
+        :raise RuntimeError: a RAM tier holds the experts (``alias_window``): they are read through it."""
+        if self.tiered:
+            raise RuntimeError("the experts are in a RAM tier, not in the host store: read them through it")
         b = self.layout.block_bytes
         return self.arenas[row][expert * b : (expert + 1) * b]
 
@@ -289,6 +309,7 @@ class HostStore:
             "arena_bytes": self.arena_bytes,
             "trellis_bytes": self.trellis_bytes,
             "pinned": self._registered,
+            "ram_tier": self.tiered,
         }
 
 

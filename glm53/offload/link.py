@@ -205,5 +205,5 @@ def cuda_seconds(fn, reps: int, statistic=statistics.median) -> float:
 def start(settings, kernels: Kernels, store, device: torch.device) -> Link:
     """The offload's link: emulated when ``GLM53_LINK_EMULATE_GBS`` is set (measured first, on the host store's
     first arena). :raise ValueError: a target above the measured rates."""
-    host = (store.arenas[0], store.cuda_arena(0))
+    host = store.probe_region()
     return Link(kernels, device, host, settings.link_emulate_gbs)

@@ -2,20 +2,24 @@
 files, between the GPU expert cache and the disk.
 
 With a budget that holds the host store (:func:`plan` gives None) nothing changes: the store reads every expert
-once at start and the disk is not read again. Otherwise the tier has two kinds of slot, each one expert block in
-the host store's ``[gate | up | down]`` layout (so that a VRAM admission stays one contiguous copy), in one arena:
+once at start and the disk is not read again. Otherwise the tier's arena (pinned and mapped, so the GPU reads it in
+place as it reads the host store) has two parts, each slot one expert block in the host store's
+``[gate | up | down]`` layout (so that a VRAM admission stays one contiguous copy):
 
 - **policy slots**, partitioned between the layers at start by the routing profile and replaced by the expert
   cache's own policy (``cache_policy.ReferenceCache``: one definition, here a second instance of it, over the picks
   the VRAM cache missed). At start they hold the hottest experts after the ones the VRAM cache takes, and the scores
   of those VRAM residents start at zero, as the picks that reach this tier would leave them;
-- **staging slots**, one layer's active experts (``top_k`` a token x the decode rows): where a disk miss the policy
-  does not keep lands for the step that needs it (and what a VRAM admission then copies from).
+- **the window**, one block per expert of a layer (block ``e`` for expert ``e``): where a layer's step reads the
+  experts it needs that no policy slot holds. A layer's forward can pick every expert (a prefill's does), so the
+  window holds a whole layer; it is the current layer's only, and the next layer's step overwrites it (the engine
+  synchronises at every layer's routing, so no kernel still reads it then).
 
-A layer's step (:meth:`RamTier.step`, given the experts the VRAM cache missed): the policy's step decides the
-admissions; each missed expert that was not in a policy slot is read from disk, into the slot the policy gave it
-or into a staging slot. Admission costs no extra read (the bytes are read anyway), so ``max_admit`` is every miss,
-and the hysteresis alone keeps one-off picks from evicting warmer experts. A read that fails fails the step
+A decode step of a layer (:meth:`RamTier.step`, given the picks the VRAM cache missed): the policy's step decides the
+admissions; each missed expert not in a policy slot is read from disk, into the slot the policy gave it or into the
+window. Admission costs no extra read (the bytes are read anyway), so ``max_admit`` is every miss, and the
+hysteresis alone keeps one-off picks from evicting warmer experts. Any other forward (:meth:`RamTier.fetch`) reads
+into the window only and leaves the policy alone, as the VRAM cache does. A read that fails fails the step
 (:class:`~glm53.offload.disk.DiskReadError`); the expert it was for is in no slot afterwards, and a victim whose
 slot it was read into is marked stale and read again when next picked, so nothing is served from a failed read.
 """
@@ -23,10 +27,13 @@ slot it was read into is marked stale and read again when next picked, so nothin
 from __future__ import annotations
 
 import mmap
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from .cache_policy import ReferenceCache, placement, warm_scores
 from .disk import DiskReader, DiskReadError, Read
@@ -34,37 +41,40 @@ from .host_store import HostStore
 
 
 class RamBudgetError(ValueError):
-    """A RAM budget below what one layer's decode step needs at once; the message says how much is needed."""
+    """A RAM budget below what one layer's step needs at once; the message says how much is needed."""
 
 
 @dataclass(frozen=True)
 class TierPlan:
     policy_slots: int
-    staging_slots: int
+    window_slots: int  # one layer's experts
     block_bytes: int
 
     @property
+    def slots(self) -> int:
+        return self.policy_slots + self.window_slots
+
+    @property
     def bytes(self) -> int:
-        return (self.policy_slots + self.staging_slots) * self.block_bytes
+        return self.slots * self.block_bytes
 
 
-def plan(store: HostStore, budget_bytes: int, top_k: int, decode_rows: int, what: str = "the RAM budget") -> TierPlan | None:
+def plan(store: HostStore, budget_bytes: int, what: str = "the RAM budget") -> TierPlan | None:
     """The tier a budget of host bytes for expert blocks gives, or None when it holds the whole host store.
 
     :param what: how the budget was set, for the message (``GLM53_HOST_RAM_GB=40``).
-    :raise RamBudgetError: the budget holds fewer blocks than one layer's decode step touches.
+    :raise RamBudgetError: the budget holds fewer blocks than one layer's experts (the window).
     """
     if budget_bytes >= store.arena_bytes:
         return None
-    block = store.layout.block_bytes
-    active = min(store.num_experts, top_k * decode_rows)
-    if budget_bytes < active * block:
+    block, E = store.layout.block_bytes, store.num_experts
+    if budget_bytes < E * block:
         raise RamBudgetError(
             f"{what} gives {budget_bytes / 1e9:.2f} GB for routed experts, {budget_bytes // block} blocks of {block / 1e6:.2f} MB; "
-            f"one MoE layer's decode step can touch {active} experts ({top_k} a token x {decode_rows} rows), which must be in "
-            f"RAM together: give at least {active * block / 1e9:.2f} GB (GLM53_HOST_RAM_GB), or free host memory")
-    slots = min(budget_bytes // block - active, store.num_layers * store.num_experts)
-    return TierPlan(int(slots), active, block)
+            f"one MoE layer's forward can pick all of its {E} experts (a prefill's does), which must be in RAM together: give at "
+            f"least {E * block / 1e9:.2f} GB (GLM53_HOST_RAM_GB), or free host memory")
+    slots = min(budget_bytes // block - E, (store.num_layers - 1) * E)  # more would hold the store: no tier at all
+    return TierPlan(int(slots), E, block)
 
 
 @dataclass(frozen=True)
@@ -77,100 +87,169 @@ class Served:
 
 class RamTier:
     """The tier's slots and their bookkeeping over ``store``'s layout, read with ``reader`` (opened on
-    ``store.shard_files()``).
-
-    :param profile: float [layers, experts] picks per expert, the VRAM cache's start profile.
-    :param vram_slots: the slots the VRAM cache fills from the same profile: those experts start outside this tier.
-    :param decay, hysteresis: the cache policy's (``cache.Policy``).
+    ``store.shard_files()``). The arena is allocated here; :meth:`start` places and reads the policy slots.
     """
 
-    def __init__(self, store: HostStore, reader: DiskReader, tier: TierPlan, profile: np.ndarray, top_k: int,
-                 vram_slots: int, decay: float, hysteresis: float):
+    def __init__(self, store: HostStore, reader: DiskReader, tier: TierPlan):
         self.store, self.reader, self.plan = store, reader, tier
-        self.decay, self.hysteresis = decay, hysteresis
         self._file = {f: i for i, f in enumerate(reader.paths)}
         missing = [f for f in store.shard_files() if f not in self._file]
         if missing:
             raise ValueError(f"the disk reader does not read {missing[0]}, which holds experts")
+        self._map = mmap.mmap(-1, tier.bytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        if hasattr(self._map, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
+            self._map.madvise(mmap.MADV_HUGEPAGE)
+        self.arena = np.frombuffer(self._map, dtype=np.uint8)  # [policy slots + window] blocks
+        self.policy: ReferenceCache | None = None
+        self.stale = np.zeros(tier.policy_slots, dtype=bool)
+        self.decay = self.hysteresis = 0.0
+        self._window: tuple[int, set[int]] = (-1, set())  # the layer and experts the window holds
+        self.reads = {"load": 0, "ram": 0, "disk": 0, "admitted": 0, "fetched": 0}
+        self._serving = False
+        self.timing = {"start_bytes": 0, "start_seconds": 0.0, "bytes": 0, "seconds": 0.0}  # the disk's rate as read
+        self._device_base = 0  # the arena's device address, once pinned
+        self._unpin: Callable[[], None] | None = None
+
+    # ---- start
+
+    def start(self, profile: np.ndarray, top_k: int, vram_slots: int, decay: float, hysteresis: float) -> None:
+        """Place the policy slots after the ``vram_slots`` experts the VRAM cache takes from the same ``profile``
+        (float [layers, experts]), with the cache policy's ``decay`` and ``hysteresis``, and read them from disk.
+
+        :raise DiskReadError: a read failed (the tier is not usable).
+        """
+        self.decay, self.hysteresis = decay, hysteresis
         vram = placement(profile, vram_slots)
-        ours = placement(profile, len(vram) + tier.policy_slots)[len(vram):]
+        ours = placement(profile, len(vram) + self.plan.policy_slots)[len(vram):]
         scores = warm_scores(profile, top_k, decay)
         for layer, expert in vram:
             scores[layer, expert] = 0.0
         self.policy = ReferenceCache(scores, ours)
         self.stale = np.zeros(len(ours), dtype=bool)
-        self._map = mmap.mmap(-1, max(tier.bytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        self.arena = np.frombuffer(self._map, dtype=np.uint8)  # [slots + staging] blocks; pinned with the store's register
-        self._staged: dict[tuple[int, int], int] = {}  # (layer, expert) -> staging slot, for the last step
-        self.reads = {"load": 0, "ram": 0, "disk": 0, "admitted": 0}
-
-    # ---- start
-
-    def load(self) -> None:
-        """Read every policy slot's expert from disk.
-
-        :raise DiskReadError: a read failed (the tier is not usable).
-        """
-        owners = self.policy.owner
         E = self.store.num_experts
-        self._read([(int(o) // E, int(o) % E, s) for s, o in enumerate(owners)])
-        self.reads["load"] += len(owners)
+        t0 = time.perf_counter()
+        self._read([(int(o) // E, int(o) % E, s) for s, o in enumerate(self.policy.owner)])
+        self.timing["start_seconds"] += time.perf_counter() - t0
+        self.timing["start_bytes"] += len(self.policy.owner) * self.plan.block_bytes
+        self.reads["load"] += len(self.policy.owner)
+        self._serving = True
+
+    def pin(self, register: Callable[[int, int], None], unregister: Callable[[int], None],
+            device_view: Callable[[object], object]) -> object:
+        """Page-lock and map the arena for the GPU (``register(address, nbytes)``, as the host store's arenas) and
+        return ``device_view(arena as a CPU uint8 tensor)``: its CUDA alias, whose first window block is expert 0's."""
+        host = torch.from_numpy(self.arena)
+        register(host.data_ptr(), host.numel())
+        self._unpin = lambda: unregister(host.data_ptr())
+        cuda = device_view(host)
+        self._device_base = int(cuda.data_ptr())
+        return cuda
+
+    def unpin(self) -> None:
+        if self._unpin is not None:
+            self._unpin()
+            self._unpin = None
+        self._device_base = 0
 
     def read_into(self, pairs: list[tuple[int, int]], dests: list[np.ndarray]) -> None:
-        """Read expert blocks from disk into caller memory (the VRAM cache's warm start, through its pinned buffer).
+        """Read expert blocks from disk into caller memory.
 
         :raise DiskReadError: a read failed.
         """
         self.reader.read([r for (layer, expert), dest in zip(pairs, dests) for r in self._block_reads(layer, expert, dest)])
 
-    # ---- a decode step
+    def batches(self, pairs: list[tuple[int, int]], wait: Callable[[], None]) -> Iterator[tuple[list[int], list[np.ndarray]]]:
+        """The blocks of ``pairs`` (layer, expert) a layer at a time, read into the window: yields the indices into
+        ``pairs`` of one layer's experts and their window blocks; ``wait()`` is called before the window is read into
+        again (the caller's copies out of it must be done: a device synchronisation). What the VRAM cache fills its
+        slots from at start.
+
+        :raise DiskReadError: a read failed.
+        """
+        by_layer: dict[int, list[int]] = {}
+        for i, (layer, _) in enumerate(pairs):
+            by_layer.setdefault(layer, []).append(i)
+        window = self.plan.policy_slots
+        for layer, indices in sorted(by_layer.items()):
+            wait()
+            self._window = (-1, set())
+            blocks = [self._slot(window + pairs[i][1]) for i in indices]
+            self.read_into([pairs[i] for i in indices], blocks)
+            yield indices, blocks
+        wait()
+
+    # ---- a layer's step
 
     def step(self, layer: int, missed) -> Served:
-        """One layer's step for the experts the VRAM cache missed (any int array of expert ids, repeats allowed):
-        the policy's step, then every missed expert not in a policy slot read from disk. When this returns, each
-        missed expert's bytes are at :meth:`block`.
+        """A decode step of ``layer`` for the picks the VRAM cache missed (any int array of expert ids, repeats
+        allowed): the policy's step, then every missed expert not in a policy slot read from disk. When this
+        returns, each missed expert's bytes are at :meth:`block`.
 
         :raise DiskReadError: a read failed: the expert it was for is in no slot, and nothing was served.
         """
         sel = np.asarray(missed, dtype=np.int64).reshape(-1)
-        picked = [int(e) for e in np.unique(sel[(sel >= 0) & (sel < self.store.num_experts)])]
+        picked = self._distinct(sel)
         slot_of = self.policy.slot_of[layer]
         ram = [e for e in picked if slot_of[e] >= 0 and not self.stale[slot_of[e]]]
         stale = {e for e in picked if slot_of[e] >= 0 and self.stale[slot_of[e]]}
-        if len(picked) - len(ram) > self.plan.staging_slots:
-            raise ValueError(f"{len(picked) - len(ram)} experts to read in one step of a layer, more than the "
-                             f"{self.plan.staging_slots} staging slots of a decode step")
         admitted = {a.expert: a for a in self.policy.step(layer, sel, self.decay, self.hysteresis, len(picked))}
         disk = [e for e in picked if e not in ram]
-        targets, staging = [], self.plan.policy_slots
-        self._staged = {}
-        for e in disk:
-            if e in admitted or e in stale:
-                targets.append((layer, e, int(slot_of[e])))
-            else:
-                self._staged[(layer, e)] = staging
-                targets.append((layer, e, staging))
-                staging += 1
+        window = self.plan.policy_slots
+        targets = [(layer, e, int(slot_of[e]) if e in admitted or e in stale else window + e) for e in disk]
+        self._window = (layer, {e for _, e, slot in targets if slot >= window})
         try:
             self._read(targets)
         except DiskReadError:
             self._undo(layer, admitted, targets)
             raise
         for _, _, slot in targets:
-            if slot < self.plan.policy_slots:
+            if slot < window:
                 self.stale[slot] = False
         self.reads["ram"] += len(ram)
         self.reads["disk"] += len(disk)
         self.reads["admitted"] += len(admitted)
         return Served(ram, disk)
 
-    def block(self, layer: int, expert: int) -> np.ndarray | None:
-        """The expert's block in this tier: its policy slot, or the staging slot the last step read it into; None when
-        the tier does not hold it."""
+    def fetch(self, layer: int, experts) -> Served:
+        """Any other forward's step of ``layer`` (a prefill's): the experts (ids, repeats allowed) that no policy slot
+        holds are read into the window; the policy is not told (its scores follow decode, as the VRAM cache's).
+
+        :raise DiskReadError: a read failed; the window holds none of the layer's experts afterwards.
+        """
+        picked = self._distinct(np.asarray(experts, dtype=np.int64).reshape(-1))
+        slot_of = self.policy.slot_of[layer]
+        ram = [e for e in picked if slot_of[e] >= 0 and not self.stale[slot_of[e]]]
+        have = self._window[1] if self._window[0] == layer else set()
+        disk = [e for e in picked if e not in ram and e not in have]
+        self._window = (layer, have)
+        try:
+            self._read([(layer, e, self.plan.policy_slots + e) for e in disk])
+        except DiskReadError:
+            self._window = (-1, set())
+            raise
+        have.update(disk)
+        self.reads["fetched"] += len(disk)
+        return Served(ram, disk)
+
+    def slot_index(self, layer: int, expert: int) -> int:
+        """The arena block holding the expert (a policy slot, or its window block when the window holds the layer's),
+        or -1."""
         slot = int(self.policy.slot_of[layer, expert])
-        if slot < 0 or self.stale[slot]:
-            slot = self._staged.get((layer, expert), -1)
-        return None if slot < 0 else self._slot(slot)
+        if slot >= 0 and not self.stale[slot]:
+            return slot
+        if self._window[0] == layer and expert in self._window[1]:
+            return self.plan.policy_slots + expert
+        return -1
+
+    def address(self, layer: int, expert: int) -> int:
+        """The device address of the expert's block (after :meth:`pin`), or -1 when the tier does not hold it."""
+        index = self.slot_index(layer, expert)
+        return -1 if index < 0 else self._device_base + index * self.plan.block_bytes
+
+    def block(self, layer: int, expert: int) -> np.ndarray | None:
+        """The expert's block in this tier, or None when the tier does not hold it."""
+        index = self.slot_index(layer, expert)
+        return None if index < 0 else self._slot(index)
 
     def verify(self) -> list[str]:
         """Every policy slot that is not stale holds its expert's bytes (read again from disk to compare)."""
@@ -189,10 +268,18 @@ class RamTier:
         return problems
 
     def stats(self) -> dict:
-        return {"policy_slots": self.plan.policy_slots, "staging_slots": self.plan.staging_slots, "bytes": self.plan.bytes,
-                "served": dict(self.reads), "disk": self.reader.counters()}
+        t = self.timing
+        rate = lambda n, s: round(n / s / 1e9, 3) if s > 0 else None
+        return {"policy_slots": self.plan.policy_slots, "window_slots": self.plan.window_slots, "bytes": self.plan.bytes,
+                "share_of_experts": round(self.plan.policy_slots / (self.store.num_layers * self.store.num_experts), 4),
+                "served": dict(self.reads), "disk": self.reader.counters(),
+                "disk_gbs": {"start": rate(t["start_bytes"], t["start_seconds"]), "serving": rate(t["bytes"], t["seconds"])},
+                "read_seconds": round(t["seconds"], 3)}
 
     # ---- reading
+
+    def _distinct(self, sel: np.ndarray) -> list[int]:
+        return [int(e) for e in np.unique(sel[(sel >= 0) & (sel < self.store.num_experts)])]
 
     def _slot(self, slot: int) -> np.ndarray:
         b = self.plan.block_bytes
@@ -202,11 +289,17 @@ class RamTier:
         return [Read(self._file[Path(f)], at, n, dest[off:off + n]) for f, at, n, off in self.store.block_sources(layer, expert)]
 
     def _read(self, targets: list[tuple[int, int, int]]) -> None:
+        if not targets:
+            return
+        t0 = time.perf_counter()
         self.reader.read([r for layer, e, slot in targets for r in self._block_reads(layer, e, self._slot(slot))])
+        if self._serving:  # the start's reads are timed apart
+            self.timing["seconds"] += time.perf_counter() - t0
+            self.timing["bytes"] += len(targets) * self.plan.block_bytes
 
     def _undo(self, layer: int, admitted: dict, targets: list[tuple[int, int, int]]) -> None:
         """After a failed read: the step's admitted experts leave their slots, which go back to the experts they
-        evicted, marked stale (their bytes were overwritten or may have been); staged experts are dropped."""
+        evicted, marked stale (their bytes were overwritten or may have been); the window holds nothing."""
         E = self.store.num_experts
         for a in admitted.values():
             self.policy.slot_of[layer, a.expert] = -1
@@ -215,4 +308,4 @@ class RamTier:
         for _, _, slot in targets:
             if slot < self.plan.policy_slots:
                 self.stale[slot] = True
-        self._staged = {}
+        self._window = (-1, set())

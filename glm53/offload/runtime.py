@@ -59,6 +59,7 @@ class Offload:
     def _attach(self, parts: tuple[Part, ...]) -> None:
         self.parts = parts
         self._hooked = {hook: implementing(parts, hook) for hook in HOOKS}
+        self._tiered = self.part("ram_tier")  # ``tiered.TieredHome``: acts on every forward's routing, first
 
     def part(self, name: str) -> Part | None:
         """The part of this ``name`` (``Part.name``), or None."""
@@ -125,7 +126,10 @@ class Offload:
     def routed(self, row: int, selected: torch.Tensor, weights: torch.Tensor | None = None, z: torch.Tensor | None = None) -> None:
         """After MoE layer ``row``'s router picked ``selected`` (int64 [rows, top_k]) with router ``weights`` (which a
         part may change in place) from the router's input ``z``."""
-        if selected.shape[0] <= self.policy.decode_rows and not self.prefilling:
+        decode = selected.shape[0] <= self.policy.decode_rows and not self.prefilling
+        if self._tiered is not None:  # before anything reads an expert: each pick's home must hold its bytes
+            self._tiered.place(row, selected, decode)
+        if decode:
             for part in self._hooked["routed"]:  # in the parts' order: prefetch, the cache, the CPU tier
                 part.routed(row, selected, weights, z)
         # last: the tables and the weights now say which experts the layer's kernels read from the host store

@@ -43,10 +43,26 @@ CASES = {
                               "--prefetch-lead", "1"],  # with the lead too (the first MoE layer's prefetch at a step's start)
     # a slower link emulated in band (issue 29): every transfer held for longer, the arithmetic untouched
     "cache-11pct-link-emulated": ["--ec-cache-experts", "11%", "--link-emulate-gbs", "10"],
+    # host RAM for part of the experts (issue 32): a RAM tier of that share over the checkpoint's files, the rest read
+    # from disk when picked; "again" is a restart with the same budget
+    "cache-11pct-ram-half": ["--ec-cache-experts", "11%", "--host-ram-gb", "{ram 0.5}"],
+    "cache-11pct-ram-half-again": ["--ec-cache-experts", "11%", "--host-ram-gb", "{ram 0.5}"],
+    "cache-0-ram-window": ["--ec-cache-experts", "0", "--host-ram-gb", "{ram 0}"],  # one layer's window: every miss from disk
 }
 
 
+def _ram_gb(ckpt, share: float) -> str:
+    """GLM53_HOST_RAM_GB for a RAM tier holding ``share`` of the checkpoint's experts (at least its window)."""
+    from glm53.offload.host_store import HostStore
+
+    store = HostStore.scan(ckpt)
+    layer = store.num_experts * store.layout.block_bytes
+    half_block = store.layout.block_bytes // 2  # so that rounding the figure cannot lose the last block
+    return f"{(layer + share * (store.arena_bytes - layer) + half_block) / 1e9:.9f}"
+
+
 def _settings(ckpt, extra):
+    extra = [_ram_gb(ckpt, float(a[5:-1])) if a.startswith("{ram ") else a for a in extra]
     return config.load(["--engine", "exl3", "--mode", "exact", "-m", str(ckpt), "-cs", str(CACHE_TOKENS), "--max-batch-size", "4",
                         "-ambs", "4", "-chunk_size", str(CHUNK), "--ec-elastic-gb", "0", *extra], {})
 
@@ -167,7 +183,13 @@ def test_exact_mode_is_bit_identical_to_stock(checkpoint, stock, case):
             assert cache["hits"] == 0
         if case == "cache-100pct":
             assert cache["hits"] == cache["picks"] and cache["admissions"] == 0
-        if "no-staging" in case:
+        if "ram-" in case:  # the RAM tier: staging is off, experts came from its slots and from disk
+            tier = stats["ram_tier"]
+            assert stats["staging"]["forwards"] == 0 and tier["served"]["disk"] > 0 and tier["disk"]["failed"] == 0, tier
+            assert tier["layers"]["decode_layers"] > 0 and tier["layers"]["other_layers"] > 0, tier
+            assert ("window" in case) == (tier["policy_slots"] == 0) and offload.part("ram_tier").tier.verify() == []
+            assert stats["host_store"]["ram_tier"] and "cpu_tier" not in stats
+        elif "no-staging" in case:
             assert stats["staging"]["forwards"] == 0
         elif cache["slots"] < total:
             assert stats["staging"]["forwards"] > 0 and stats["staging"]["staged_experts"] > 0

@@ -87,10 +87,10 @@ def test_a_trace_through_vram_ram_and_disk_serves_every_pick_from_one_place_with
     profile, rng = skewed(seed)
     block = store.layout.block_bytes
     vram_slots = 6
-    tier_plan = plan(store, 12 * block, TOP_K, ROWS)  # a quarter of the 48 experts
-    assert (tier_plan.policy_slots, tier_plan.staging_slots) == (8, TOP_K * ROWS)
-    tier = RamTier(store, reader, tier_plan, profile, TOP_K, vram_slots, DECAY, HYSTERESIS)
-    tier.load()
+    tier_plan = plan(store, 24 * block)  # half of the 48 experts
+    assert (tier_plan.policy_slots, tier_plan.window_slots) == (8, EXPERTS)
+    tier = RamTier(store, reader, tier_plan)
+    tier.start(profile, TOP_K, vram_slots, DECAY, HYSTERESIS)
     assert reader.counters()["requests"] == 3 * 8  # three projections a block
     vram_placed = {(int(o) // EXPERTS, int(o) % EXPERTS) for o in ReferenceCache.warm(profile, vram_slots, TOP_K, DECAY).owner}
     ram_placed = {(int(o) // EXPERTS, int(o) % EXPERTS) for o in tier.policy.owner}
@@ -111,7 +111,7 @@ def test_a_trace_through_vram_ram_and_disk_serves_every_pick_from_one_place_with
 
 def test_with_ram_for_every_expert_there_is_no_tier_and_no_disk_read_after_load(checkpoint):
     store, tensors, reader = checkpoint
-    assert plan(store, store.arena_bytes, TOP_K, ROWS) is None  # the host store loads as today
+    assert plan(store, store.arena_bytes) is None  # the host store loads as today
     store.load()
     profile, rng = skewed(2)
     vram = ReferenceCache.warm(profile, 6, TOP_K, DECAY)
@@ -121,9 +121,8 @@ def test_with_ram_for_every_expert_there_is_no_tier_and_no_disk_read_after_load(
             for e in np.unique(selected):
                 assert projections(store, store.host_block(layer, int(e)).numpy()) == expected(store, tensors, layer, int(e))
     # a tier forced to hold every expert reads them once and never again
-    full = RamTier(store, reader, TierPlan(len(LAYERS) * EXPERTS, TOP_K * ROWS, store.layout.block_bytes), profile, TOP_K, 0,
-                   DECAY, HYSTERESIS)
-    full.load()
+    full = RamTier(store, reader, TierPlan(len(LAYERS) * EXPERTS, EXPERTS, store.layout.block_bytes))
+    full.start(profile, TOP_K, 0, DECAY, HYSTERESIS)
     after_load = reader.counters()
     for step in trace(profile, rng, 10):
         for layer, selected in enumerate(step):
@@ -132,23 +131,24 @@ def test_with_ram_for_every_expert_there_is_no_tier_and_no_disk_read_after_load(
     assert reader.counters() == after_load
 
 
-def test_a_budget_below_one_layers_active_experts_is_refused_with_what_it_needs(checkpoint):
+def test_a_budget_below_one_layers_experts_is_refused_with_what_it_needs(checkpoint):
     store, _, _ = checkpoint
     block = store.layout.block_bytes
     with pytest.raises(RamBudgetError) as info:
-        plan(store, 3 * block, TOP_K, ROWS, what="GLM53_HOST_RAM_GB=0.0001")
+        plan(store, 15 * block, what="GLM53_HOST_RAM_GB=0.0001")
     assert str(info.value) == (
-        f"GLM53_HOST_RAM_GB=0.0001 gives {3 * block / 1e9:.2f} GB for routed experts, 3 blocks of {block / 1e6:.2f} MB; one MoE "
-        f"layer's decode step can touch 4 experts (2 a token x 2 rows), which must be in RAM together: give at least "
-        f"{4 * block / 1e9:.2f} GB (GLM53_HOST_RAM_GB), or free host memory")
-    assert plan(store, 4 * block, TOP_K, ROWS).policy_slots == 0  # staging alone: every miss read from disk
+        f"GLM53_HOST_RAM_GB=0.0001 gives {15 * block / 1e9:.2f} GB for routed experts, 15 blocks of {block / 1e6:.2f} MB; one MoE "
+        f"layer's forward can pick all of its 16 experts (a prefill's does), which must be in RAM together: give at least "
+        f"{16 * block / 1e9:.2f} GB (GLM53_HOST_RAM_GB), or free host memory")
+    assert plan(store, 16 * block).policy_slots == 0  # the window alone: every miss read from disk
+    assert plan(store, store.arena_bytes - 1).policy_slots == 2 * EXPERTS - 1  # a block short of the store: the rest, less the window
 
 
 def test_a_failed_read_serves_nothing_and_the_expert_is_read_again_next_time(checkpoint):
     store, tensors, reader = checkpoint
     profile, _ = skewed(3)
-    tier = RamTier(store, reader, plan(store, 8 * store.layout.block_bytes, TOP_K, ROWS), profile, TOP_K, 0, DECAY, HYSTERESIS)
-    tier.load()
+    tier = RamTier(store, reader, plan(store, 20 * store.layout.block_bytes))
+    tier.start(profile, TOP_K, 0, DECAY, HYSTERESIS)
     layer = 1
     cold = next(e for e in range(EXPERTS) if tier.policy.slot_of[layer, e] < 0)
     f, at, n, _ = store.block_sources(layer, cold)[2]
@@ -162,3 +162,23 @@ def test_a_failed_read_serves_nothing_and_the_expert_is_read_again_next_time(che
     assert served.disk == [cold]
     assert projections(store, tier.block(layer, cold)) == expected(store, tensors, layer, cold)
     assert tier.verify() == []
+
+
+def test_a_prefill_fetch_reads_what_no_policy_slot_holds_into_the_window_and_leaves_the_policy_alone(checkpoint):
+    store, tensors, reader = checkpoint
+    profile, _ = skewed(4)
+    tier = RamTier(store, reader, plan(store, 24 * store.layout.block_bytes))
+    tier.start(profile, TOP_K, 0, DECAY, HYSTERESIS)
+    policy = (tier.policy.slot_of.copy(), tier.policy.freq.copy())
+    layer = 2
+    served = tier.fetch(layer, np.array([[3, 3, 15, 0], [7, 15, 1, 2]]))
+    held = [e for e in (0, 1, 2, 3, 7, 15) if tier.policy.slot_of[layer, e] >= 0]
+    assert sorted(served.ram) == held and sorted(served.disk) == sorted({0, 1, 2, 3, 7, 15} - set(held))
+    for e in (0, 1, 2, 3, 7, 15):
+        assert projections(store, tier.block(layer, e)) == expected(store, tensors, layer, e)
+    before = reader.counters()["requests"]
+    assert tier.fetch(layer, np.array([15, 3])).disk == []  # the window still holds the layer's: no read
+    assert reader.counters()["requests"] == before
+    assert tier.fetch(0, np.array([4])).disk in ([4], [])  # another layer's fetch takes the window over
+    assert all(tier.block(layer, e) is None for e in served.disk)
+    assert np.array_equal(policy[0], tier.policy.slot_of) and np.array_equal(policy[1], tier.policy.freq)

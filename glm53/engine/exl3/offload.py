@@ -4,6 +4,10 @@ the module that owns it:
 1. scan      ``HostStore.scan``: where every routed expert's trellises are, from the safetensors headers alone;
 2. read      ``HostStore.load``: all of them into host memory, once (the single copy the GPU and the CPU tier use);
 3. pin       ``HostStore.pin_and_map``: page-locked and mapped, so the GPU reads an expert in place (zero-copy);
+             where the experts' RAM budget (``offload.ram_budget``) is below the store, steps 2-3 are instead a RAM
+             tier's arena, pinned (``offload.ram_tier``), its policy slots read from disk at step 6, and the tier's
+             part (``offload.tiered``) makes every pick readable before its layer runs; staging, the CPU tier and
+             prefetch are then off;
 4. attach    ``patches.load_offloaded``: the model loads with its experts answered from the host store, which
              gives its MoE layers and their expert pointer tables; then exllamav3's warm-up;
    link      ``offload.link.start``: the host link every part below tells what it moved (measured first when
@@ -34,7 +38,12 @@ from ...cpu_tier import tier as cpu_tier
 from ...offload import budget, link, profile
 from ...offload.cache import ExpertCache, Policy
 from ...offload.ec_native import Kernels
-from ...offload.host_store import HostStore, cuda_register
+from ...models import checkpoint
+from ...offload import ram_budget, ram_tier
+from ...offload.disk import DiskReader
+from ...offload.host_store import HostStore, cuda_register, cuda_unregister
+from ...offload.ram_tier import RamTier
+from ...offload.tiered import TieredHome
 from ...offload.prefetch import Prefetcher
 from ...offload.runtime import STAGE_MIN_ROWS, Offload
 from ...offload.staging import PrefillStager
@@ -60,12 +69,22 @@ def start_offload(settings: Settings, model, load: Callable[[], None], warmup: C
     patches.check_version()  # before 125 GB are read for patch points that would not fit
     t0 = time.monotonic()
     store = HostStore.scan(settings.model_dir)                                                  # 1. scan
-    timings = {"store_read_s": round(store.load(progress=progress.steps("reading shards")), 2)}  # 2. read
-    t1 = time.monotonic()
-    store.pin_and_map(device, cuda_register, patches.pinned_cuda_view, progress=progress.steps("pinning"))  # 3. pin
+    tier = _ram_tier(settings, store)
+    if tier is None:
+        timings = {"store_read_s": round(store.load(progress=progress.steps("reading shards")), 2)}  # 2. read
+        t1 = time.monotonic()
+        store.pin_and_map(device, cuda_register, patches.pinned_cuda_view, progress=progress.steps("pinning"))  # 3. pin
+    else:  # 2-3. the RAM tier's arena, pinned; the experts are read from disk once the cache is sized (step 6)
+        timings = {"store_read_s": 0.0}
+        t1 = time.monotonic()
+        arena = tier.pin(cuda_register, cuda_unregister, lambda host: patches.pinned_cuda_view(host, device.index or 0))
+        block = store.layout.block_bytes
+        window = slice(tier.plan.policy_slots * block, tier.plan.bytes)
+        store.alias_window(arena[window], torch.from_numpy(tier.arena)[window])
     timings.update(store_pin_s=round(time.monotonic() - t1, 2), store_total_s=round(time.monotonic() - t0, 2))
-    log.info("host store: %d layers x %d experts, %.2f GB pinned in %.1f s", store.num_layers, store.num_experts,
-             store.arena_bytes / GB, timings["store_total_s"])
+    log.info("host store: %d layers x %d experts, %.2f GB %s in %.1f s", store.num_layers, store.num_experts,
+             store.arena_bytes / GB, "pinned" if tier is None else f"on disk, a RAM tier of {tier.plan.bytes / GB:.2f} GB pinned",
+             timings["store_total_s"])
     layers = patches.load_offloaded(model, store, load)                                         # 4. attach
     warmup()  # before the cache: its VRAM is what is left afterwards
     progress.phase("building the cache")
@@ -76,12 +95,24 @@ def start_offload(settings: Settings, model, load: Callable[[], None], warmup: C
     pool = settings.prefetch_slots if settings.prefetch else 0
     slots = max(0, slots - pool)  # the prefetch pool's slots come out of the cache's
     warm, profile_source = profile.warm_start(settings.model_dir, settings.root, store.layer_keys)
-    cache = ExpertCache(kernels, store, layers.tables, slots, device, layers.top_k, policy, warm, host_link)  # 6. fill
-    stager = PrefillStager(store, cache, layers.tables, device, int(settings.ec_stage_gb * GB), STAGE_MIN_ROWS)  # 7. staging
-    tier, off_reason = _cpu_tier(settings, store, cache, layers, device, kernels)              # 8. CPU tier
+    if tier is not None:  # its policy slots take the hottest experts after the cache's, read from disk now
+        t2 = time.monotonic()
+        tier.start(_profile_or_flat(warm, store), layers.top_k, min(slots, total), policy.decay, policy.hysteresis)
+        timings["ram_tier_read_s"] = round(time.monotonic() - t2, 2)
+    cache = ExpertCache(kernels, store, layers.tables, slots, device, layers.top_k, policy, warm, host_link, ram_tier=tier)  # 6. fill
+    # 7. staging (off with a RAM tier: it copies a layer's experts before its routing, from arenas the tier has not)
+    stage_bytes = int(settings.ec_stage_gb * GB) if tier is None else 0
+    stager = PrefillStager(store, cache, layers.tables, device, stage_bytes, STAGE_MIN_ROWS)
+    if tier is None:
+        cpu, off_reason = _cpu_tier(settings, store, cache, layers, device, kernels)           # 8. CPU tier
+    else:
+        cpu, off_reason = None, ("the RAM tier holds part of the experts (the CPU tier reads them from the host store)"
+                                 if settings.mode == "fast" else None)
     prefetch = _prefetch(settings, kernels, cache, layers, device, policy)                      # 9. prefetch
-    # routed's order: prefetch (the cache's step waits for its copies), the cache, the CPU tier (splits the misses left)
-    parts = [part for part in (prefetch, cache, tier) if part is not None]
+    # routed's order: prefetch (the cache's step waits for its copies), the cache, the CPU tier (splits the misses left);
+    # the RAM tier's part acts before all of them, on every forward (``Offload.routed``)
+    home = None if tier is None else TieredHome(tier, cache, device, max_picks=layers.top_k * settings.chunk_size)
+    parts = [part for part in (home, prefetch, cache, cpu) if part is not None]
     offload = Offload(settings, store, cache, stager, device=device, policy=policy, vram=vram, profile_source=profile_source,
                       timings=timings, parts=parts, cpu_tier_off_reason=off_reason)
     offload.removers += patches.hook_offload(model, layers, offload)                           # 10. hooks
@@ -89,6 +120,36 @@ def start_offload(settings: Settings, model, load: Callable[[], None], warmup: C
              cache.num_slots * store.layout.block_bytes / GB, profile_source)
     progress.finish()
     return offload
+
+
+def _ram_tier(settings: Settings, store: HostStore) -> RamTier | None:
+    """The RAM tier when the experts' RAM budget (``offload.ram_budget``) is below the host store, else None.
+
+    :raise RamBudgetError: a budget below one layer's experts. :raise RuntimeError: prefetch asked for beside it.
+    """
+    sign_scale = checkpoint.expert_bytes(settings.model_dir).sign_scale
+    budget, given = ram_budget.expert_budget(settings, sign_scale)
+    if budget is None:
+        return None
+    tier_plan = ram_tier.plan(store, budget, what=given)
+    if tier_plan is None:
+        return None
+    if settings.prefetch:
+        raise RuntimeError(f"GLM53_PREFETCH=1 needs every routed expert in host RAM; {given} gives {budget / GB:.1f} GB of the "
+                           f"{store.arena_bytes / GB:.1f} GB they take: unset GLM53_PREFETCH or give the experts more RAM")
+    reader = DiskReader(store.shard_files())
+    log.info("RAM tier: %s gives %.1f of the %.1f GB of routed experts: %d policy slots (%.0f %%) + one layer's window; the rest "
+             "are read from disk (%s) when picked", given, budget / GB, store.arena_bytes / GB, tier_plan.policy_slots,
+             100 * tier_plan.policy_slots / (store.num_layers * store.num_experts),
+             "O_DIRECT" if all(reader.direct(i) for i in range(len(reader.paths))) else "buffered")
+    return RamTier(store, reader, tier_plan)
+
+
+def _profile_or_flat(warm, store: HostStore):
+    """The warm-start profile, or a flat one where there is none (the RAM tier's placement then takes experts in order)."""
+    import numpy as np
+
+    return np.ones((store.num_layers, store.num_experts)) if warm is None else warm
 
 
 def _prefetch(settings: Settings, kernels, cache, layers: patches.MoeLayers, device, policy) -> Prefetcher | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import types
 
+import numpy as np
 import pytest
 import torch
 
@@ -75,8 +76,8 @@ def steps(monkeypatch, tmp_path):
     class Cache(Part):
         num_slots, name = 3, "cache"
 
-        def __init__(self, kernels, store, tables, slots, device, top_k, policy, profile, link):
-            seen.append(("fill", tables, slots, top_k, profile, link))
+        def __init__(self, kernels, store, tables, slots, device, top_k, policy, profile, link, ram_tier=None):
+            seen.append(("fill", tables, slots, top_k, profile, link) + ((("from", ram_tier),) if ram_tier else ()))
 
     class Stager:
         def __init__(self, store, cache, tables, device, buffer_bytes, min_rows):
@@ -105,6 +106,7 @@ def steps(monkeypatch, tmp_path):
         (start, "ExpertCache", Cache),
         (start, "PrefillStager", Stager),
         (start.cpu_tier, "start", tier_start),
+        (start, "_ram_tier", lambda settings, store: None),  # the host's RAM holds the experts (the tier's test overrides)
     ]:
         monkeypatch.setattr(obj, name, value)
     return seen, tmp_path
@@ -159,3 +161,40 @@ def test_prefetch_takes_its_slots_from_the_cache_and_comes_first_in_the_parts(st
     assert [s for s in seen if s[0] == "fill"][0][2] == 3 - 2  # the budget's 3 slots less the pool's 2
     assert [s for s in seen if s[0] == "prefetch"] == [("prefetch", [("gate a", None), ("gate b", None)], 2, 1, 2, True)]
     assert offload.prefetch is PREFETCHER and [p.name for p in offload.parts] == ["prefetch", "cache"]
+
+
+class FakeTier:
+    """A RAM tier stand-in: its plan, pinning and start recorded."""
+
+    plan = types.SimpleNamespace(policy_slots=2, bytes=6000)
+    arena = np.zeros(6000, dtype=np.uint8)
+
+    def __init__(self, seen):
+        self.seen = seen
+
+    def pin(self, register, unregister, view):
+        self.seen.append(("pin tier", register is start.cuda_register, unregister is start.cuda_unregister))
+        return torch.zeros(6 * 1000, dtype=torch.uint8)
+
+    def start(self, profile, top_k, vram_slots, decay, hysteresis):
+        self.seen.append(("tier start", profile.shape, top_k, vram_slots))
+
+
+@pytest.mark.parametrize("mode", ["exact", "fast"])
+def test_with_a_ram_tier_the_store_is_not_read_staging_and_the_cpu_tier_are_off_and_its_part_acts_first(steps, monkeypatch, mode):
+    seen, tmp_path = steps
+    tier = FakeTier(seen)
+    monkeypatch.setattr(start, "_ram_tier", lambda settings, store: tier)
+    aliased = []
+    store_cls = start.HostStore
+    monkeypatch.setattr(store_cls, "alias_window", lambda self, window, host: aliased.append((window.numel(), host.numel())), raising=False)
+    monkeypatch.setattr(start, "TieredHome", lambda tier_, cache, device, max_picks: (seen.append(("home", tier_ is tier)), Named("ram_tier"))[1])
+    settings = settings_for(tmp_path, mode, *(("--ct-enable", "1") if mode == "fast" else ()))
+    offload = start.start_offload(settings, "the model", lambda: None, lambda: None)
+    assert "read" not in seen and not [s for s in seen if s[0] == "pin"]
+    assert ("pin tier", True, True) in seen and aliased == [(4 * 1000, 4 * 1000)]  # the window: the arena after the 2 policy slots
+    assert seen.index(("size", 1000, 8)) < seen.index(("tier start", (2, 4), 2, 3)) < [s[0] for s in seen].index("fill")
+    assert [s for s in seen if s[0] == "fill"][0][-1] == ("from", tier)
+    assert ("staging", 0, start.STAGE_MIN_ROWS) in seen and not [s for s in seen if s == "fits" or s[0] == "cpu tier"]
+    assert [p.name for p in offload.parts] == ["ram_tier", "cache"] and offload.tier is None
+    assert (offload.cpu_tier_off_reason is not None) == (mode == "fast")

@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""Exact mode with host RAM for part of the experts (issue 32), against its bound and against full RAM.
+
+``run_offload_checks.sh ram-tier`` runs bench.compare on one checkpoint with every expert in RAM (and stock-vram, for
+the all-VRAM step time), then with RAM budgets of 50 % and 25 % of the experts (``--host-ram-gb``: the RAM tier's
+window of one layer plus policy slots), and ``bench/disk_bw.py`` on the same disk. This script gives the budget for a
+share (``--budget-gb``) and reports the runs (``--report``):
+
+- decode tok/s at each budget, and its ratio to the bound ``1 / max(T_fix, M x B / W_link + D x B / W_disk)`` per
+  token, where ``T_fix`` is stock-vram's step time (every expert in VRAM), ``M`` the experts a decode token reads
+  from host memory (every VRAM miss: from the RAM tier or, after a disk read, from its window), ``D`` those read
+  from disk first, ``B`` an expert's bytes, ``W_link`` the measured zero-copy rate, ``W_disk`` the O_DIRECT rate of
+  ``disk_bw`` at 4 reads in flight (a layer's disk misses are read together) measured in the same call;
+- prefill 4096 tok/s at each budget against full RAM;
+- the host RSS peak against the budget plus the process's stated overhead (``cost_model.PROCESS_OVERHEAD``).
+
+    python3 -m bench.ram_tier_decode --budget-gb CKPT 50          # prints GLM53_HOST_RAM_GB for 50 % of CKPT's experts
+    python3 -m bench.ram_tier_decode --report DIR [--out ram-tier.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.output import emit_json
+from glm53 import cost_model as cm
+from glm53.config import GB
+
+SHARES = (100, 50, 25)
+PREFILL = "4096"
+
+
+def budget_gb(ckpt: Path, share: float) -> float:
+    """GLM53_HOST_RAM_GB for a RAM tier of ``share`` % of the checkpoint's expert blocks (at least one layer's)."""
+    from glm53.offload.host_store import HostStore
+
+    store = HostStore.scan(ckpt)
+    layer = store.num_experts * store.layout.block_bytes
+    return max(layer + store.layout.block_bytes // 2, share / 100 * store.arena_bytes) / GB
+
+
+def _arm(path: Path, name: str) -> dict | None:
+    if not path.exists():
+        return None
+    return next((a for a in json.loads(path.read_text())["arms"] if a["name"] == name and a.get("status") == "ok"), None)
+
+
+def per_token(arm: dict) -> dict:
+    """Experts a decode token read from host memory (VRAM misses) and from disk, from the arm's engine statistics."""
+    off = arm["engine_stats"]["offload"]
+    cache = off["cache"]
+    steps = max(cache["decode_steps"], 1)
+    tier = off.get("ram_tier")
+    disk = tier["served"]["disk"] / steps if tier else 0.0
+    return {"host_reads": cache["misses"] / steps, "disk_reads": disk, "decode_steps": cache["decode_steps"],
+            "block_bytes": cache["slot_bytes"], "tier": tier}
+
+
+def report(run_dir: Path) -> dict:
+    full = run_dir / "compare-ram-100.json"
+    stock = _arm(full, "stock-vram")
+    disk = json.loads((run_dir / "disk-bw.json").read_text())
+    w_disk = disk["gbs_by_reads_in_flight"]["o_direct"]["4"]["best_gbs"] * GB
+    bandwidth = json.loads(full.read_text())["bandwidth"]
+    w_link = bandwidth["pcie_zero_copy_read_gbs"] * GB
+    t_fix = 1.0 / stock["decode_tok_s"] if stock else None
+    rows, base = {}, None
+    for share in SHARES:
+        arm = _arm(run_dir / f"compare-ram-{share}.json", "exact")
+        if arm is None:
+            rows[str(share)] = {"status": "not run or failed"}
+            continue
+        counts = per_token(arm)
+        b = counts["block_bytes"]
+        io_s = counts["host_reads"] * b / w_link + counts["disk_reads"] * b / w_disk
+        bound_s = max(t_fix or 0.0, io_s)
+        budget = None if share == 100 else arm["settings"].get("host_ram_gb")
+        row = {
+            "decode_tok_s": round(arm["decode_tok_s"], 2),
+            "bound_tok_s": round(1.0 / bound_s, 2) if bound_s else None,
+            "of_bound": round(arm["decode_tok_s"] * bound_s, 3) if bound_s else None,
+            "prefill_tok_s": round(arm["prefill_tok_s"].get(PREFILL, 0.0), 1) or None,
+            "host_reads_per_token": round(counts["host_reads"], 2),
+            "disk_reads_per_token": round(counts["disk_reads"], 2),
+            "host_rss_peak_gb": arm.get("host_rss_peak_gb"),
+            "budget_gb": budget,
+        }
+        if budget is not None and arm.get("host_rss_peak_gb") is not None:
+            allowed = budget + cm.PROCESS_OVERHEAD / GB
+            row["rss_within_budget_plus_overhead"] = arm["host_rss_peak_gb"] <= allowed
+            row["rss_allowed_gb"] = round(allowed, 2)
+        if counts["tier"]:
+            row["ram_tier"] = {k: counts["tier"][k] for k in ("policy_slots", "share_of_experts", "served", "disk_gbs", "read_seconds")}
+        if share == 100:
+            base = row
+        elif base:
+            row["decode_vs_full_ram"] = round(row["decode_tok_s"] / base["decode_tok_s"], 3)
+            if row["prefill_tok_s"] and base["prefill_tok_s"]:
+                row["prefill_vs_full_ram"] = round(row["prefill_tok_s"] / base["prefill_tok_s"], 3)
+        rows[str(share)] = row
+    goals = {}
+    half = rows.get("50", {})
+    if "of_bound" in half:
+        goals["decode_50_of_bound"] = {"value": half["of_bound"], "target": 0.85, "met": half["of_bound"] >= 0.85}
+    if "prefill_vs_full_ram" in half:
+        goals["prefill_50_vs_full"] = {"value": half["prefill_vs_full_ram"], "target": 0.7, "met": half["prefill_vs_full_ram"] >= 0.7}
+    if "rss_within_budget_plus_overhead" in half:
+        goals["rss_50"] = {"value": half["host_rss_peak_gb"], "target": half["rss_allowed_gb"], "met": half["rss_within_budget_plus_overhead"]}
+    return {"t_fix_ms": round(t_fix * 1000, 3) if t_fix else None, "w_link_gbs": round(w_link / GB, 2),
+            "w_disk_gbs": round(w_disk / GB, 3), "by_ram_share": rows, "goals": goals}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--budget-gb", nargs=2, metavar=("CKPT", "SHARE"), help="print GLM53_HOST_RAM_GB for SHARE %% of CKPT's experts")
+    ap.add_argument("--report", type=Path, help="the ram-tier phase's directory")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args(argv)
+    if args.budget_gb:
+        print(f"{budget_gb(Path(args.budget_gb[0]), float(args.budget_gb[1])):.6f}")
+        return 0
+    if not args.report:
+        ap.error("give --budget-gb or --report")
+    result = report(args.report)
+    emit_json(result, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""The RAM tier in the running offload: before a layer's experts run, every expert it picked that is not in VRAM is
+made readable where its table entry points (``home``), from the RAM tier's slots or read from disk into its window.
+
+The expert cache's kernels keep an expert's table entry at its VRAM slot while it is resident and at ``home`` (its
+host address) otherwise; with every expert in the host store, ``home`` never changes. With a RAM tier an expert's
+host address is wherever the tier holds it now, and one the tier does not hold has none. The invariant this part
+keeps: when a layer's experts run, each of its picks that is not in VRAM has ``home`` (and so its table entry) at a
+block holding its bytes. The cache's admissions copy from ``home`` in the same step, after this part, so they read
+valid bytes too. An expert whose ``home`` goes stale (its window block reused by the next layer, its policy slot
+evicted) is not picked in that step, and is re-resolved here the next time it is picked.
+
+The tier sees only what the host sees, so this part synchronises at each MoE layer's routing (its picks and the
+layer's VRAM residency, two small copies): with a RAM tier, decode pays one host round trip a layer, and the disk
+reads are on that path. Without one this part does not exist and nothing changes. It acts on every forward: a
+decode step's (``RamTier.step``: the tier's policy decides admissions) and any other (``RamTier.fetch``: prefill's
+picks read into the window; the tier's policy is not told, as the VRAM cache's is not).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from .cache import ExpertCache
+from .part import Part
+from .ram_tier import RamTier
+
+
+class TieredHome(Part):
+    name = "ram_tier"
+
+    def __init__(self, tier: RamTier, cache: ExpertCache, device: torch.device, max_picks: int):
+        """:param max_picks: the most picks one routing call makes (rows x top_k of the largest forward)."""
+        self.tier, self.cache, self.device = tier, cache, device
+        E = cache.store.num_experts
+        pinned = torch.cuda.is_available()  # the read-back buffers (a CPU test drives ``resolve`` alone)
+        self._picks = torch.empty(max_picks, dtype=torch.int64, pin_memory=pinned)
+        self._vram = torch.empty(E, dtype=torch.int32, pin_memory=pinned)
+        self.counters = {"decode_layers": 0, "other_layers": 0, "rewritten": 0, "wait_seconds": 0.0, "tier_seconds": 0.0}
+
+    def place(self, row: int, selected: torch.Tensor, decode: bool) -> None:
+        """After layer ``row``'s routing picked ``selected`` (int64 [rows, top_k]), before its experts and the cache's
+        step: each picked expert not in VRAM is made readable at its ``home``.
+
+        :raise DiskReadError: a read failed; the layer does not run (the step fails), nothing was served from it.
+        """
+        flat = selected.reshape(-1)
+        n = flat.numel()
+        if n > self._picks.numel():
+            self._picks = torch.empty(n, dtype=torch.int64, pin_memory=True)
+        self._picks[:n].copy_(flat, non_blocking=True)
+        self._vram.copy_(self.cache.slot_of[row], non_blocking=True)
+        t0 = time.perf_counter()
+        torch.cuda.current_stream(self.device).synchronize()  # the picks are known on the host only now
+        t1 = time.perf_counter()
+        self.resolve(row, self._picks[:n].numpy(), self._vram.numpy(), decode)
+        self.counters["wait_seconds"] += t1 - t0
+        self.counters["tier_seconds"] += time.perf_counter() - t1
+
+    def resolve(self, row: int, picks: np.ndarray, vram: np.ndarray, decode: bool) -> None:
+        """The host's part of :meth:`place`: ``picks`` (int, repeats allowed) against ``vram`` (int32 [experts], the
+        layer's VRAM slot of each expert, -1 if none)."""
+        valid = picks[(picks >= 0) & (picks < vram.shape[0])]
+        missed = valid[vram[valid] < 0]
+        if decode:
+            self.tier.step(row, missed)
+            self.counters["decode_layers"] += 1
+        else:
+            self.tier.fetch(row, missed)
+            self.counters["other_layers"] += 1
+        experts = np.unique(missed)
+        if not experts.size:
+            return
+        where = np.array([self.tier.address(row, int(e)) for e in experts], dtype=np.int64)
+        moved = where != self.cache.home_host[row, experts]
+        if moved.any():
+            self.rehome(row, experts[moved], where[moved])
+
+    def rehome(self, row: int, experts: np.ndarray, addresses: np.ndarray) -> None:
+        """Point non-resident ``experts`` of layer ``row`` (and their table entries) at ``addresses``."""
+        self.cache.home_host[row, experts] = addresses
+        index = torch.from_numpy(experts.astype(np.int64)).to(self.device)
+        self.cache.home[row].index_copy_(0, index, torch.from_numpy(addresses).to(self.device))
+        self.cache.assign([(row, int(e), -1) for e in experts])  # tables at home, from the device's home
+        self.counters["rewritten"] += int(experts.size)
+
+    def stats(self) -> dict:
+        return {**self.tier.stats(), "layers": dict(self.counters)}
+
+    def close(self) -> None:
+        torch.cuda.synchronize(self.device)  # no kernel still reads the arena
+        self.tier.reader.close()
+        self.tier.unpin()

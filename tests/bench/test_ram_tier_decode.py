@@ -1,0 +1,59 @@
+"""bench/ram_tier_decode.py: the budget for a share of a checkpoint's experts, and the report's bound, ratios and goals
+from the ram-tier phase's files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import ram_tier_decode as rt
+from glm53 import cost_model as cm
+from glm53.config import GB
+from glm53.offload.host_store import HostStore
+from tests.offload.test_disk import trellis_checkpoint
+
+B = 10_000_000  # an expert block's bytes in the fake runs
+
+
+def arm(name, tok_s, prefill, misses, steps, disk=None, budget=None, rss=20.0):
+    offload = {"cache": {"decode_steps": steps, "misses": misses, "slot_bytes": B}}
+    if disk is not None:
+        offload["ram_tier"] = {"policy_slots": 10, "share_of_experts": 0.4, "served": {"disk": disk, "ram": 1},
+                               "disk_gbs": {"start": 2.0, "serving": 1.5}, "read_seconds": 3.0}
+    return {"name": name, "status": "ok", "decode_tok_s": tok_s, "prefill_tok_s": {"4096": prefill},
+            "engine_stats": {"offload": offload}, "settings": {"host_ram_gb": budget}, "host_rss_peak_gb": rss}
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    bandwidth = {"pcie_zero_copy_read_gbs": 50.0}
+    (tmp_path / "compare-ram-100.json").write_text(json.dumps({"bandwidth": bandwidth, "arms": [
+        arm("stock-vram", 100.0, 5000.0, 0, 1), arm("exact", 60.0, 1000.0, misses=500, steps=100)]}))
+    (tmp_path / "compare-ram-50.json").write_text(json.dumps({"arms": [
+        arm("exact", 20.0, 800.0, misses=500, steps=100, disk=200, budget=18.0, rss=23.0)]}))
+    (tmp_path / "disk-bw.json").write_text(json.dumps({"gbs_by_reads_in_flight": {"o_direct": {"4": {"best_gbs": 1.0}}}}))
+    return tmp_path
+
+
+def test_the_report_bounds_each_budget_by_its_link_and_disk_reads(run_dir):
+    out = rt.report(run_dir)
+    full, half = out["by_ram_share"]["100"], out["by_ram_share"]["50"]
+    assert out["t_fix_ms"] == 10.0 and out["w_disk_gbs"] == 1.0
+    # full RAM: 5 host reads a token x 10 MB / 50 GB/s = 1 ms, under T_fix = 10 ms: the bound is 100 tok/s
+    assert full["bound_tok_s"] == 100.0 and full["of_bound"] == 0.6 and full["disk_reads_per_token"] == 0
+    # half: 1 ms over the link + 2 disk reads x 10 MB / 1 GB/s = 20 ms: 21 ms a token
+    assert half["bound_tok_s"] == round(1 / 0.021, 2) and half["of_bound"] == round(20.0 * 0.021, 3)
+    assert half["decode_vs_full_ram"] == round(20 / 60, 3) and half["prefill_vs_full_ram"] == 0.8
+    assert half["rss_allowed_gb"] == round(18.0 + cm.PROCESS_OVERHEAD / GB, 2) and half["rss_within_budget_plus_overhead"]
+    assert out["by_ram_share"]["25"] == {"status": "not run or failed"}
+    goals = out["goals"]
+    assert goals["decode_50_of_bound"]["met"] is False and goals["prefill_50_vs_full"]["met"] is True and goals["rss_50"]["met"]
+
+
+def test_the_budget_for_a_share_is_that_share_of_the_blocks_and_never_below_one_layer(tmp_path):
+    ckpt, _ = trellis_checkpoint(tmp_path / "ckpt", layers=(1, 2, 3, 4), experts=8)
+    store = HostStore.scan(ckpt)
+    assert rt.budget_gb(ckpt, 50) == pytest.approx(store.arena_bytes / 2 / GB)
+    layer = 8 * store.layout.block_bytes
+    assert rt.budget_gb(ckpt, 1) == pytest.approx((layer + store.layout.block_bytes // 2) / GB)

@@ -1,0 +1,101 @@
+"""The RAM tier's part in the running offload (glm53.offload.tiered), on the CPU: a VRAM cache stand-in in host memory
+(the cache policy's reference, ``home`` and tables as the device keeps them) over a real RAM tier over real files.
+Through decode steps and prefill forwards the part keeps its invariant: when a layer's experts run, every pick not
+in VRAM has its table entry at a block holding its bytes, and the cache's admissions copy valid bytes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from glm53.offload.cache_policy import ReferenceCache
+from glm53.offload.disk import DiskReader
+from glm53.offload.host_store import HostStore
+from glm53.offload.ram_tier import RamTier, plan
+from glm53.offload.tiered import TieredHome
+from tests.offload.test_disk import trellis_checkpoint
+from tests.offload.test_ram_tier import EXPERTS, LAYERS, ROWS, TOP_K, expected, projections, skewed, trace
+
+DECAY, HYSTERESIS, VRAM_SLOTS = 0.9, 1.25, 6
+
+
+class HostCache:
+    """The expert cache's state as its kernels keep it, in host memory: VRAM slots by the reference policy, ``home``
+    (a device address per expert: here the tier arena's host address) and a table entry per expert."""
+
+    def __init__(self, store: HostStore, profile, home_base: int):
+        self.store = store
+        L, E = store.num_layers, store.num_experts
+        self.policy = ReferenceCache.warm(profile, VRAM_SLOTS, TOP_K, DECAY)
+        self.home = torch.full((L, E), home_base, dtype=torch.int64)
+        self.home_host = self.home.numpy()
+        self.table = self.home_host.copy()  # where the layer's kernels read each expert (-1: a VRAM slot)
+        self.slots = [np.zeros(store.layout.block_bytes, np.uint8) for _ in range(VRAM_SLOTS)]
+        self.assigned = 0
+
+    def assign(self, entries):
+        for layer, expert, slot in entries:
+            assert slot == -1 and self.policy.slot_of[layer, expert] < 0, "only non-residents are pointed home"
+            self.table[layer, expert] = self.home_host[layer, expert]
+            self.assigned += 1
+
+
+@pytest.fixture
+def hierarchy(tmp_path):
+    ckpt, tensors = trellis_checkpoint(tmp_path / "ckpt", layers=LAYERS, experts=EXPERTS, seed=7)
+    store = HostStore.scan(ckpt)
+    reader = DiskReader(store.shard_files(), threads=2)
+    tier = RamTier(store, reader, plan(store, 24 * store.layout.block_bytes))  # half the experts: 8 policy slots
+    arena = tier.pin(lambda address, n: None, lambda address: None, lambda host: host)  # device addresses = host ones
+    profile, rng = skewed(11)
+    tier.start(profile, TOP_K, VRAM_SLOTS, DECAY, HYSTERESIS)
+    cache = HostCache(store, profile, arena.data_ptr() + tier.plan.policy_slots * store.layout.block_bytes)
+    home = TieredHome(tier, cache, torch.device("cpu"), max_picks=64)
+    yield store, tensors, tier, cache, home, profile, rng, arena
+    reader.close()
+
+
+def bytes_at(arena: torch.Tensor, address: int, store: HostStore) -> list[bytes]:
+    at = address - arena.data_ptr()
+    assert 0 <= at <= arena.numel() - store.layout.block_bytes, "the table points outside the tier's arena"
+    return projections(store, arena.numpy()[at:at + store.layout.block_bytes])
+
+
+@pytest.mark.parametrize("prefill_every", [0, 5])
+def test_every_pick_not_in_vram_is_read_from_a_block_holding_its_bytes(hierarchy, prefill_every):
+    store, tensors, tier, cache, home, profile, rng, arena = hierarchy
+    E = store.num_experts
+    for pair, slot in zip([(int(o) // E, int(o) % E) for o in cache.policy.owner], cache.slots):  # the VRAM warm start
+        tier.read_into([pair], [slot])
+    for t, step in enumerate(trace(profile, rng, 30)):
+        prefill = prefill_every and t % prefill_every == 0
+        for layer, selected in enumerate(step):
+            picks = (np.arange(E).repeat(2) if prefill else selected.reshape(-1)).astype(np.int64)
+            vram = cache.policy.slot_of[layer].copy()
+            home.resolve(layer, picks, vram, decode=not prefill)
+            for e in np.unique(picks):
+                if vram[e] >= 0:
+                    got = projections(store, cache.slots[vram[e]])
+                else:
+                    got = bytes_at(arena, int(cache.table[layer, e]), store)
+                assert got == expected(store, tensors, layer, int(e)), (t, layer, int(e), prefill)
+            if not prefill:  # the cache's step after the part: its admissions copy from home
+                for a in cache.policy.step(layer, picks, DECAY, HYSTERESIS, 2):
+                    cache.slots[a.slot][:] = arena.numpy()[cache.home_host[layer, a.expert] - arena.data_ptr():][:store.layout.block_bytes]
+                    assert projections(store, cache.slots[a.slot]) == expected(store, tensors, layer, a.expert)
+                    cache.table[layer, a.evicted] = cache.home_host[layer, a.evicted]  # the victim points home (maybe stale)
+    counters = home.counters
+    assert counters["decode_layers"] > 0 and (counters["other_layers"] > 0) == bool(prefill_every)
+    assert counters["rewritten"] == cache.assigned > 0
+    assert tier.reads["disk"] > 0 and tier.reads["ram"] > 0 and tier.verify() == []
+
+
+def test_a_step_whose_picks_are_all_in_vram_reads_nothing(hierarchy):
+    store, _, tier, cache, home, _, _, _ = hierarchy
+    layer = 0
+    resident = np.flatnonzero(cache.policy.slot_of[layer] >= 0)
+    assert resident.size
+    before = tier.reader.counters()["requests"]
+    home.resolve(layer, resident.astype(np.int64), cache.policy.slot_of[layer].copy(), decode=True)
+    assert tier.reader.counters()["requests"] == before and cache.assigned == 0
