@@ -4,7 +4,8 @@ random bytes, no model):
 
 - a plan copies exactly ``fill_pool``'s experts, in its order, points their table entries at the pool's slots and
   brings their bytes there; the release points them home again (the tables then verify) and counts what the
-  layer's picks used;
+  layer's picks used; with scores and a threshold (scores on the threshold itself, NaNs, repeats), and a copy
+  budget below the pool's slots;
 - the prefetcher's hooks, driven as the offload drives them (routing, the cache's step, the layer's end) with the
   oracle (the true picks), copy and use every non-resident pick the pool holds, and leave the cache's decisions as
   without prefetch.
@@ -43,19 +44,34 @@ def _prefetcher(kernels, cache, device, slots, extra=0, lead=False):
     return Prefetcher(kernels, cache, routers, slots, extra, TOP_K, device, max_rows=2, lead=lead)  # the traces' steps are two rows
 
 
+def _scores(rng, shape, threshold: float) -> np.ndarray:
+    """float32 scores around ``threshold``: a quarter exactly on it, a few NaN, the next float32 either side."""
+    t = np.float32(threshold)
+    choices = np.array([t, np.nextafter(t, np.float32(0)), np.nextafter(t, np.float32(2)), np.nan], dtype=np.float32)
+    scores = rng.uniform(0.0, 1.2, size=shape).astype(np.float32)
+    pick = rng.random(shape)
+    scores[pick < 0.25] = choices[rng.integers(0, 4, size=shape)][pick < 0.25]
+    return scores
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 @pytest.mark.parametrize("slots", [1, 2, 6])
-def test_a_plan_copies_fill_pools_experts_and_the_release_points_them_home(kernels, device, seed, slots):
+@pytest.mark.parametrize("threshold, budget", [(None, None), (0.85, None), (0.5, 1)])
+def test_a_plan_copies_fill_pools_experts_and_the_release_points_them_home(kernels, device, seed, slots, threshold, budget):
     store, tables, cache = _cache(kernels, device, seed, slots=24)
     pf = _prefetcher(kernels, cache, device, slots)
     rng = np.random.default_rng(seed)
+    copies = slots if budget is None else budget
     for trial in range(20):
         layer = int(rng.integers(LAYERS))
         rows, n_pred = int(rng.integers(1, 5)), int(rng.integers(1, 9))
-        predicted = rng.integers(-1, EXPERTS, size=(rows, n_pred))  # -1: out of range, ignored
+        predicted = rng.integers(-1, EXPERTS, size=(rows, n_pred))  # -1: out of range, ignored; repeats happen
         resident = cache.resident()[layer] >= 0
-        want = fill_pool(predicted, resident, slots)
-        kernels.prefetch(cache.state, pf.state, layer, torch.from_numpy(predicted).to(device), slots, cache.block_bytes, 4)
+        scores = None if threshold is None else _scores(rng, predicted.shape, threshold)
+        want = fill_pool(predicted, resident, min(slots, copies), scores, threshold)
+        kernels.prefetch(cache.state, pf.state, layer, torch.from_numpy(predicted).to(device), copies, cache.block_bytes, 4,
+                         None if scores is None else torch.from_numpy(scores).to(device),
+                         float("-inf") if threshold is None else threshold)
         torch.cuda.synchronize(device)
         n = int(pf.num.item())
         assert [o - layer * EXPERTS for o in pf.owner[:n].tolist()] == want, f"trial {trial}: plan"
