@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from glm53.offload.cache import ExpertCache, Policy
-from glm53.offload.prefetch_policy import fill_pool
+from glm53.offload.prefetch_policy import budget_copies, fill_pool
 from tests.gpu.test_cache_policy_kernel import DeviceStore, device, kernels  # noqa: F401 (device, kernels: fixtures)
 from tests.offload.test_cache_policy import picks_profile, popularity, routing_trace
 
@@ -148,3 +148,45 @@ def test_the_lead_predicts_the_first_layer_by_its_previous_step_and_skips_a_step
     pf.forward_start()
     pf.decode_start(2)  # a step of two rows is not predicted by one of one
     assert not pf.planned[0]
+
+
+def test_a_threshold_above_every_score_copies_nothing_and_one_below_every_score_copies_as_none(kernels, device):
+    trace = routing_trace(popularity(9, "zipf", LAYERS, EXPERTS), TOP_K, 20, 1, 9)
+    gen = torch.Generator().manual_seed(4)
+    zs = [torch.randn((1, HIDDEN), generator=gen).half().to(device) for _ in range(len(trace) * LAYERS)]
+    copied = {}
+    for min_score in (None, -10.0, 10.0):
+        _, _, cache = _cache(kernels, device, 13, slots=0)  # nothing resident: every prediction is a candidate
+        pf = _prefetcher(kernels, cache, device, TOP_K)
+        pf.min_score = min_score
+        z = iter(zs)
+        for step in trace:
+            pf.forward_start()
+            for l in range(LAYERS):
+                sel = torch.from_numpy(np.ascontiguousarray(step[l])).to(device)
+                pf.routed(l, sel, None, next(z))
+                cache.routed(l, sel)
+                pf.after_layer(l)
+        pf.forward_start()
+        torch.cuda.synchronize(device)
+        stats = pf.stats()
+        assert cache.verify() == [] and stats["plans"] == len(trace) * (LAYERS - 1)
+        copied[min_score] = stats["copied"]
+    assert copied[None] == copied[-10.0] == len(trace) * (LAYERS - 1) * TOP_K and copied[10.0] == 0
+
+
+def test_the_window_clock_times_the_compute_streams_gap_and_the_budget_follows_it(device):
+    from glm53.offload.prefetch import CopyBudget, WindowClock
+
+    clock = WindowClock(LAYERS, every=2)
+    for _ in range(4):  # forwards 0 and 2 are sampled
+        clock.forward_start()
+        clock.start(1)
+        torch.cuda._sleep(2_000_000)  # some GPU cycles between a layer's end and the next routing
+        clock.end(1)
+    torch.cuda.synchronize(device)
+    clock.forward_start()
+    assert len(clock.samples[1]) == 2 and clock.window_s(1) > 0 and clock.window_s(2) is None
+    budget = CopyBudget(copy_gbs=50.0, block_bytes=1_000_000, layers=LAYERS, clock=clock)
+    window = clock.window_s(1)
+    assert budget.copies(1, 16) == min(16, budget_copies(window, 50.0, 1_000_000)) >= 1 and budget.copies(2, 3) == 3
