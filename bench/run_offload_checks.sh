@@ -16,11 +16,13 @@
 #                                                                # against the popularity-only one it replaced, A/B/A
 #   source .gpu/prep.sh && bench/run_offload_checks.sh prefetch-budget  # prefetch with 1 slot, what one layer's attention
 #                                                                # window carries on this host, against 2, on `trained`
+#   source .gpu/prep.sh && bench/run_offload_checks.sh prefetch-threshold  # exact against exact-prefetch with the
+#                                                                # threshold and the measured copy budget, on `trained` and `random`
 #
 # ARMS: bench.compare's arms (default exact,exact-prefetch,exact-oracle,fast); GPU_TESTS: the test files of `tests`;
 # SCALED_CHECKPOINT: also run exactness on that scaled checkpoint (with prefetch on).
 cd "$(dirname "$0")/.."
-PHASES="trained random tests scaled-exact prefetch-budget policy-ab ram-tier"
+PHASES="trained random tests scaled-exact prefetch-budget prefetch-threshold policy-ab ram-tier"
 WORK=${WORK:-/tmp/glm53-offload-checks}
 source bench/device/phases.sh
 ARMS=${ARMS:-exact,exact-prefetch,exact-oracle,fast}
@@ -71,6 +73,15 @@ prefetch-budget() {  # 2 slots' copies (344 us at 55 GB/s) overrun the ~165 us b
 			--project-args "--prefetch-slots $slots" --streams --decode-reps 2 --decode-tokens 128 --prefill 512 \
 			--prefill-reps 1 --repeat none --arm-timeout 110 --budget-s 260 --ckpt-root "$CKPT_ROOT" --out-dir "$dir" \
 			--name "compare-trained-slots-$slots"
+	done
+}
+
+prefetch-threshold() {  # GLM53_PREFETCH_MIN_SCORE's default and the copy budget of the measured window: never a loss?
+	local routing
+	for routing in trained random; do
+		step "compare-$routing-threshold" 260 python3 -m bench.compare --routing "$routing" --arms exact,exact-prefetch \
+			--streams --decode-reps 2 --decode-tokens 128 --prefill 512 --prefill-reps 1 --repeat none --arm-timeout 110 \
+			--budget-s 240 --ckpt-root "$CKPT_ROOT" --out-dir "$dir" --name "compare-$routing-threshold"
 	done
 }
 

@@ -196,10 +196,10 @@ FUNCTIONS = {
     "ec_assign": (ctypes.c_int, [ctypes.POINTER(EcState), ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]),
     # int ec_read_probe(const void* src, int64_t bytes, unsigned int* out, int blocks, cudaStream_t stream)
     "ec_read_probe": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]),
-    # int ec_prefetch(const EcState* s, const EcPool* p, int layer, const int64_t* predicted, int rows, int n_pred, int max_copies, int64_t block_bytes, int copy_blocks, cudaStream_t stream)
+    # int ec_prefetch(const EcState* s, const EcPool* p, int layer, const int64_t* predicted, const float* scores, int rows, int n_pred, float min_score, int max_copies, int64_t block_bytes, int copy_blocks, cudaStream_t stream)
     "ec_prefetch": (ctypes.c_int, [
-        ctypes.POINTER(EcState), ctypes.POINTER(EcPool), ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
-        ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+        ctypes.POINTER(EcState), ctypes.POINTER(EcPool), ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+        ctypes.c_int, ctypes.c_float, ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
     ]),
     # int ec_prefetch_release(const EcState* s, const EcPool* p, int layer, const int64_t* sel, int n_sel, cudaStream_t stream)
     "ec_prefetch_release": (ctypes.c_int, [

@@ -63,12 +63,17 @@ class Kernels:
         self._check(self._lib.ec_read_probe(src.data_ptr(), src.numel() * src.element_size(), out.data_ptr(), blocks, stream))
 
     def prefetch(self, state: EcState, pool: EcPool, layer: int, predicted: torch.Tensor, max_copies: int, block_bytes: int,
-                 copy_blocks: int) -> None:
-        """Plan and copy layer ``layer``'s prefetch from ``predicted`` (int64 [rows, n]) on the current stream."""
+                 copy_blocks: int, scores: torch.Tensor | None = None, min_score: float = float("-inf")) -> None:
+        """Plan and copy layer ``layer``'s prefetch from ``predicted`` (int64 [rows, n], contiguous) on the current
+        stream: at most ``max_copies`` of the entries whose ``scores`` (float32 [rows, n], contiguous; None: every
+        entry) are at least ``min_score``."""
         stream = torch.cuda.current_stream().cuda_stream
         rows, n = predicted.shape
-        self._check(self._lib.ec_prefetch(ctypes.byref(state), ctypes.byref(pool), layer, predicted.data_ptr(), rows, n,
-                                          max_copies, block_bytes, copy_blocks, stream))
+        if scores is not None and (scores.dtype != torch.float32 or scores.shape != predicted.shape or not scores.is_contiguous()):
+            raise ValueError(f"scores must be contiguous float32 {tuple(predicted.shape)}, not {scores.dtype} {tuple(scores.shape)}")
+        self._check(self._lib.ec_prefetch(ctypes.byref(state), ctypes.byref(pool), layer, predicted.data_ptr(),
+                                          None if scores is None else scores.data_ptr(), rows, n, min_score, max_copies,
+                                          block_bytes, copy_blocks, stream))
 
     def prefetch_release(self, state: EcState, pool: EcPool, layer: int, sel: torch.Tensor) -> None:
         """After layer ``layer``'s experts (its picks ``sel``), on the current stream: count, point home, free the pool."""

@@ -20,6 +20,16 @@ Per decode forward, on the compute stream C and a side stream P, for MoE layer `
    checkpoint's do only by chance; the oracle: the true picks), copied on P at once; step 1 waits for it as for any
    plan. Off by default (``GLM53_PREFETCH_LEAD``).
 
+The budget (``prefetch_policy``'s module docstring says why): a copy is planned only for a predicted expert whose
+score clears ``min_score`` (``GLM53_PREFETCH_MIN_SCORE``; the lead's and the oracle's predictions have no score and
+are not thresholded), and a layer plans at most the copies that start inside its window,
+``budget_copies(window, copy rate)``. Both figures are measured on the running engine (``CopyBudget``): the copy rate
+at start, by the copy kernel's grid reading the host store; the window on the compute stream, from the previous
+layer's end (the lead's: the step's start) to this layer's routing point, on every ``WINDOW_SAMPLE_EVERY``-th decode
+forward, read back once the device has passed it (no host sync). Until a layer's window is measured, its plans may
+fill the pool. Before this budget the pool's slots were the only limit: 2 slots' copies (344 us on the H200 host)
+overran the 132 us between two MoE layers, and the layer waited for them.
+
 Only where bytes are read from changes: the output is bit-identical (``tests/gpu/test_offload_exact.py``). A wrong
 prediction costs link time that was idle. Not in prefill (staging reads every expert there), not in steps of
 several streams (``PREDICT_MAX_ROWS``) and not with the CPU tier, whose split would count a prefetched expert as a
@@ -30,6 +40,8 @@ oracle: what the machinery gives with a perfect predictor).
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from collections.abc import Sequence
 
 import torch
@@ -37,12 +49,86 @@ import torch
 from .cache import ExpertCache, Policy
 from .ec_native import PF_COUNTERS, EcPool, Kernels
 from .part import Part
+from .prefetch_policy import budget_copies
 
 
 # Rows (streams decoded together) up to which the next layer is prefetched: at 4 streams the union of their picks
 # is several times a small pool, and both the router's and the oracle's prefetch were 3-4 % slower than exact mode
 # (bench/results/2026-12-01-third-session-h200.md); at 1 stream they gained 1-9 %.
 PREDICT_MAX_ROWS = 1
+WINDOW_SAMPLE_EVERY = 16  # decode forwards per measured one: two events a layer, a few microseconds of host time each
+WINDOW_SAMPLES = 15  # per layer, the median of the latest
+
+
+class WindowClock:
+    """The idle window before each MoE layer's routing, timed on the compute stream by event pairs (``start`` at
+    the previous layer's end or the step's start, ``end`` at the routing point) on every ``every``-th forward, and
+    read back only once the device has passed a pair (``Event.query``: no host sync)."""
+
+    def __init__(self, layers: int, every: int = WINDOW_SAMPLE_EVERY, keep: int = WINDOW_SAMPLES):
+        self.every, self.forwards, self.sampling = every, 0, False
+        self.samples = [deque(maxlen=keep) for _ in range(layers)]
+        self._open: dict[int, torch.cuda.Event] = {}
+        self._pending: list[tuple[int, torch.cuda.Event, torch.cuda.Event]] = []
+
+    def forward_start(self) -> None:
+        self._pending = [(row, a, b) for row, a, b in self._pending if not self._read(row, a, b)]
+        self._open.clear()
+        self.sampling = self.forwards % self.every == 0
+        self.forwards += 1
+
+    def start(self, row: int) -> None:
+        if self.sampling:
+            self._open[row] = self._mark()
+
+    def end(self, row: int) -> None:
+        begin = self._open.pop(row, None)
+        if begin is not None:
+            self._pending.append((row, begin, self._mark()))
+
+    def window_s(self, row: int) -> float | None:
+        """The median of layer ``row``'s latest windows in seconds (None: none measured yet)."""
+        return statistics.median(self.samples[row]) if self.samples[row] else None
+
+    def _read(self, row: int, begin: torch.cuda.Event, end: torch.cuda.Event) -> bool:
+        if not end.query():
+            return False
+        self.samples[row].append(begin.elapsed_time(end) / 1000.0)
+        return True
+
+    @staticmethod
+    def _mark() -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+
+class CopyBudget:
+    """How many copies layer ``row`` may plan: ``budget_copies`` of its measured window and the copy rate, at most
+    ``slots`` (all of them until its window is measured).
+
+    :param copy_gbs: the prefetch copy's rate, GB/s (``measure_copy_gbs``).
+    """
+
+    def __init__(self, copy_gbs: float, block_bytes: int, layers: int, clock: WindowClock | None = None):
+        self.copy_gbs, self.block_bytes = copy_gbs, block_bytes
+        self.clock = clock or WindowClock(layers)
+
+    def copies(self, row: int, slots: int) -> int:
+        window = self.clock.window_s(row)
+        return slots if window is None else min(slots, budget_copies(window, self.copy_gbs, self.block_bytes))
+
+    def stats(self) -> dict:
+        windows = [self.clock.window_s(r) for r in range(len(self.clock.samples))]
+        return {"copy_gbs": round(self.copy_gbs, 2),
+                "window_us": [None if w is None else round(w * 1e6, 1) for w in windows]}
+
+
+def measure_copy_gbs(link, store, blocks: int) -> float:
+    """The prefetch copy's rate on this machine: ``blocks`` thread blocks (its grid) reading the host store's
+    first arena in place, through the offload's link (an emulated one's rate, when it emulates)."""
+    arena = store.cuda_arena(0)
+    return link.read_rate_gbs(arena[: min(1 << 28, arena.numel()) // 16 * 16], blocks)
 
 
 class Prefetcher(Part):
@@ -53,13 +139,16 @@ class Prefetcher(Part):
     :param extra: experts predicted per token beyond ``top_k``.
     :param max_rows: the most rows (streams) of a step that is prefetched.
     :param lead: prefetch the first MoE layer at each decode step's start (:meth:`decode_start`).
+    :param min_score: the score a router-predicted expert must reach to be copied (None: every prediction).
+    :param budget: the copies a layer may plan (None: the pool's slots).
     """
 
     name = "prefetch"
 
     def __init__(self, kernels: Kernels, cache: ExpertCache, routers: Sequence[tuple[torch.Tensor, torch.Tensor | None]],
                  slots: int, extra: int, top_k: int, device: torch.device, policy: Policy | None = None,
-                 max_rows: int = PREDICT_MAX_ROWS, lead: bool = False):
+                 max_rows: int = PREDICT_MAX_ROWS, lead: bool = False, min_score: float | None = None,
+                 budget: CopyBudget | None = None):
         L = cache.store.num_layers
         if len(routers) != L:
             raise ValueError(f"{len(routers)} routers for {L} MoE layers")
@@ -67,6 +156,7 @@ class Prefetcher(Part):
         self.policy = policy or Policy()
         self.block_bytes = cache.block_bytes
         self.top_k, self.extra, self.slots, self.max_rows = top_k, extra, slots, max_rows
+        self.min_score, self.budget = min_score, budget
         self.routers = [(gate, None if bias is None else bias.float().to(device)) for gate, bias in routers]
         self.buffer = torch.empty((slots, self.block_bytes), dtype=torch.uint8, device=device)
         i64 = {"dtype": torch.int64, "device": device}
@@ -80,7 +170,8 @@ class Prefetcher(Part):
         self.ready = [torch.cuda.Event() for _ in range(L)]  # layer l's prefetch is in its slots
         self.planned = [False] * L
         self._picks: list[torch.Tensor | None] = [None] * L  # this forward's, per layer
-        self._predictions: list[torch.Tensor | None] = [None] * L  # per layer, made on P for its plan
+        # per layer, made on P for its plan: (experts int64 [rows, n], their float32 scores or None)
+        self._predictions: list[tuple[torch.Tensor, torch.Tensor | None] | None] = [None] * L
         self._calls = 0  # routing calls seen (the position in a recorded run)
         self._no_picks = torch.zeros((0,), dtype=torch.int64, device=device)
         self._recording: list[torch.Tensor] | None = None
@@ -100,10 +191,14 @@ class Prefetcher(Part):
                 self.planned[row] = False
         self._picks = [None] * len(self._picks)
         self._predictions = [None] * len(self._predictions)
+        if self.budget is not None:
+            self.budget.clock.forward_start()
 
     def routed(self, row: int, selected: torch.Tensor, weights: torch.Tensor | None, z: torch.Tensor) -> None:
         """After layer ``row``'s routing, before the cache's step. Only a step of at most ``max_rows`` rows has the
         next layer predicted (from the router's input ``z``; the weights are not needed)."""
+        if self.budget is not None:
+            self.budget.clock.end(row)  # before the wait: the window is the compute stream's own time
         if self.planned[row]:
             torch.cuda.current_stream().wait_event(self.ready[row])
         self._picks[row] = selected
@@ -125,19 +220,23 @@ class Prefetcher(Part):
         predicted = self._oracle_picks() if self._oracle is not None else self._last_first
         if predicted is None or predicted.shape[0] != rows:
             return
+        if self.budget is not None:
+            self.budget.clock.start(0)
         self.stream.wait_stream(torch.cuda.current_stream())  # after the last step's picks were copied and the pool released
         with torch.cuda.stream(self.stream):
-            self.kernels.prefetch(self.cache.state, self.state, 0, predicted, self.slots, self.block_bytes, self.policy.copy_blocks)
+            self.kernels.prefetch(self.cache.state, self.state, 0, predicted, self._copies(0), self.block_bytes,
+                                  self.policy.copy_blocks)
             self.cache.link.units(self.num, self.block_bytes, "prefetch", self.policy.copy_blocks)
             self.ready[0].record(self.stream)
         predicted.record_stream(self.stream)
         self.planned[0] = True
 
-    def _predict_on_side(self, row: int, z: torch.Tensor) -> torch.Tensor | None:
-        """Layer ``row``'s prediction from the previous layer's router input ``z``, made on P (the oracle's: the
-        recorded true picks of this routing call, nothing to compute)."""
+    def _predict_on_side(self, row: int, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """Layer ``row``'s prediction from the previous layer's router input ``z``, made on P, and its scores (the
+        oracle's: the recorded true picks of this routing call, nothing to compute, no scores)."""
         if self._oracle is not None:
-            return self._oracle_picks()
+            picks = self._oracle_picks()
+            return None if picks is None else (picks, None)
         main = torch.cuda.current_stream()
         z = z.clone()  # exllamav3 may reuse the router input's buffer in the next layer, while P still reads it
         self.stream.wait_stream(main)  # after z was made
@@ -164,21 +263,32 @@ class Prefetcher(Part):
         if predicted is None:
             return
         self._predictions[nxt] = None
+        picks, scores = predicted
+        if self.budget is not None:
+            self.budget.clock.start(nxt)
         self.stream.wait_stream(torch.cuda.current_stream())  # after the release above
         with torch.cuda.stream(self.stream):  # the prediction was made on this stream: it is ready in stream order
-            self.kernels.prefetch(self.cache.state, self.state, nxt, predicted, self.slots, self.block_bytes,
-                                  self.policy.copy_blocks)
+            self.kernels.prefetch(self.cache.state, self.state, nxt, picks, self._copies(nxt), self.block_bytes,
+                                  self.policy.copy_blocks, scores, self._min_score(scores))
             self.cache.link.units(self.num, self.block_bytes, "prefetch", self.policy.copy_blocks)
             self.ready[nxt].record(self.stream)
         self.planned[nxt] = True
 
-    def _router_prediction(self, row: int, z: torch.Tensor) -> torch.Tensor:
-        """int64 [rows, top_k + extra]: layer ``row``'s likeliest picks by its router, best first."""
+    def _router_prediction(self, row: int, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(int64 [rows, top_k + extra] layer ``row``'s likeliest picks by its router, best first; their float32
+        scores, ``prefetch_policy.prediction``'s, or None where no threshold reads them)."""
         gate, bias = self.routers[row]
         scores = torch.matmul(z.view(-1, gate.shape[0]).to(gate.dtype), gate).float().sigmoid()
         if bias is not None:
             scores = scores + bias
-        return torch.topk(scores, min(self.top_k + self.extra, scores.shape[-1]), dim=-1, sorted=True).indices
+        top = torch.topk(scores, min(self.top_k + self.extra, scores.shape[-1]), dim=-1, sorted=True)
+        return top.indices, None if self.min_score is None else top.values.contiguous()
+
+    def _copies(self, row: int) -> int:
+        return self.slots if self.budget is None else self.budget.copies(row, self.slots)
+
+    def _min_score(self, scores: torch.Tensor | None) -> float:
+        return float("-inf") if scores is None or self.min_score is None else self.min_score
 
     # ---- measurements
 
@@ -200,6 +310,22 @@ class Prefetcher(Part):
         totals = self.counters.sum(dim=0).tolist()
         per_layer = self.counters.tolist()
         return {"slots": self.slots, "extra": self.extra, "predictor": "oracle" if self._oracle is not None else "router",
-                "lead": self.leads,
+                "lead": self.leads, "min_score": self.min_score,
+                **({} if self.budget is None else {"budget": self.budget.stats()}),
                 **dict(zip(PF_COUNTERS, totals)),
                 "per_layer": [dict(zip(PF_COUNTERS, row)) for row in per_layer]}
+
+
+def from_settings(settings, kernels: Kernels, cache: ExpertCache, routers, top_k: int, device: torch.device,
+                  policy: Policy | None = None) -> Prefetcher | None:
+    """The decode's prefetch as ``GLM53_PREFETCH*`` ask for it, its budget measured now (None when prefetch is off).
+
+    :param routers: per MoE layer its router, as :class:`Prefetcher` takes them.
+    """
+    if not settings.prefetch:
+        return None
+    policy = policy or Policy()
+    copy_gbs = measure_copy_gbs(cache.link, cache.store, policy.copy_blocks)
+    budget = CopyBudget(copy_gbs, cache.block_bytes, cache.store.num_layers)
+    return Prefetcher(kernels, cache, routers, settings.prefetch_slots, settings.prefetch_extra, top_k, device, policy,
+                      lead=settings.prefetch_lead, min_score=settings.prefetch_min_score, budget=budget)

@@ -1,22 +1,34 @@
 """Predictive prefetch of routed experts: what the device is to do before each MoE layer, written out in NumPy.
-This is the one readable definition (as ``cache_policy`` is the cache's); the device code to come is its fast copy
-and ``bench/prefetch_sim.py`` replays it on routing traces.
+This is the one readable definition (as ``cache_policy`` is the cache's); the device code (``native/ec/prefetch.cuh``) is its
+fast copy and ``bench/prefetch_sim.py`` replays it on routing traces.
 
 Before layer ``l`` runs its experts, a prediction of its picks is at hand (layer ``l``'s router scored on a hidden
 state that exists earlier, e.g. the input of layer ``l``'s attention). The predicted experts that are not resident
 in the cache are copied by the copy engine into a small pool of prefetch slots while the attention runs, when the
 host link is otherwise idle; when the layer's routing then picks one of them, it is read from VRAM like a hit.
 
-1. Prediction (``predicted_picks``): GLM routing on the predicted scores, widened by ``extra``: per row the
+1. Prediction (``prediction``): GLM routing on the predicted scores, widened by ``extra``: per row the
    top-``(top_k + extra)`` experts of ``sigmoid(logit) + bias`` (the correction bias changes the selection only),
-   best first, ties to the lower expert id.
-2. Pool fill (``fill_pool``): the predicted experts not resident in the cache at the start of the layer's step,
-   ordered hottest first, coldest last: by the number of rows that predict the expert (more first), then by its
-   best position in a row's list (nearer the top first), then by expert id (lower first). Integer keys only, so
-   the device's order is the same bit for bit. The first ``min(pool_slots, budget_bytes // expert_bytes)`` are
-   copied. ``budget_bytes`` is what the link carries in the time the attention takes: the device issues no copy
-   that could not arrive in time (a late copy would share the link with the layer's own zero-copy misses and
-   save nothing), so every copy issued arrives in time, and a pool wider than the budget is never filled.
+   best first, ties to the lower expert id, with those scores (float32).
+2. Pool fill (``fill_pool``): the predicted experts not resident in the cache at the start of the layer's step whose
+   score clears ``min_score`` (float32 ``score >= min_score``; a prediction without scores, such as the lead's or the
+   oracle's, clears it), ordered hottest first, coldest last: by the number of rows that predict the expert (more
+   first), then by its best position in a row's list (nearer the top first), then by expert id (lower first).
+   Integer keys and one float32 comparison, so the device's order is the same bit for bit. The first ``min(pool_slots,
+   copies)`` are copied, ``copies`` being the layer's link budget (``budget_copies``).
+
+   Why a threshold: a copy is paid for in link time whether or not the routing then picks the expert, and the
+   layer waits for its copies. On the H200 host one expert's copy (about 170 us) is longer than the window between
+   two MoE layers (132 us), so even the first copy runs past the window by ``copy - window`` and that overrun is a
+   stall; it saves one miss's link time when it is used. It pays when ``chance x miss time > overrun``, and the
+   chance is the predictor's measured precision at that score (``bench.prefetch_sim --calibrate``: precision by
+   score and by rank on the routing twins, and the threshold where the break-even holds; ``GLM53_PREFETCH_MIN_SCORE``).
+
+   Why this budget: ``budget_copies`` issues the copies that START inside the window, ``ceil(window / copy time)``:
+   those that end in it cost nothing, the one that straddles its end costs its overrun (what the threshold weighs),
+   and one more would run wholly past it, a stall of a full copy against a saving of at most one miss's link time,
+   which the same link carries no faster (the copy and the zero-copy read share it): never a gain. The window and
+   the copy rate are measured on the running engine (``prefetch.CopyBudget``).
 3. The layer's step (``PrefetchReplay.step``): the true picks that are resident at the start of the step are
    hits, those in the pool ``prefetch_hits``, the rest misses; a copied expert that no row picks is wasted. Then
    the cache's own step, unchanged (``ReferenceCache.step``) on the same true picks: a prefetched expert that is
@@ -38,6 +50,7 @@ rows that pick the same expert read it once).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,13 +62,13 @@ from .cache_policy import NO_RECENCY, Recency, ReferenceCache
  P_FROM_POOL, P_STEPS, P_N) = range(10)
 
 
-def predicted_picks(logits, bias, top_k: int, extra: int) -> np.ndarray:
+def prediction(logits, bias, top_k: int, extra: int) -> tuple[np.ndarray, np.ndarray]:
     """GLM routing's selection, widened: per row the top-``(top_k + extra)`` experts of ``sigmoid(logits) + bias``,
-    best first, ties to the lower expert id.
+    best first, ties to the lower expert id, and their scores.
 
     :param logits: float [rows, experts] (or [experts]) router logits of the predicted layer.
     :param bias: float [experts] the layer's ``e_score_correction_bias`` (selection only).
-    :return: int64 [rows, min(top_k + extra, experts)].
+    :return: (int64 [rows, n] experts, float32 [rows, n] their scores), ``n = min(top_k + extra, experts)``.
     :raise ValueError: ``extra`` or ``top_k`` negative, or a bias of the wrong length.
     """
     z = np.atleast_2d(np.asarray(logits, dtype=np.float32))
@@ -64,7 +77,13 @@ def predicted_picks(logits, bias, top_k: int, extra: int) -> np.ndarray:
         raise ValueError(f"top_k {top_k}, extra {extra}, bias of {b.shape[0]} for {z.shape[1]} experts")
     score = (np.float32(1.0) / (np.float32(1.0) + np.exp(-z))) + b  # float32, as the device computes it
     n = min(top_k + extra, z.shape[1])
-    return np.argsort(-score, axis=1, kind="stable")[:, :n].astype(np.int64)  # stable: ties keep the lower id first
+    picks = np.argsort(-score, axis=1, kind="stable")[:, :n].astype(np.int64)  # stable: ties keep the lower id first
+    return picks, np.take_along_axis(score, picks, axis=1)
+
+
+def predicted_picks(logits, bias, top_k: int, extra: int) -> np.ndarray:
+    """``prediction``'s experts alone: int64 [rows, min(top_k + extra, experts)]."""
+    return prediction(logits, bias, top_k, extra)[0]
 
 
 def budget_experts(budget_bytes: int, expert_bytes: int) -> int:
@@ -72,23 +91,38 @@ def budget_experts(budget_bytes: int, expert_bytes: int) -> int:
     return max(0, int(budget_bytes) // max(int(expert_bytes), 1))
 
 
-def fill_pool(predicted, resident: np.ndarray, slots: int) -> list[int]:
-    """The experts copied into the pool, in copy order: the predicted experts not in ``resident``, by rows
-    predicting them (more first), best position in a row (lower first), expert id (lower first); at most ``slots``.
+def budget_copies(window_s: float, copy_gbs: float, expert_bytes: int) -> int:
+    """The copies a layer may issue: those that start within its window of ``window_s`` seconds when each takes
+    ``expert_bytes`` at ``copy_gbs`` GB/s, ``ceil(window / copy time)`` (the module docstring says why); 0 for no
+    window."""
+    if not window_s > 0 or not copy_gbs > 0:
+        return 0
+    return math.ceil(window_s * copy_gbs * 1e9 / max(int(expert_bytes), 1))
+
+
+def fill_pool(predicted, resident: np.ndarray, slots: int, scores=None, min_score: float | None = None) -> list[int]:
+    """The experts copied into the pool, in copy order: the predicted experts not in ``resident`` whose score clears
+    ``min_score``, by rows predicting them (more first), best position in a row (lower first), expert id (lower
+    first); at most ``slots``.
 
     :param predicted: int [rows, n] or [n]: each row's predicted experts, best first; entries outside
-        ``[0, experts)`` are ignored, a repeat within a row counts once (its best position).
+        ``[0, experts)`` are ignored, a repeat within a row counts once (its best position that clears).
     :param resident: bool [experts]: in a cache slot at the start of the step.
     :param slots: how many may be copied (the pool's slots, already limited by the link budget).
+    :param scores: float [rows, n] each entry's predicted score, or None (every entry clears).
+    :param min_score: an entry counts when float32 ``score >= min_score`` (None: no threshold).
     """
     experts = resident.shape[0]
     pred = np.atleast_2d(np.asarray(predicted, dtype=np.int64))
+    clears = np.ones(pred.shape, dtype=bool)
+    if scores is not None and min_score is not None:
+        clears = np.atleast_2d(np.asarray(scores, dtype=np.float32)) >= np.float32(min_score)
     rows = np.zeros(experts, dtype=np.int64)
     best = np.full(experts, pred.shape[1], dtype=np.int64)
-    for row in pred:
+    for row, row_clears in zip(pred, clears):
         seen = np.zeros(experts, dtype=bool)
         for pos, e in enumerate(row):
-            if 0 <= e < experts and not seen[e]:
+            if 0 <= e < experts and row_clears[pos] and not seen[e]:
                 seen[e] = True
                 rows[e] += 1
                 best[e] = min(best[e], pos)
@@ -126,7 +160,8 @@ class PrefetchReplay:
     """The cache and the prefetch pool over a routing trace, one layer step at a time (see the module docstring)."""
 
     def __init__(self, cache: ReferenceCache, pool: int, budget_bytes: int, expert_bytes: int,
-                 decay: float, hysteresis: float, max_admit: int, recency: Recency = NO_RECENCY):
+                 decay: float, hysteresis: float, max_admit: int, recency: Recency = NO_RECENCY,
+                 min_score: float | None = None):
         """
         :param cache: the cache's state, stepped in place.
         :param pool: the pool's slots per layer step.
@@ -134,26 +169,30 @@ class PrefetchReplay:
         :param expert_bytes: one expert's bytes (a slot's size).
         :param decay, hysteresis, max_admit, recency: the cache's policy (``glm53.offload.cache.Policy``'s fields
             and ``recency``).
+        :param min_score: the score a scored prediction's entry must clear to be copied (``fill_pool``).
         """
         self.cache = cache
+        self.min_score = min_score
         self.copies = min(max(pool, 0), budget_experts(budget_bytes, expert_bytes))
         self.expert_bytes = int(expert_bytes)
         self.policy = (decay, hysteresis, max_admit, recency)
         self.counters = np.zeros((cache.freq.shape[0], P_N), dtype=np.int64)
 
-    def step(self, layer: int, selected, predicted) -> list[int]:
+    def step(self, layer: int, selected, predicted, scores=None) -> list[int]:
         """One layer's decode step: fill the pool from ``predicted``, count the true picks ``selected`` against the
         residents and the pool, then the cache's own step on ``selected``. Returns the experts copied.
 
         :param selected: int, any shape: the experts the routing picked, one entry per (row, pick); entries
             outside ``[0, experts)`` are ignored.
-        :param predicted: int [rows, n]: each row's predicted experts, best first (``predicted_picks``), or None.
+        :param predicted: int [rows, n]: each row's predicted experts, best first (``prediction``), or None.
+        :param scores: float [rows, n] their scores, or None (no threshold applies).
         """
         experts = self.cache.num_experts
         sel = np.asarray(selected, dtype=np.int64).reshape(-1)
         count = np.bincount(sel[(sel >= 0) & (sel < experts)], minlength=experts)
         resident = self.cache.slot_of[layer] >= 0
-        copied = fill_pool(predicted, resident, self.copies) if predicted is not None and self.copies else []
+        copied = (fill_pool(predicted, resident, self.copies, scores, self.min_score)
+                  if predicted is not None and self.copies else [])
         in_pool = np.zeros(experts, dtype=bool)
         in_pool[copied] = True
         picked = count > 0
@@ -177,20 +216,25 @@ class PrefetchReplay:
 
 
 def replay(trace, profile: np.ndarray, split: Split, predict, budget_bytes: int, expert_bytes: int,
-           decay: float, hysteresis: float, max_admit: int, recency: Recency = NO_RECENCY) -> PrefetchReplay:
+           decay: float, hysteresis: float, max_admit: int, recency: Recency = NO_RECENCY,
+           min_score: float | None = None) -> PrefetchReplay:
     """Replay a routing trace step by step, every layer in order, from the cache's warm start
     (``ReferenceCache.warm`` with the split's cache slots) and a pool of ``split.pool`` slots.
 
     :param trace: int [steps, layers, ..., top_k], or a sequence of int [layers, rows, top_k] (steps of different
         row counts): each layer's true picks per step.
     :param profile: float [layers, experts] the routing profile the cache starts from.
-    :param predict: ``predict(step, layer) -> int [rows, n]``, the prediction for that layer step (or None for no
-        prefetch); called just before the layer's step, as the device predicts before the layer runs.
+    :param predict: ``predict(step, layer) -> int [rows, n]``, the prediction for that layer step, or a tuple of it
+        and its float [rows, n] scores (or None for no prefetch); called just before the layer's step, as the device
+        predicts before the layer runs.
+    :param min_score: the threshold on scored predictions (``fill_pool``).
     """
     top_k = np.asarray(trace[0]).shape[-1]
     cache = ReferenceCache.warm(profile, split.cache_slots, top_k, decay, recency)
-    run = PrefetchReplay(cache, split.pool, budget_bytes, expert_bytes, decay, hysteresis, max_admit, recency)
+    run = PrefetchReplay(cache, split.pool, budget_bytes, expert_bytes, decay, hysteresis, max_admit, recency, min_score)
     for t, step in enumerate(trace):
         for layer, selected in enumerate(step):
-            run.step(layer, selected, predict(t, layer) if predict is not None and run.copies else None)
+            made = predict(t, layer) if predict is not None and run.copies else None
+            predicted, scores = made if isinstance(made, tuple) else (made, None)
+            run.step(layer, selected, predicted, scores)
     return run

@@ -119,9 +119,10 @@ int ec_assign(const EcState* s, const int32_t* entries, int n, cudaStream_t stre
 /* SM-issued read of bytes of mapped host memory (the zero-copy path's bandwidth). */
 int ec_read_probe(const void* src, int64_t bytes, unsigned int* out, int blocks, cudaStream_t stream);
 
-/* Plans and copies layer `layer`'s prefetch from predicted (int64 [rows, n_pred]) on the side stream. */
-int ec_prefetch(const EcState* s, const EcPool* p, int layer, const int64_t* predicted, int rows, int n_pred,
-                int max_copies, int64_t block_bytes, int copy_blocks, cudaStream_t stream);
+/* Plans and copies layer `layer`'s prefetch from predicted (int64 [rows, n_pred]) on the side stream: at most
+ * max_copies of the entries whose scores (float32 [rows, n_pred], or NULL: all) are >= min_score. */
+int ec_prefetch(const EcState* s, const EcPool* p, int layer, const int64_t* predicted, const float* scores, int rows,
+                int n_pred, float min_score, int max_copies, int64_t block_bytes, int copy_blocks, cudaStream_t stream);
 /* After layer `layer`'s experts, on the compute stream: counts, points home, frees the pool. */
 int ec_prefetch_release(const EcState* s, const EcPool* p, int layer, const int64_t* sel, int n_sel, cudaStream_t stream);
 

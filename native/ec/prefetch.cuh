@@ -18,13 +18,23 @@ __device__ __forceinline__ void pool_release(const EcState& s, const EcPool& p, 
     }
 }
 
+// Whether entry i of the prediction clears the threshold: float32 scores[i] >= min_score, as fill_pool compares
+// (no scores: every entry clears; a NaN score never does).
+__device__ __forceinline__ bool pf_clears(const float* scores, int64_t i, float min_score)
+{
+    return scores == nullptr || scores[i] >= min_score;
+}
+
 // One block: the plan of prefetch_policy.fill_pool for `layer` from `predicted` (int64 [rows, n_pred], each row
-// best first): the predicted experts not resident in the cache, by the number of rows predicting them (more
-// first), their best position in a row (lower first), their id (lower first), at most min(max_copies, slots); each
-// is pointed at its pool slot (its bytes follow in ec_prefetch_copy_kernel, before anything reads the tables).
-// A pool left in use (a forward that stopped between a plan and its release) is released first.
+// best first) and its `scores` (float32 [rows, n_pred] or NULL): the predicted experts not resident in the cache
+// whose score clears min_score, by the number of rows predicting them (more first), their best position in a row
+// (lower first), their id (lower first), at most min(max_copies, slots); each is pointed at its pool slot (its
+// bytes follow in ec_prefetch_copy_kernel, before anything reads the tables). max_copies is the layer's link
+// budget (prefetch_policy.budget_copies). A pool left in use (a forward that stopped between a plan and its
+// release) is released first.
 __global__ void __launch_bounds__(EC_THREADS) ec_prefetch_plan_kernel(EcState s, EcPool p, int layer,
-                                                                      const int64_t* predicted, int rows, int n_pred,
+                                                                      const int64_t* predicted, const float* scores,
+                                                                      int rows, int n_pred, float min_score,
                                                                       int max_copies)
 {
     __shared__ float key[EC_MAX_EXPERTS];
@@ -39,13 +49,17 @@ __global__ void __launch_bounds__(EC_THREADS) ec_prefetch_plan_kernel(EcState s,
     const int32_t* slot_of = s.slot_of + (int64_t) layer * E;
     for (int e = t; e < E; e += blockDim.x) { rows_of[e] = 0; best[e] = n_pred; }
     __syncthreads();
-    // a repeat within a row counts once, at its best position: the entry with no equal before it in its row
+    // a repeat within a row counts once, at its best position that clears: the entry with no equal that clears
+    // before it in its row
     for (int i = t; i < rows * n_pred; i += blockDim.x) {
         const int r = i / n_pred, pos = i % n_pred;
         const int64_t e = predicted[i];
-        if (e < 0 || e >= E) continue;
+        if (e < 0 || e >= E || !pf_clears(scores, i, min_score)) continue;
         bool first = true;
-        for (int q = 0; q < pos; ++q) first = first && predicted[(int64_t) r * n_pred + q] != e;
+        for (int q = 0; q < pos; ++q) {
+            const int64_t j = (int64_t) r * n_pred + q;
+            first = first && !(predicted[j] == e && pf_clears(scores, j, min_score));
+        }
         if (first) {
             atomicAdd(&rows_of[e], 1);
             atomicMin(&best[e], pos);
@@ -122,8 +136,8 @@ __global__ void ec_prefetch_release_kernel(EcState s, EcPool p, int layer, const
 
 extern "C" {
 
-int ec_prefetch(const EcState* s, const EcPool* p, int layer, const int64_t* predicted, int rows, int n_pred,
-                int max_copies, int64_t block_bytes, int copy_blocks, cudaStream_t stream)
+int ec_prefetch(const EcState* s, const EcPool* p, int layer, const int64_t* predicted, const float* scores, int rows,
+                int n_pred, float min_score, int max_copies, int64_t block_bytes, int copy_blocks, cudaStream_t stream)
 {
     EC_REQUIRE_STATE(s);
     EC_REQUIRE_LAYER(s, layer);
@@ -136,7 +150,8 @@ int ec_prefetch(const EcState* s, const EcPool* p, int layer, const int64_t* pre
     EC_REQUIRE(predicted != nullptr, "predicted is NULL");
     EC_REQUIRE(max_copies >= 0, "max_copies is %d, below 0", max_copies);
     EC_REQUIRE(copy_blocks >= 1, "copy_blocks is %d, below 1", copy_blocks);
-    ec_prefetch_plan_kernel<<<1, EC_THREADS, 0, stream>>>(*s, *p, layer, predicted, rows, n_pred, max_copies);
+    ec_prefetch_plan_kernel<<<1, EC_THREADS, 0, stream>>>(*s, *p, layer, predicted, scores, rows, n_pred, min_score,
+                                                          max_copies);
     ec_prefetch_copy_kernel<<<copy_blocks, 256, 0, stream>>>(*s, *p, block_bytes);
     return ec_result(__func__, cudaGetLastError());
 }

@@ -68,3 +68,27 @@ def test_the_cli_reports_every_configuration_for_both_traces(tmp_path, capsys):
         assert 0 < pf[0] < pf[1] < pf[2] <= main_rows["oracle"]["prefetch_hit_rate"]
         assert len({r["hit_rate"] for r in rows if r["cache_slots"] == main_rows["oracle"]["cache_slots"]}) == 1
         assert all(r["cache_slots"] + r["pool"] * r["buffers"] == result["model"]["total_slots"] for r in rows)
+
+
+def test_the_break_even_is_the_straddling_copys_overrun_over_a_miss():
+    consts = {"link_gbs": 50.0, "copy_gbs": 50.0, "expert_bytes": 10_000_000, "window_ms": 0.15}
+    be = sim.break_even(consts)  # 200 us a copy, one starts in 150 us and runs 50 us past it; a miss is 200 us
+    assert (be["copies"], be["copy_us"], be["overrun_us"], be["chance"]) == (1, 200.0, 50.0, 0.25)
+    assert sim.break_even({**consts, "window_ms": 0.4})["chance"] == 0.0  # two copies end exactly in the window
+
+
+def test_the_threshold_is_where_every_bucket_above_clears_the_chance():
+    rows = [{"score_from": s, "precision": p} for s, p in ((0.8, 0.1), (0.85, 0.3), (0.9, 0.2), (0.95, 0.5), (1.0, 0.9))]
+    assert sim.threshold_for(rows, 0.25) == 0.95  # 0.85 clears but 0.9 above it does not
+    assert sim.threshold_for(rows, 0.05) == 0.8 and sim.threshold_for(rows, 0.95) is None
+
+
+def test_calibration_on_the_twins_finds_a_threshold_on_trained_and_none_on_random():
+    consts = {"link_gbs": 50.2, "copy_gbs": 55.0, "expert_bytes": 9_470_000, "window_ms": 0.1319}
+    result = sim.calibrate(["trained", "random"], layers=3, steps=300, width=16, seed=0, consts=consts, total=96,
+                           min_count=100)
+    trained, random = result["presets"]["trained"], result["presets"]["random"]
+    assert trained["by_rank"][0] > 0.9 > random["by_rank"][0]  # the trained gate on the previous state predicts
+    assert trained["threshold"] is not None and random["threshold"] is None
+    assert result["recommended_min_score"] == trained["threshold"]
+    assert random["at_recommended"]["gain_us_per_step"] < 0 < trained["gains"][0]["gain_us_per_step"]

@@ -4,7 +4,8 @@ random bytes, no model):
 
 - a plan copies exactly ``fill_pool``'s experts, in its order, points their table entries at the pool's slots and
   brings their bytes there; the release points them home again (the tables then verify) and counts what the
-  layer's picks used;
+  layer's picks used; with scores and a threshold (scores on the threshold itself, NaNs, repeats), and a copy
+  budget below the pool's slots;
 - the prefetcher's hooks, driven as the offload drives them (routing, the cache's step, the layer's end) with the
   oracle (the true picks), copy and use every non-resident pick the pool holds, and leave the cache's decisions as
   without prefetch.
@@ -19,7 +20,7 @@ import pytest
 import torch
 
 from glm53.offload.cache import ExpertCache, Policy
-from glm53.offload.prefetch_policy import fill_pool
+from glm53.offload.prefetch_policy import budget_copies, fill_pool
 from tests.gpu.test_cache_policy_kernel import DeviceStore, device, kernels  # noqa: F401 (device, kernels: fixtures)
 from tests.offload.test_cache_policy import picks_profile, popularity, routing_trace
 
@@ -43,19 +44,34 @@ def _prefetcher(kernels, cache, device, slots, extra=0, lead=False):
     return Prefetcher(kernels, cache, routers, slots, extra, TOP_K, device, max_rows=2, lead=lead)  # the traces' steps are two rows
 
 
+def _scores(rng, shape, threshold: float) -> np.ndarray:
+    """float32 scores around ``threshold``: a quarter exactly on it, a few NaN, the next float32 either side."""
+    t = np.float32(threshold)
+    choices = np.array([t, np.nextafter(t, np.float32(0)), np.nextafter(t, np.float32(2)), np.nan], dtype=np.float32)
+    scores = rng.uniform(0.0, 1.2, size=shape).astype(np.float32)
+    pick = rng.random(shape)
+    scores[pick < 0.25] = choices[rng.integers(0, 4, size=shape)][pick < 0.25]
+    return scores
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
 @pytest.mark.parametrize("slots", [1, 2, 6])
-def test_a_plan_copies_fill_pools_experts_and_the_release_points_them_home(kernels, device, seed, slots):
+@pytest.mark.parametrize("threshold, budget", [(None, None), (0.85, None), (0.5, 1)])
+def test_a_plan_copies_fill_pools_experts_and_the_release_points_them_home(kernels, device, seed, slots, threshold, budget):
     store, tables, cache = _cache(kernels, device, seed, slots=24)
     pf = _prefetcher(kernels, cache, device, slots)
     rng = np.random.default_rng(seed)
+    copies = slots if budget is None else budget
     for trial in range(20):
         layer = int(rng.integers(LAYERS))
         rows, n_pred = int(rng.integers(1, 5)), int(rng.integers(1, 9))
-        predicted = rng.integers(-1, EXPERTS, size=(rows, n_pred))  # -1: out of range, ignored
+        predicted = rng.integers(-1, EXPERTS, size=(rows, n_pred))  # -1: out of range, ignored; repeats happen
         resident = cache.resident()[layer] >= 0
-        want = fill_pool(predicted, resident, slots)
-        kernels.prefetch(cache.state, pf.state, layer, torch.from_numpy(predicted).to(device), slots, cache.block_bytes, 4)
+        scores = None if threshold is None else _scores(rng, predicted.shape, threshold)
+        want = fill_pool(predicted, resident, min(slots, copies), scores, threshold)
+        kernels.prefetch(cache.state, pf.state, layer, torch.from_numpy(predicted).to(device), copies, cache.block_bytes, 4,
+                         None if scores is None else torch.from_numpy(scores).to(device),
+                         float("-inf") if threshold is None else threshold)
         torch.cuda.synchronize(device)
         n = int(pf.num.item())
         assert [o - layer * EXPERTS for o in pf.owner[:n].tolist()] == want, f"trial {trial}: plan"
@@ -132,3 +148,45 @@ def test_the_lead_predicts_the_first_layer_by_its_previous_step_and_skips_a_step
     pf.forward_start()
     pf.decode_start(2)  # a step of two rows is not predicted by one of one
     assert not pf.planned[0]
+
+
+def test_a_threshold_above_every_score_copies_nothing_and_one_below_every_score_copies_as_none(kernels, device):
+    trace = routing_trace(popularity(9, "zipf", LAYERS, EXPERTS), TOP_K, 20, 1, 9)
+    gen = torch.Generator().manual_seed(4)
+    zs = [torch.randn((1, HIDDEN), generator=gen).half().to(device) for _ in range(len(trace) * LAYERS)]
+    copied = {}
+    for min_score in (None, -10.0, 10.0):
+        _, _, cache = _cache(kernels, device, 13, slots=0)  # nothing resident: every prediction is a candidate
+        pf = _prefetcher(kernels, cache, device, TOP_K)
+        pf.min_score = min_score
+        z = iter(zs)
+        for step in trace:
+            pf.forward_start()
+            for l in range(LAYERS):
+                sel = torch.from_numpy(np.ascontiguousarray(step[l])).to(device)
+                pf.routed(l, sel, None, next(z))
+                cache.routed(l, sel)
+                pf.after_layer(l)
+        pf.forward_start()
+        torch.cuda.synchronize(device)
+        stats = pf.stats()
+        assert cache.verify() == [] and stats["plans"] == len(trace) * (LAYERS - 1)
+        copied[min_score] = stats["copied"]
+    assert copied[None] == copied[-10.0] == len(trace) * (LAYERS - 1) * TOP_K and copied[10.0] == 0
+
+
+def test_the_window_clock_times_the_compute_streams_gap_and_the_budget_follows_it(device):
+    from glm53.offload.prefetch import CopyBudget, WindowClock
+
+    clock = WindowClock(LAYERS, every=2)
+    for _ in range(4):  # forwards 0 and 2 are sampled
+        clock.forward_start()
+        clock.start(1)
+        torch.cuda._sleep(2_000_000)  # some GPU cycles between a layer's end and the next routing
+        clock.end(1)
+    torch.cuda.synchronize(device)
+    clock.forward_start()
+    assert len(clock.samples[1]) == 2 and clock.window_s(1) > 0 and clock.window_s(2) is None
+    budget = CopyBudget(copy_gbs=50.0, block_bytes=1_000_000, layers=LAYERS, clock=clock)
+    window = clock.window_s(1)
+    assert budget.copies(1, 16) == min(16, budget_copies(window, 50.0, 1_000_000)) >= 1 and budget.copies(2, 3) == 3

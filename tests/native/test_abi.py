@@ -138,7 +138,7 @@ def test_the_cuda_librarys_binding_is_its_own_layout_where_nvcc_is(cuda_library)
     (lambda lib, s: lib.ec_step(ctypes.byref(s), ctypes.byref(cuda_binding.EcRecency()), 0, None, 0, 0, 0.9, 1.0, 17, 4096, 1, None),
      "ec_step: max_admit is 17, not in 0..16 (EC_MAX_ADMIT)"),
     (lambda lib, s: lib.ec_step(None, None, 0, None, 0, 0, 0.9, 1.0, 1, 4096, 1, None), "ec_step: s is NULL"),
-    (lambda lib, s: lib.ec_prefetch(ctypes.byref(s), ctypes.byref(cuda_binding.EcPool(slots=17)), 0, 8, 1, 4, 4, 4096, 1, None),
+    (lambda lib, s: lib.ec_prefetch(ctypes.byref(s), ctypes.byref(cuda_binding.EcPool(slots=17)), 0, 8, None, 1, 4, 0.0, 4, 4096, 1, None),
      "ec_prefetch: p->slots is 17, not in 1..16 (PF_MAX_SLOTS)"),
     (lambda lib, s: lib.le_units(ctypes.byref(cuda_binding.LeLink()), None, 0, 0, 0, 7, 1, None),
      "le_units: kind is 7, not in 0..6 (an le_kind)"),

@@ -19,9 +19,11 @@ from glm53.offload.prefetch_policy import (
     P_WASTED_EXPERTS,
     PrefetchReplay,
     Split,
+    budget_copies,
     budget_experts,
     fill_pool,
     predicted_picks,
+    prediction,
     replay,
 )
 from tests.offload.test_cache_policy import picks_profile, popularity, routing_trace
@@ -64,6 +66,57 @@ def test_the_pool_takes_non_residents_by_rows_then_best_position_then_id():
     assert fill_pool([[6, 5], [5, 6]], resident, 1) == [5]  # same rows, same best position: the lower id
     assert fill_pool([[9, -1, 2, 2]], resident, 4) == [2]  # out of range ignored, a repeat counts once
     assert fill_pool([[0]], resident, 4) == [] and fill_pool([[1, 2]], resident, 0) == []
+
+
+def test_the_prediction_carries_each_entrys_float32_score():
+    picks, scores = prediction([[2.0, 0.0, -1.0]], [0.0, 0.5, 0.0], top_k=1, extra=1)
+    assert picks.tolist() == [[1, 0]] and scores.dtype == np.float32
+    want = np.float32(1) / (np.float32(1) + np.exp(-np.float32([0.0, 2.0]))) + np.float32([0.5, 0.0])
+    assert np.array_equal(scores[0], want)
+
+
+# ---- the threshold on the predicted score
+
+
+def test_entries_below_the_threshold_are_ignored_and_the_threshold_itself_clears():
+    resident = np.zeros(8, dtype=bool)
+    predicted = [[3, 1, 2, 4]]
+    scores = [[0.9, 0.5, 0.7, 0.69]]
+    assert fill_pool(predicted, resident, 8, scores, 0.7) == [3, 2]  # >=: 0.7 clears 0.7, 0.69 and 0.5 do not
+    assert fill_pool(predicted, resident, 8, scores, None) == [3, 1, 2, 4]  # no threshold
+    assert fill_pool(predicted, resident, 8, None, 0.7) == [3, 1, 2, 4]  # no scores (the lead, the oracle)
+    assert fill_pool(predicted, resident, 8, scores, 2.0) == []
+
+
+def test_the_threshold_compares_in_float32_and_a_nan_never_clears():
+    resident = np.zeros(8, dtype=bool)
+    just_below = np.nextafter(np.float32(0.8), np.float32(0.0))
+    # 0.8 in float64 is above float32(0.8) and 0.80000001 rounds to it: the comparison is the device's, in float32
+    assert fill_pool([[1, 2, 3]], resident, 8, [[0.8, 0.80000001, just_below]], 0.8) == [1, 2]
+    assert fill_pool([[1, 2]], resident, 8, [[np.nan, 0.9]], 0.0) == [2]
+
+
+def test_a_repeat_counts_at_its_best_position_that_clears_and_rows_count_only_clearing_entries():
+    resident = np.zeros(8, dtype=bool)
+    # 5 at position 0 does not clear; its repeat at position 2 does: 5 ranks by position 2, after 6 (position 1)
+    assert fill_pool([[5, 6, 5]], resident, 8, [[0.1, 0.9, 0.9]], 0.5) == [6, 5]
+    # 2 is predicted by both rows but clears in one, 7 clears in both: 7 first, by rows
+    assert fill_pool([[2, 7], [7, 2]], resident, 8, [[0.9, 0.9], [0.9, 0.1]], 0.5) == [7, 2]
+    assert fill_pool([[2, 7], [7, 2]], resident, 8, [[0.9, 0.9], [0.9, 0.9]], 0.5) == [2, 7]  # two rows each: id
+    assert fill_pool([[2, 7], [7, 3]], resident, 8, [[0.1, 0.9], [0.9, 0.9]], 0.5) == [7, 3]
+
+
+def test_a_replay_with_scores_copies_only_what_clears():
+    run = _eight(residents=(0, 1), pool=2)
+    run.min_score = 0.5
+    assert run.step(0, [2, 3], [[3, 2]], [[0.4, 0.6]]) == [2]
+    assert _counts(run, P_PREFETCH_HITS, P_MISSES, P_COPIED_EXPERTS) == (1, 1, 1)
+
+
+def test_the_copy_budget_issues_the_copies_that_start_inside_the_window():
+    # 1 MB at 10 GB/s is 100 us a copy: 99 us of window start one copy, 100 us still one, 101 us two
+    assert [budget_copies(w * 1e-6, 10.0, MB) for w in (0, 1, 99, 100, 101, 250)] == [0, 1, 1, 1, 2, 3]
+    assert budget_copies(1e-3, 0.0, MB) == 0 and budget_copies(float("nan"), 10.0, MB) == 0
 
 
 def test_the_link_budget_counts_whole_experts():
@@ -172,6 +225,23 @@ def test_prefetch_changes_nothing_of_the_cache_and_only_turns_misses_into_prefet
     assert c[:, P_PREFETCH_HITS].sum() > 0 and c[:, P_WASTED_EXPERTS].sum() > 0
     assert np.all(c[:, P_COPIED_EXPERTS] <= 2 * c[:, P_STEPS])
     assert np.all(c[:, P_COPIED_EXPERTS] - c[:, P_WASTED_EXPERTS] <= c[:, P_PREFETCH_HITS])  # a used copy is picked
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_threshold_above_every_score_is_the_plain_cache_replay(seed):
+    trace, profile = _random_case(seed)
+    plain = _plain(trace, profile, 20, *POLICY)
+    noisy = _noisy(trace, 32, 6, seed)
+
+    def scored(t, layer):
+        picks = noisy(t, layer)
+        return picks, np.full(picks.shape, 0.99, dtype=np.float32)
+
+    run = replay(trace, profile, Split(22, pool=2), scored, 2 * MB, MB, *POLICY, min_score=1.0)
+    assert np.array_equal(run.cache.counters, plain.counters)
+    assert run.counters[:, P_COPIED_EXPERTS].sum() == 0
+    run = replay(trace, profile, Split(22, pool=2), scored, 2 * MB, MB, *POLICY, min_score=0.99)
+    assert run.counters[:, P_COPIED_EXPERTS].sum() > 0
 
 
 @pytest.mark.parametrize("seed", [0, 1])

@@ -35,7 +35,7 @@ import torch
 
 from ...config import GB, Settings
 from ...cpu_tier import tier as cpu_tier
-from ...offload import budget, link, profile
+from ...offload import budget, link, prefetch, profile
 from ...offload.cache import ExpertCache, Policy
 from ...offload.ec_native import Kernels
 from ...models import checkpoint
@@ -108,11 +108,11 @@ def start_offload(settings: Settings, model, load: Callable[[], None], warmup: C
     else:
         cpu, off_reason = None, ("the RAM tier holds part of the experts (the CPU tier reads them from the host store)"
                                  if settings.mode == "fast" else None)
-    prefetch = _prefetch(settings, kernels, cache, layers, device, policy)                      # 9. prefetch
+    prefetcher = _prefetch(settings, kernels, cache, layers, device, policy)                    # 9. prefetch
     # routed's order: prefetch (the cache's step waits for its copies), the cache, the CPU tier (splits the misses left);
     # the RAM tier's part acts before all of them, on every forward (``Offload.routed``)
     home = None if tier is None else TieredHome(tier, cache, device, max_picks=layers.top_k * settings.chunk_size)
-    parts = [part for part in (home, prefetch, cache, cpu) if part is not None]
+    parts = [part for part in (home, prefetcher, cache, cpu) if part is not None]
     offload = Offload(settings, store, cache, stager, device=device, policy=policy, vram=vram, profile_source=profile_source,
                       timings=timings, parts=parts, cpu_tier_off_reason=off_reason)
     offload.removers += patches.hook_offload(model, layers, offload)                           # 10. hooks
@@ -159,8 +159,7 @@ def _prefetch(settings: Settings, kernels, cache, layers: patches.MoeLayers, dev
         return None
     log.info("prefetch: %d VRAM slots, the router's top %d + %d predicted per token%s", settings.prefetch_slots,
              layers.top_k, settings.prefetch_extra, ", the first MoE layer's at each step's start" if settings.prefetch_lead else "")
-    return Prefetcher(kernels, cache, patches.routers(layers), settings.prefetch_slots, settings.prefetch_extra,
-                      layers.top_k, device, policy, lead=settings.prefetch_lead)
+    return prefetch.from_settings(settings, kernels, cache, patches.routers(layers), layers.top_k, device, policy)
 
 
 def _cpu_tier(settings: Settings, store, cache, layers: patches.MoeLayers, device, kernels):

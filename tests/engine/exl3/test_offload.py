@@ -150,11 +150,11 @@ def test_prefetch_takes_its_slots_from_the_cache_and_comes_first_in_the_parts(st
     seen, tmp_path = steps
     monkeypatch.setattr(start.patches, "routers", lambda layers_: [("gate a", None), ("gate b", None)])
 
-    def prefetcher(kernels, cache, routers, slots, extra_, top_k, device, policy, lead):
-        seen.append(("prefetch", routers, slots, extra_, top_k, lead))
+    def prefetcher(settings, kernels, cache, routers, top_k, device, policy):
+        seen.append(("prefetch", routers, settings.prefetch_slots, settings.prefetch_extra, top_k, settings.prefetch_lead))
         return PREFETCHER
 
-    monkeypatch.setattr(start, "Prefetcher", prefetcher)
+    monkeypatch.setattr(start.prefetch, "from_settings", prefetcher)
     settings = settings_for(tmp_path, mode, "--prefetch", "1", "--prefetch-slots", "2", "--prefetch-extra", "1",
                             "--prefetch-lead", "1", *extra)
     offload = start.start_offload(settings, "the model", lambda: None, lambda: None)
