@@ -9,12 +9,14 @@ share (``--budget-gb``) and reports the runs (``--report``):
 - decode tok/s at each budget, and its ratio to the bound ``1 / max(T_fix, M x B / W_link + D x B / W_disk)`` per
   token, where ``T_fix`` is stock-vram's step time (every expert in VRAM), ``M`` the experts a decode token reads
   from host memory (every VRAM miss: from the RAM tier or, after a disk read, from its window), ``D`` those read
-  from disk first, ``B`` an expert's bytes, ``W_link`` the measured zero-copy rate, ``W_disk`` the O_DIRECT rate of
-  ``disk_bw`` at 4 reads in flight (a layer's disk misses are read together) measured in the same call;
+  from disk first, ``B`` an expert's bytes, ``W_link`` the measured zero-copy rate, ``W_disk`` the faster of the
+  O_DIRECT rate ``disk_bw`` measured in the same call at 4 reads in flight (a layer's disk misses are read together)
+  and the rate the tier's own reads ran at in that arm (the faster gives the higher bound, the stricter ratio);
 - prefill 4096 tok/s at each budget against full RAM;
 - the host RSS peak against the budget plus the process's stated overhead (``cost_model.PROCESS_OVERHEAD``).
 
     python3 -m bench.ram_tier_decode --budget-gb CKPT 50          # prints GLM53_HOST_RAM_GB for 50 % of CKPT's experts
+    python3 -m bench.ram_tier_decode --checkpoint CKPT_ROOT       # prints (writes if missing) bench.compare's checkpoint
     python3 -m bench.ram_tier_decode --report DIR [--out ram-tier.json]
 """
 
@@ -43,6 +45,17 @@ def budget_gb(ckpt: Path, share: float) -> float:
     return max(layer + store.layout.block_bytes // 2, share / 100 * store.arena_bytes) / GB
 
 
+def checkpoint(ckpt_root: Path, routing: str = "trained") -> Path:
+    """The scaled checkpoint bench.compare measures on (written there, as it would, if it is not yet)."""
+    from types import SimpleNamespace
+
+    from bench.compare import prepare_checkpoint
+
+    args = SimpleNamespace(ckpt=None, stats=None, preset="scaled", seed=1, moe_layers=None, calibrate_rounds=0,
+                           routing=routing, ckpt_root=ckpt_root)
+    return prepare_checkpoint(args)[0]
+
+
 def _arm(path: Path, name: str) -> dict | None:
     if not path.exists():
         return None
@@ -63,9 +76,10 @@ def per_token(arm: dict) -> dict:
 def report(run_dir: Path) -> dict:
     full = run_dir / "compare-ram-100.json"
     stock = _arm(full, "stock-vram")
-    disk = json.loads((run_dir / "disk-bw.json").read_text())
-    w_disk = disk["gbs_by_reads_in_flight"]["o_direct"]["4"]["best_gbs"] * GB
-    bandwidth = json.loads(full.read_text())["bandwidth"]
+    runs = [run_dir / f"compare-ram-{share}.json" for share in SHARES]
+    disk_bw = run_dir / "disk-bw.json"  # absent: the tiers' own rates alone
+    w_disk = json.loads(disk_bw.read_text())["gbs_by_reads_in_flight"]["o_direct"]["4"]["best_gbs"] * GB if disk_bw.exists() else 0.0
+    bandwidth = json.loads(next(p for p in runs if p.exists()).read_text())["bandwidth"]
     w_link = bandwidth["pcie_zero_copy_read_gbs"] * GB
     t_fix = 1.0 / stock["decode_tok_s"] if stock else None
     rows, base = {}, None
@@ -76,7 +90,9 @@ def report(run_dir: Path) -> dict:
             continue
         counts = per_token(arm)
         b = counts["block_bytes"]
-        io_s = counts["host_reads"] * b / w_link + counts["disk_reads"] * b / w_disk
+        served_gbs = (counts["tier"] or {}).get("disk_gbs", {}).get("serving") or 0.0
+        w_disk_arm = max(w_disk, served_gbs * GB)
+        io_s = counts["host_reads"] * b / w_link + counts["disk_reads"] * b / w_disk_arm
         bound_s = max(t_fix or 0.0, io_s)
         budget = None if share == 100 else arm["settings"].get("host_ram_gb")
         row = {
@@ -86,6 +102,7 @@ def report(run_dir: Path) -> dict:
             "prefill_tok_s": round(arm["prefill_tok_s"].get(PREFILL, 0.0), 1) or None,
             "host_reads_per_token": round(counts["host_reads"], 2),
             "disk_reads_per_token": round(counts["disk_reads"], 2),
+            "w_disk_gbs": round(w_disk_arm / GB, 3),
             "host_rss_peak_gb": arm.get("host_rss_peak_gb"),
             "budget_gb": budget,
         }
@@ -118,13 +135,17 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--budget-gb", nargs=2, metavar=("CKPT", "SHARE"), help="print GLM53_HOST_RAM_GB for SHARE %% of CKPT's experts")
     ap.add_argument("--report", type=Path, help="the ram-tier phase's directory")
+    ap.add_argument("--checkpoint", type=Path, metavar="CKPT_ROOT", help="print bench.compare's `trained` scaled checkpoint there (written if missing)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     if args.budget_gb:
         print(f"{budget_gb(Path(args.budget_gb[0]), float(args.budget_gb[1])):.6f}")
         return 0
+    if args.checkpoint:
+        print(checkpoint(args.checkpoint))
+        return 0
     if not args.report:
-        ap.error("give --budget-gb or --report")
+        ap.error("give --budget-gb, --checkpoint or --report")
     result = report(args.report)
     emit_json(result, args.out)
     return 0

@@ -22,7 +22,7 @@
 # ARMS: bench.compare's arms (default exact,exact-prefetch,exact-oracle,fast); GPU_TESTS: the test files of `tests`;
 # SCALED_CHECKPOINT: also run exactness on that scaled checkpoint (with prefetch on).
 cd "$(dirname "$0")/.."
-PHASES="trained random tests scaled-exact prefetch-budget prefetch-threshold policy-ab ram-tier"
+PHASES="trained random tests scaled-exact prefetch-budget prefetch-threshold policy-ab ram-tier cpu-tier-ring"
 WORK=${WORK:-/tmp/glm53-offload-checks}
 source bench/device/phases.sh
 ARMS=${ARMS:-exact,exact-prefetch,exact-oracle,fast}
@@ -78,7 +78,7 @@ prefetch-budget() {  # 2 slots' copies (344 us at 55 GB/s) overrun the ~165 us b
 
 prefetch-threshold() {  # GLM53_PREFETCH_MIN_SCORE's default and the copy budget of the measured window: never a loss?
 	local routing
-	for routing in trained random; do
+	for routing in ${ROUTINGS:-trained random}; do
 		step "compare-$routing-threshold" 260 python3 -m bench.compare --routing "$routing" --arms exact,exact-prefetch \
 			--streams --decode-reps 2 --decode-tokens 128 --prefill 512 --prefill-reps 1 --repeat none --arm-timeout 110 \
 			--budget-s 240 --ckpt-root "$CKPT_ROOT" --out-dir "$dir" --name "compare-$routing-threshold"
@@ -97,21 +97,34 @@ policy-ab() {  # the cache policy's share of a before/after difference: the same
 }
 
 ram-tier() {  # issue 32: a RAM tier of 50 % and 25 % of the experts against all of them, on `trained` routing
-	local ckpt share gb common="--routing trained --streams --decode-reps 1 --decode-tokens 64 --prefill 4096 --prefill-reps 1 \
-		--repeat none --ckpt-root $CKPT_ROOT --out-dir $dir"
-	step compare-ram-100 200 python3 -m bench.compare $common --arms stock-vram,exact --arm-timeout 120 --budget-s 190 \
-		--name compare-ram-100
-	ckpt=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["checkpoint"]["dir"])' "$dir/compare-ram-100.json" 2>/dev/null)
-	[ -n "$ckpt" ] || return 0
-	step disk-bw 60 python3 bench/disk_bw.py --file "$CKPT_ROOT/disk_bw.scratch" --experts 48 --depths 1,4,16 --reps 2 \
-		--out "$dir/disk-bw.json"
-	for share in 50 25; do
+	# RAM_SHARES: the shares to run (default 100 50 25; 100 also runs stock-vram, for the bound's step time);
+	# RAM_PREFILL: the prefill length (default 4096, the issue's; a short one leaves time for decode at small shares);
+	# RAM_NO_DISK_BW=1: no disk_bw pass (the bound then takes the rate the tier's own reads ran at)
+	local ckpt share gb common="--routing trained --streams --decode-reps 1 --decode-tokens 64 --prefill ${RAM_PREFILL:-4096} \
+		--prefill-reps 1 --repeat none --ckpt-root $CKPT_ROOT --out-dir $dir"
+	for share in ${RAM_SHARES:-100 50 25}; do
+		if [ "$share" = 100 ]; then
+			step compare-ram-100 200 python3 -m bench.compare $common --arms stock-vram,exact --arm-timeout 120 \
+				--budget-s 190 --name compare-ram-100
+			continue
+		fi
+		[ -n "${ckpt:-}" ] || ckpt=$(python3 -m bench.ram_tier_decode --checkpoint "$CKPT_ROOT" | tail -1)
+		[ -e "$dir/disk-bw.json" ] || [ -n "${RAM_NO_DISK_BW:-}" ] || step disk-bw 60 python3 bench/disk_bw.py --file "$CKPT_ROOT/disk_bw.scratch" \
+			--experts 48 --depths 1,4,16 --reps 2 --out "$dir/disk-bw.json"
 		gb=$(python3 -m bench.ram_tier_decode --budget-gb "$ckpt" "$share")
-		step "compare-ram-$share" 170 python3 -m bench.compare $common --arms exact --project-args "--host-ram-gb $gb" \
-			--arm-timeout 160 --budget-s 165 --name "compare-ram-$share"
+		step "compare-ram-$share" 230 python3 -m bench.compare $common --arms exact --project-args "--host-ram-gb $gb" \
+			--arm-timeout 220 --budget-s 225 --name "compare-ram-$share"
 	done
 	step ram-tier-report 30 python3 -m bench.ram_tier_decode --report "$dir" --out "$dir/ram-tier.json"
 	cat "$dir/ram-tier.json" 2>/dev/null
+}
+
+cpu-tier-ring() {  # the CPU tier's handoff: the host producer's tests on this host's CPUs, then the GPU producer's twice
+	step cpu-worker-tests 120 python3 -m pytest -q -p no:cacheprovider tests/cpu_tier/test_worker.py
+	local run
+	for run in 1 2; do
+		step "gpu-ring-tests-$run" 150 python3 -m pytest -v -rA -p no:cacheprovider tests/gpu/test_cpu_tier_device.py
+	done
 }
 
 run_phases "$@"

@@ -91,6 +91,12 @@ class Ring:
     def worker_next(self) -> int:
         return int(self.bytes[128:136].view(np.uint64)[0])
 
+    def x(self, slot: int, tokens: int) -> np.ndarray:
+        """A view of a slot's fp16 input rows (what the worker computes on)."""
+        L = self.layout
+        at = L.slots_offset + slot * L.slot_bytes + L.x_offset
+        return self.bytes[at : at + 2 * tokens * L.hidden].view(np.float16).reshape(tokens, L.hidden)
+
     def out(self, slot: int, tokens: int) -> np.ndarray:
         """A view of a slot's fp32 output rows."""
         L = self.layout

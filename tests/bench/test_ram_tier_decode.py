@@ -20,7 +20,7 @@ def arm(name, tok_s, prefill, misses, steps, disk=None, budget=None, rss=20.0):
     offload = {"cache": {"decode_steps": steps, "misses": misses, "slot_bytes": B}}
     if disk is not None:
         offload["ram_tier"] = {"policy_slots": 10, "share_of_experts": 0.4, "served": {"disk": disk, "ram": 1},
-                               "disk_gbs": {"start": 2.0, "serving": 1.5}, "read_seconds": 3.0}
+                               "disk_gbs": {"start": 2.0, "serving": 0.5}, "read_seconds": 3.0}
     return {"name": name, "status": "ok", "decode_tok_s": tok_s, "prefill_tok_s": {"4096": prefill},
             "engine_stats": {"offload": offload}, "settings": {"host_ram_gb": budget}, "host_rss_peak_gb": rss}
 
@@ -42,7 +42,8 @@ def test_the_report_bounds_each_budget_by_its_link_and_disk_reads(run_dir):
     assert out["t_fix_ms"] == 10.0 and out["w_disk_gbs"] == 1.0
     # full RAM: 5 host reads a token x 10 MB / 50 GB/s = 1 ms, under T_fix = 10 ms: the bound is 100 tok/s
     assert full["bound_tok_s"] == 100.0 and full["of_bound"] == 0.6 and full["disk_reads_per_token"] == 0
-    # half: 1 ms over the link + 2 disk reads x 10 MB / 1 GB/s = 20 ms: 21 ms a token
+    # half: 1 ms over the link + 2 disk reads x 10 MB / 1 GB/s (disk_bw's, faster than the tier's own 0.5) = 20 ms
+    assert half["w_disk_gbs"] == 1.0
     assert half["bound_tok_s"] == round(1 / 0.021, 2) and half["of_bound"] == round(20.0 * 0.021, 3)
     assert half["decode_vs_full_ram"] == round(20 / 60, 3) and half["prefill_vs_full_ram"] == 0.8
     assert half["rss_allowed_gb"] == round(18.0 + cm.PROCESS_OVERHEAD / GB, 2) and half["rss_within_budget_plus_overhead"]

@@ -72,7 +72,8 @@ def test_jobs_published_by_the_gpu_come_back_bit_exact(tier, pool):
                 outcomes = [producer.collect(status, acc, timeout_s=10.0) for status, acc in sent]
                 for job, (status, acc), outcome in zip(jobs, sent, outcomes):
                     assert OUTCOMES[int(outcome)] == "done"
-                    assert np.array_equal(acc.cpu().numpy(), reference(experts, *job))
+                    got = acc.cpu().numpy()
+                    assert np.array_equal(got, reference(experts, *job)), _slot_now(ring, int(status), experts, job, got)
             counters = worker.counters()
         stats = producer.stats()
         print(f"native host atomics: {stats['native_host_atomics']}; producer {stats}; worker {counters}")
@@ -136,6 +137,21 @@ def _wrong_partial(experts, job, got, recent) -> str:
     return f"it matches none of the last {len(recent)} jobs' results, inputs or sums"
 
 
+def _slot_now(ring, seq: int, experts, job, got) -> str:
+    """Where a wrong DONE partial went wrong, from the slot as the host reads it afterwards (nothing has been published
+    into it since): the worker's out against the reference and against what the GPU added, the slot's x against the
+    job's. out right but the GPU's sum wrong: the device read the out early; out wrong on the right x: the worker
+    computed on other bytes than those there now (read before the GPU's writes landed) or its compute is not
+    deterministic; x wrong: the GPU's publish did not write the job's rows."""
+    layer, x, picks = job
+    slot = seq % ring.layout.slots
+    out, slot_x = ring.out(slot, x.shape[0]).copy(), ring.x(slot, x.shape[0]).copy()
+    want = reference(experts, *job)
+    return (f"slot {slot} of job {seq} now: out {'== reference' if np.array_equal(out, want) else '!= reference'}, "
+            f"out {'==' if np.array_equal(out, got) else '!='} what the GPU added, x {'==' if np.array_equal(slot_x, x) else '!='} "
+            f"the job's x (max |out - reference| {np.abs(out - want).max():.3g}); ack {ring.ack(slot)}, job {ring.word(slot)}")
+
+
 def test_deadlines_racing_the_worker_never_lose_nor_double_count_a_job(tier, pool):
     """Deadlines around the worker's compute time: the GPU's take-back and the worker's completion cross; every job
     ends exactly one way on the GPU's side (a DONE partial exact, a taken-back job adds nothing), the worker reaches
@@ -154,11 +170,13 @@ def test_deadlines_racing_the_worker_never_lose_nor_double_count_a_job(tier, poo
                 job = random_job(rng, tokens=1)
                 layer, x, picks = _device_job(job)
                 acc = torch.zeros((1, HIDDEN), dtype=torch.float32, device=DEVICE)
-                outcome = OUTCOMES[int(producer.collect(producer.publish(layer, x, picks), acc, timeout_s=float(rng.uniform(0, 300e-6))))]
+                status = producer.publish(layer, x, picks)
+                outcome = OUTCOMES[int(producer.collect(status, acc, timeout_s=float(rng.uniform(0, 300e-6))))]
                 ends[outcome] += 1
                 if outcome == "done":
                     got = acc.cpu().numpy()
-                    assert np.array_equal(got, reference(experts, *job)), f"job {i}: {_wrong_partial(experts, job, got, recent)}"
+                    assert np.array_equal(got, reference(experts, *job)), \
+                        f"job {i}: {_wrong_partial(experts, job, got, recent)}; {_slot_now(ring, int(status), experts, job, got)}"
                 else:
                     assert not acc.any(), f"job {i}: {outcome} but something was added"
                 recent = [job, *recent[:2]]
