@@ -76,10 +76,11 @@ prefetch-budget() {  # 2 slots' copies (344 us at 55 GB/s) overrun the ~165 us b
 	done
 }
 
-prefetch-threshold() {  # GLM53_PREFETCH_MIN_SCORE's default and the copy budget of the measured window: never a loss?
+prefetch-threshold() {  # GLM53_PREFETCH_MIN_SCORE and the window budget (PREFETCH_ARGS: the calibrated threshold and the budget)
 	local routing
 	for routing in ${ROUTINGS:-trained random}; do
 		step "compare-$routing-threshold" 260 python3 -m bench.compare --routing "$routing" --arms exact,exact-prefetch \
+			--project-args "${PREFETCH_ARGS:---prefetch-min-score 0.855 --prefetch-window-budget 1}" \
 			--streams --decode-reps 2 --decode-tokens 128 --prefill 512 --prefill-reps 1 --repeat none --arm-timeout 110 \
 			--budget-s 240 --ckpt-root "$CKPT_ROOT" --out-dir "$dir" --name "compare-$routing-threshold"
 	done

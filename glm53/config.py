@@ -267,9 +267,12 @@ class Settings:
                              "as a miss (in fast mode it needs GLM53_CT_ENABLE=0)")
     prefetch_slots: int = setting(_number(int, 1, 16), 2, "VRAM slots of the prefetch pool (taken from the expert cache's), the most experts copied ahead per layer")
     prefetch_extra: int = setting(_number(int, 0, 56), 0, "experts predicted per token beyond the router's top-k (candidates when the top-k are resident)")
-    prefetch_min_score: float = setting(_number(float, -10, 10), 0.855, "with GLM53_PREFETCH, copy only predicted experts whose score (the router's sigmoid plus its "
-                                        "correction bias on the previous layer's input) is at least this: the score from which the predictor's "
-                                        "measured precision pays for a copy that runs past the attention window (`bench.prefetch_sim --calibrate`)")
+    prefetch_min_score: float | None = setting(_optional(_number(float, -10, 10), "every prediction"), None,
+                                               "with GLM53_PREFETCH, copy only predicted experts whose score (the router's sigmoid "
+                                               "plus its correction bias, on the previous layer's input) is at least this",
+                                               show_default="unset (every prediction)")
+    prefetch_window_budget: bool = setting(BOOL, False, "with GLM53_PREFETCH, copy no more experts ahead of a layer than the link carries "
+                                           "in that layer's measured idle window (at least one); off: up to GLM53_PREFETCH_SLOTS")
     prefetch_lead: bool = setting(BOOL, False, "with GLM53_PREFETCH, also copy the first MoE layer's likely picks (the previous step's picks of that layer) "
                                   "when a decode step starts, while the embedding, the dense layers and that layer's attention leave the link idle")
     host_ram_gb: float | None = setting(_optional(_number(float, 0.001, None, " GB"), "what the host has less the process's needs"), None,

@@ -318,14 +318,18 @@ class Prefetcher(Part):
 
 def from_settings(settings, kernels: Kernels, cache: ExpertCache, routers, top_k: int, device: torch.device,
                   policy: Policy | None = None) -> Prefetcher | None:
-    """The decode's prefetch as ``GLM53_PREFETCH*`` ask for it, its budget measured now (None when prefetch is off).
+    """The decode's prefetch as ``GLM53_PREFETCH*`` ask for it, its copy rate measured now where the window budget is on
+    (None when prefetch is off). Threshold and budget are off by default: on the H200 host's `trained` traffic both on
+    decoded 0.97x exact where both off gave 1.08x (bench/results/2026-12-02-offload-session3-h200.md).
 
     :param routers: per MoE layer its router, as :class:`Prefetcher` takes them.
     """
     if not settings.prefetch:
         return None
     policy = policy or Policy()
-    copy_gbs = measure_copy_gbs(cache.link, cache.store, policy.copy_blocks)
-    budget = CopyBudget(copy_gbs, cache.block_bytes, cache.store.num_layers)
+    budget = None
+    if settings.prefetch_window_budget:
+        copy_gbs = measure_copy_gbs(cache.link, cache.store, policy.copy_blocks)
+        budget = CopyBudget(copy_gbs, cache.block_bytes, cache.store.num_layers)
     return Prefetcher(kernels, cache, routers, settings.prefetch_slots, settings.prefetch_extra, top_k, device, policy,
                       lead=settings.prefetch_lead, min_score=settings.prefetch_min_score, budget=budget)
