@@ -71,9 +71,12 @@ class glm53_ce_expert(ctypes.Structure):
 # ---- native/cpu_tier/cpu_tier.h
 
 GLM53_CT_MAGIC = 827605831
-GLM53_CT_VERSION = 2
+GLM53_CT_VERSION = 3
 GLM53_CT_ALIGN = 128
 GLM53_CT_RING_HEADER = 256
+GLM53_CT_SUM = 24
+GLM53_CT_SUM_WAIT_US = 200
+GLM53_CT_SUM_SEQ = 2177342782468422677
 GLM53_CT_EMPTY = 0
 GLM53_CT_PUBLISHED = 1
 GLM53_CT_CLAIMED = 2
@@ -133,6 +136,8 @@ class glm53_ct_counters(ctypes.Structure):
         ("taken_back_after_claim", ctypes.c_uint64),
         ("max_queue_depth", ctypes.c_uint64),
         ("naps", ctypes.c_uint64),
+        ("payload_rereads", ctypes.c_uint64),
+        ("payload_failed", ctypes.c_uint64),
     ]
 
 
@@ -224,6 +229,10 @@ FUNCTIONS = {
     "glm53_ct_error": (ctypes.c_char_p, []),
     # int32_t glm53_ct_abi(const char* name, int64_t* value)
     "glm53_ct_abi": (ctypes.c_int32, [ctypes.c_char_p, ctypes.c_void_p]),
+    # uint64_t glm53_ct_payload_sum(const void* picks, int32_t n_picks, const void* x, int32_t n_tokens, int32_t hidden, uint64_t seq)
+    "glm53_ct_payload_sum": (ctypes.c_uint64, [
+        ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_uint64
+    ]),
     # int32_t glm53_ct_ring_layout(int32_t slots, int32_t hidden, int32_t max_tokens, int32_t max_picks, glm53_ct_layout* out)
     "glm53_ct_ring_layout": (ctypes.c_int32, [
         ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(glm53_ct_layout)
@@ -326,6 +335,9 @@ ABI = {
             "GLM53_CT_VERSION": GLM53_CT_VERSION,
             "GLM53_CT_ALIGN": GLM53_CT_ALIGN,
             "GLM53_CT_RING_HEADER": GLM53_CT_RING_HEADER,
+            "GLM53_CT_SUM": GLM53_CT_SUM,
+            "GLM53_CT_SUM_WAIT_US": GLM53_CT_SUM_WAIT_US,
+            "GLM53_CT_SUM_SEQ": GLM53_CT_SUM_SEQ,
             "GLM53_CT_EMPTY": GLM53_CT_EMPTY,
             "GLM53_CT_PUBLISHED": GLM53_CT_PUBLISHED,
             "GLM53_CT_CLAIMED": GLM53_CT_CLAIMED,

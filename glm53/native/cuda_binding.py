@@ -38,6 +38,8 @@ CT_FAILED = 4
 CT_TAKEN_BACK = 5
 CT_SKIPPED = 6
 CT_ACK = 64
+CT_SUM = 24
+CT_SUM_SEQ = 2177342782468422677
 CT_OUT_NONE = 0
 CT_OUT_DONE = 1
 CT_OUT_FAILED = 2
@@ -292,6 +294,8 @@ ABI = {
             "CT_TAKEN_BACK": CT_TAKEN_BACK,
             "CT_SKIPPED": CT_SKIPPED,
             "CT_ACK": CT_ACK,
+            "CT_SUM": CT_SUM,
+            "CT_SUM_SEQ": CT_SUM_SEQ,
             "CT_OUT_NONE": CT_OUT_NONE,
             "CT_OUT_DONE": CT_OUT_DONE,
             "CT_OUT_FAILED": CT_OUT_FAILED,

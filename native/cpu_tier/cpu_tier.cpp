@@ -70,10 +70,19 @@ void futex_wake_all(std::atomic<uint32_t>& word)
     syscall(SYS_futex, reinterpret_cast<uint32_t*>(&word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
 }
 
+// Evicts [p, p + n) from this CPU's caches (a later read goes to memory).
+void flush_lines(const uint8_t* p, uint64_t n)
+{
+    for (uint64_t at = 0; at < n; at += 64)
+        __builtin_ia32_clflush(p + at);
+}
+
 struct SlotHeader {
     uint64_t job;  // the producer's word
-    uint32_t layer, n_tokens, n_picks;
+    uint32_t layer, n_tokens, n_picks, unused;
+    uint64_t sum;  // the payload's checksum (glm53_ct_payload_sum)
 };
+static_assert(offsetof(SlotHeader, sum) == GLM53_CT_SUM, "SUM's offset in the producer's line");
 constexpr uint64_t ACK = 64;  // byte offset of the worker's word in a slot
 
 const glm53_ct_layout& layout_of(const void* ring) { return *static_cast<const glm53_ct_layout*>(ring); }
@@ -154,13 +163,43 @@ struct glm53_ct_worker {
 
     void run();
     void park(uint32_t gen);
-    uint32_t compute(uint8_t* slot);
+    uint32_t compute(uint8_t* slot, uint64_t seq);
+    bool payload_arrived(uint8_t* slot, uint64_t seq);
     void process(uint64_t seq);
 };
 
-// Checks and computes the job in slot; returns DONE or FAILED.
-uint32_t glm53_ct_worker::compute(uint8_t* slot)
+// Whether the slot's payload is job seq's as its checksum says, reading it again (its lines flushed from this CPU's
+// caches, so that a re-read goes to memory) until it is or GLM53_CT_SUM_WAIT_US have passed.
+bool glm53_ct_worker::payload_arrived(uint8_t* slot, uint64_t seq)
 {
+    const uint64_t t0 = now_ns();
+    for (bool first = true;; first = false) {
+        SlotHeader h;
+        memcpy(&h, slot, sizeof h);
+        const bool sizes = h.n_tokens >= 1 && h.n_tokens <= L.max_tokens && h.n_picks >= 1 && h.n_picks <= L.max_tokens * L.max_picks;
+        if (sizes && glm53_ct_payload_sum(slot + L.picks_offset, static_cast<int32_t>(h.n_picks), slot + L.x_offset,
+                                          static_cast<int32_t>(h.n_tokens), static_cast<int32_t>(L.hidden), seq) == h.sum)
+            return true;
+        if (first)
+            COUNT(payload_rereads, 1);
+        if (now_ns() - t0 > GLM53_CT_SUM_WAIT_US * 1000ull) {
+            COUNT(payload_failed, 1);
+            return false;
+        }
+        const uint64_t n_tokens = sizes ? h.n_tokens : L.max_tokens, n_picks = sizes ? h.n_picks : L.max_tokens * L.max_picks;
+        flush_lines(slot, 64);
+        flush_lines(slot + L.picks_offset, sizeof(glm53_ct_pick) * n_picks);
+        flush_lines(slot + L.x_offset, 2 * n_tokens * L.hidden);
+        __builtin_ia32_mfence();
+        __builtin_ia32_pause();
+    }
+}
+
+// Checks and computes job seq in slot; returns DONE or FAILED.
+uint32_t glm53_ct_worker::compute(uint8_t* slot, uint64_t seq)
+{
+    if (!payload_arrived(slot, seq))
+        return GLM53_CT_FAILED;
     SlotHeader h;
     memcpy(&h, slot, sizeof h);
     const glm53_ct_pick* picks = reinterpret_cast<const glm53_ct_pick*>(slot + L.picks_offset);
@@ -232,7 +271,7 @@ void glm53_ct_worker::process(uint64_t seq)
     for (uint64_t seen = max_depth.load(std::memory_order_relaxed); depth > seen && !max_depth.compare_exchange_weak(seen, depth);) {
     }
     uint8_t* slot = slot_base(ring, seq % L.slots);
-    const uint32_t result = compute(slot);
+    const uint32_t result = compute(slot, seq);
     // The result is published either way; whether it counts is the producer's decision alone: a producer that took
     // the job back computes it itself and never reads this one.
     const uint64_t job = store_then_load(ack_ptr(ring, seq % L.slots), word_of(seq, result), job_ptr(ring, seq % L.slots));
@@ -310,6 +349,22 @@ void glm53_ct_worker::run()
 }
 
 extern "C" {
+
+uint64_t glm53_ct_payload_sum(const void* picks, int32_t n_picks, const void* x, int32_t n_tokens, int32_t hidden, uint64_t seq)
+{
+    // words in two runs with their global index i: the picks' (i from 0), then the rows' (i from 3 * n_picks); the
+    // device kernels sum the same terms in another order (the sum is commutative mod 2^64)
+    uint64_t sum = seq * GLM53_CT_SUM_SEQ;
+    const uint32_t* p = static_cast<const uint32_t*>(picks);
+    const uint64_t np = 3ull * (n_picks > 0 ? n_picks : 0);
+    for (uint64_t i = 0; i < np; ++i)
+        sum += static_cast<uint64_t>(p[i]) * (2 * i + 1);
+    const uint32_t* w = static_cast<const uint32_t*>(x);
+    const uint64_t nx = static_cast<uint64_t>(n_tokens > 0 ? n_tokens : 0) * static_cast<uint64_t>(hidden > 0 ? hidden : 0) / 2;
+    for (uint64_t i = 0; i < nx; ++i)
+        sum += static_cast<uint64_t>(w[i]) * (2 * (np + i) + 1);
+    return sum;
+}
 
 const char* glm53_ct_error(void) { return last_error.c_str(); }
 
@@ -517,6 +572,8 @@ int32_t glm53_ct_producer_publish(void* ring, uint64_t seq, int32_t layer, int32
     memcpy(slot + offsetof(SlotHeader, layer), fields, sizeof fields);
     memcpy(slot + L.picks_offset, picks, sizeof(glm53_ct_pick) * n_picks);
     memcpy(slot + L.x_offset, x, 2ull * n_tokens * L.hidden);
+    const uint64_t sum = glm53_ct_payload_sum(picks, n_picks, x, n_tokens, static_cast<int32_t>(L.hidden), seq);
+    memcpy(slot + GLM53_CT_SUM, &sum, sizeof sum);
     store(job_ptr(ring, seq % L.slots), word_of(seq, GLM53_CT_PUBLISHED));
     return GLM53_CE_OK;
 }

@@ -20,13 +20,20 @@
  *   ring + 128  worker line: u64 worker_next, the sequence number the worker waits for next (written by the
  *                 worker only; a restarted worker resumes there)
  *   ring + 256 + i * slot_bytes   slot i (slot_bytes a multiple of 128):
- *     + 0             the producer's line: u64 JOB word, u32 layer, u32 n_tokens, u32 n_picks
+ *     + 0             the producer's line: u64 JOB word, u32 layer, u32 n_tokens, u32 n_picks, (+ 24) u64 SUM
  *     + 64            the worker's line: u64 ACK word
  *     + picks_offset  picks: [max_tokens * max_picks] of {i32 token, i32 expert, f32 weight} (12 bytes each)
  *     + x_offset      input rows: fp16 [max_tokens][hidden] (row t at x_offset + 2 * t * hidden)
  *     + out_offset    output: fp32 [max_tokens][hidden] (row t at out_offset + 4 * t * hidden)
  *   layer is the layer's row in the registered expert table (the host store's row), expert its expert index.
  *
+ * SUM (version 3): the payload's checksum, written with it, before JOB: over its 32-bit words w_i, the picks'
+ * 3 * n_picks first, then the rows' n_tokens * hidden / 2, sum of w_i * (2 i + 1) plus seq * GLM53_CT_SUM_SEQ, mod
+ * 2^64 (glm53_ct_payload_sum). The worker computes it over what it reads after claiming and computes only on a
+ * match: it reads the payload again (its lines flushed from the CPU's caches first) until it matches, for at most
+ * GLM53_CT_SUM_WAIT_US, else FAILS the job (the producer then computes it). The flag's release and acquire should
+ * make this unnecessary; on the GPU host a worker was seen to compute a DONE job on other bytes than the slot held
+ * afterwards (tests/gpu/test_cpu_tier_device.py), so the worker checks what it read instead of trusting the order.
  * THE TWO WORDS: u64 = seq << 8 | state, seq >= 1 the job's sequence number (56 bits, never wraps in practice);
  * job seq lives in slot seq % slots. Each word has ONE writer: the producer writes JOB, the worker writes ACK. No
  * read-modify-write is shared: a GPU's atomics on host memory are not atomic against the CPU's over PCIe
@@ -67,7 +74,9 @@ extern "C" {
 
 #define GLM53_CT_API __attribute__((visibility("default")))
 
-enum { GLM53_CT_MAGIC = 0x31544347, GLM53_CT_VERSION = 2, GLM53_CT_ALIGN = 128, GLM53_CT_RING_HEADER = 256 };
+enum { GLM53_CT_MAGIC = 0x31544347, GLM53_CT_VERSION = 3, GLM53_CT_ALIGN = 128, GLM53_CT_RING_HEADER = 256 };
+enum { GLM53_CT_SUM = 24, GLM53_CT_SUM_WAIT_US = 200 };  /* the producer line's checksum word; the worker's longest re-read */
+#define GLM53_CT_SUM_SEQ 0x1E3779B97F4A7C15ull            /* the job number's weight in it (an odd constant) */
 enum glm53_ct_state { GLM53_CT_EMPTY = 0, GLM53_CT_PUBLISHED = 1, GLM53_CT_CLAIMED = 2, GLM53_CT_DONE = 3, GLM53_CT_FAILED = 4,
        GLM53_CT_TAKEN_BACK = 5, GLM53_CT_SKIPPED = 6 };
 enum { GLM53_CT_EBUSY = -5, GLM53_CT_ESTATE = -6 };  /* also GLM53_CE_EINVAL, GLM53_CE_ENOMEM */
@@ -100,6 +109,8 @@ typedef struct glm53_ct_counters {
     uint64_t taken_back_after_claim;   /* late: the result was discarded */
     uint64_t max_queue_depth;   /* PUBLISHED slots seen at a claim, the claimed one included */
     uint64_t naps;              /* idle naps taken: none while a decode step is in flight (wake .. rest) */
+    uint64_t payload_rereads;   /* claimed jobs whose payload's checksum did not match at first (read again) */
+    uint64_t payload_failed;    /* ... nor within GLM53_CT_SUM_WAIT_US (FAILED) */
 } glm53_ct_counters;
 
 typedef struct glm53_ct_worker glm53_ct_worker;
@@ -110,6 +121,11 @@ GLM53_CT_API const char* glm53_ct_error(void);
 /* The sizes and field offsets of the structs above and the numbers of the enums, by name (../abi.h). 0 when the
  * name is known, else -1. */
 GLM53_CT_API int32_t glm53_ct_abi(const char* name, int64_t* value);
+
+/* The payload checksum of SUM (the byte layout's description) over picks (3 * n_picks words) and x (n_tokens *
+ * hidden / 2 words) for job seq. */
+GLM53_CT_API uint64_t glm53_ct_payload_sum(const void* picks, int32_t n_picks, const void* x, int32_t n_tokens, int32_t hidden,
+                                           uint64_t seq);
 
 /* The layout of a ring for these dims (hidden a multiple of 128, 1 <= max_tokens <= 8, 1 <= max_picks <= 64). */
 GLM53_CT_API int32_t glm53_ct_ring_layout(int32_t slots, int32_t hidden, int32_t max_tokens, int32_t max_picks,

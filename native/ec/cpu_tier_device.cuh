@@ -41,19 +41,35 @@ __device__ __forceinline__ bool ct_slot_free(const CtRing& r, uint64_t seq)
     return (j >> 8) == 0 || ((a >> 8) == (j >> 8) && (as == CT_DONE || as == CT_FAILED || as == CT_SKIPPED));
 }
 
+// The payload checksum's terms (cpu_tier.h, SUM) of one int4 of the rows: words w at global index at .. at + 3.
+__device__ __forceinline__ unsigned long long ct_sum4(int4 v, uint64_t at)
+{
+    return (uint64_t) (uint32_t) v.x * (2 * at + 1) + (uint64_t) (uint32_t) v.y * (2 * at + 3) +
+           (uint64_t) (uint32_t) v.z * (2 * at + 5) + (uint64_t) (uint32_t) v.w * (2 * at + 7);
+}
+
 // The block's last step of a publish: the T input rows into the slot (contiguous on both sides, row t at 2 * t *
-// hidden bytes; hidden a multiple of 128), every writer's fence, then thread 0 releases JOB = PUBLISHED(seq).
-__device__ void ct_publish_rows(const CtRing& r, uint64_t seq, const uint16_t* x, int n_tokens, uint64_t* next_seq,
-                                int64_t* status, int64_t* counters)
+// hidden bytes; hidden a multiple of 128), their checksum terms (after the pick_words words of picks, whose terms
+// the caller has added to *sum, a __shared__ 0 at first), every writer's fence, then thread 0 writes SUM and
+// releases JOB = PUBLISHED(seq).
+__device__ void ct_publish_rows(const CtRing& r, uint64_t seq, const uint16_t* x, int n_tokens, int pick_words,
+                                unsigned long long* sum, uint64_t* next_seq, int64_t* status, int64_t* counters)
 {
     char* slot = ct_slot(r, seq);
     const int4* src_x = reinterpret_cast<const int4*>(x);
     int4* dst_x = reinterpret_cast<int4*>(slot + r.x_offset);
     const int vecs = n_tokens * (int) r.hidden / 8;
-    for (int i = threadIdx.x; i < vecs; i += blockDim.x) dst_x[i] = src_x[i];
+    unsigned long long part = 0;
+    for (int i = threadIdx.x; i < vecs; i += blockDim.x) {
+        const int4 v = src_x[i];
+        dst_x[i] = v;
+        part += ct_sum4(v, (uint64_t) pick_words + 4 * (uint64_t) i);
+    }
+    atomicAdd(sum, part);
     __threadfence_system();  // this thread's payload stores, before JOB
     __syncthreads();
     if (threadIdx.x == 0) {
+        *reinterpret_cast<uint64_t*>(slot + CT_SUM) = *sum + seq * CT_SUM_SEQ;
         ct_store_release(reinterpret_cast<uint64_t*>(slot), seq << 8 | CT_PUBLISHED);
         *next_seq = seq + 1;
         *status = (int64_t) seq;
@@ -71,7 +87,9 @@ __global__ void ct_publish_kernel(CtRing r, uint64_t* next_seq, int layer, int n
 {
     __shared__ uint64_t seq_s;
     __shared__ int ok;
+    __shared__ unsigned long long sum;
     if (threadIdx.x == 0) {
+        sum = 0;
         uint64_t seq = *next_seq;
         bool fits = n_picks > 0 && n_tokens >= 1 && (uint32_t) n_tokens <= r.max_tokens &&
                     (uint64_t) n_picks <= (uint64_t) r.max_tokens * r.max_picks;
@@ -92,8 +110,13 @@ __global__ void ct_publish_kernel(CtRing r, uint64_t* next_seq, int layer, int n
         head[2] = (uint32_t) n_picks;
     }
     int32_t* dst_p = reinterpret_cast<int32_t*>(slot + r.picks_offset);
-    for (int i = threadIdx.x; i < 3 * n_picks; i += blockDim.x) dst_p[i] = picks[i];
-    ct_publish_rows(r, seq_s, x, n_tokens, next_seq, status, counters);
+    unsigned long long part = 0;
+    for (int i = threadIdx.x; i < 3 * n_picks; i += blockDim.x) {
+        dst_p[i] = picks[i];
+        part += (uint64_t) (uint32_t) picks[i] * (2 * (uint64_t) i + 1);
+    }
+    atomicAdd(&sum, part);
+    ct_publish_rows(r, seq_s, x, n_tokens, 3 * n_picks, &sum, next_seq, status, counters);
 }
 
 // One thread. Waits for job *status until timeout_ns have passed since it started waiting, then takes it back.
@@ -182,6 +205,7 @@ __global__ void __launch_bounds__(CT_SPLIT_MAX_PICKS) ct_split_publish_kernel(
     __shared__ float s_f[CT_SPLIT_MAX_PICKS];
     __shared__ int s_k, s_publish, s_picks;
     __shared__ uint64_t s_seq;
+    __shared__ unsigned long long s_sum;
     const int n = T * topk, p = threadIdx.x;
     if (p < n) s_e[p] = (int) sel[p];
     record[p] = -1;  // blockDim == CT_SPLIT_MAX_PICKS: every entry, also past n
@@ -240,6 +264,7 @@ __global__ void __launch_bounds__(CT_SPLIT_MAX_PICKS) ct_split_publish_kernel(
         bool fits = T <= (int) r.max_tokens && (uint64_t) picks <= (uint64_t) r.max_tokens * r.max_picks;
         s_publish = picks > 0 && fits && ct_slot_free(r, seq);
         s_seq = seq;
+        s_sum = 0;
         if (!s_publish) {
             *status = 0;
             if (picks > 0) counters[CT_C_BUSY] += 1;
@@ -260,16 +285,20 @@ __global__ void __launch_bounds__(CT_SPLIT_MAX_PICKS) ct_split_publish_kernel(
     }
     if (p < n && s_cold[p]) {
         int32_t* dst = reinterpret_cast<int32_t*>(slot + r.picks_offset) + 3 * s_pos[p];
-        dst[0] = p / topk;
-        dst[1] = s_e[p];
-        dst[2] = __float_as_int(__half2float(rw[p]));
+        const int32_t words[3] = {p / topk, s_e[p], __float_as_int(__half2float(rw[p]))};
+        const uint64_t at = 3 * (uint64_t) s_pos[p];
+        dst[0] = words[0];
+        dst[1] = words[1];
+        dst[2] = words[2];
+        atomicAdd(&s_sum, (uint64_t) (uint32_t) words[0] * (2 * at + 1) + (uint64_t) (uint32_t) words[1] * (2 * at + 3) +
+                              (uint64_t) (uint32_t) words[2] * (2 * at + 5));
         if (probe_k <= 0) {
             record[p] = s_e[p];
             record[CT_SPLIT_MAX_PICKS + p] = (int32_t) __half_as_ushort(rw[p]);
             rw[p] = __float2half(0.0f);
         }
     }
-    ct_publish_rows(r, s_seq, y, T, next_seq, status, counters);
+    ct_publish_rows(r, s_seq, y, T, 3 * s_picks, &s_sum, next_seq, status, counters);
 }
 
 // One block, after ct_wait_kernel: the sort of one split's picks that exllamav3's fused expert kernel (exl3_moe,

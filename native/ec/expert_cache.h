@@ -86,6 +86,8 @@ struct CtRing {
 /* A word's states: GLM53_CT_* of cpu_tier.h */
 enum ct_state { CT_EMPTY = 0, CT_PUBLISHED = 1, CT_CLAIMED = 2, CT_DONE = 3, CT_FAILED = 4, CT_TAKEN_BACK = 5, CT_SKIPPED = 6 };
 #define CT_ACK 64  /* byte offset of the worker's ACK word in a slot (JOB at 0) */
+#define CT_SUM 24  /* byte offset of the payload's checksum in a slot (cpu_tier.h's GLM53_CT_SUM, SUM) */
+#define CT_SUM_SEQ 0x1E3779B97F4A7C15ull  /* the job number's weight in it (GLM53_CT_SUM_SEQ) */
 /* What ct_wait decided for a job (*outcome) */
 enum ct_outcome { CT_OUT_NONE = 0, CT_OUT_DONE = 1, CT_OUT_FAILED = 2, CT_OUT_TAKEN_BACK_BEFORE_CLAIM = 3,
                   CT_OUT_TAKEN_BACK_AFTER_CLAIM = 4 };

@@ -18,6 +18,8 @@ from glm53.cpu_tier import kernel as ce
 from glm53.cpu_tier import worker as ct
 from glm53.offload.host_store import HostStore
 
+from glm53.native.cpu import library
+from glm53.native.cpu_binding import GLM53_CT_SUM, GLM53_CT_SUM_SEQ, glm53_ct_pick
 from tests.cpu_tier.host_producer import HostProducer, Outcome, debug_hold, expert_table
 from tests.offload.test_host_store import PREFIX, _write_shard
 
@@ -151,6 +153,44 @@ def test_an_invalid_job_fails_and_the_slot_is_reusable(tier, bad):
         assert producer.wait(seq, None) == Outcome("done")
         c = worker.counters()
     assert (c["jobs"], c["failed"], c["done"]) == (2, 1, 1)
+
+
+def _payload_sum(picks, x, seq: int) -> int:
+    """cpu_tier.h's SUM, written out: the payload's 32-bit words w_i (picks, then rows) summed as w_i * (2 i + 1), plus
+    seq * GLM53_CT_SUM_SEQ, mod 2^64."""
+    words = np.concatenate([np.array([(t, e, np.float32(w).view(np.int32)) for t, e, w in picks], np.int32).view(np.uint32).ravel(),
+                            np.ascontiguousarray(x, np.float16).view(np.uint32).ravel()]).astype(object)
+    return int((sum(int(w) * (2 * i + 1) for i, w in enumerate(words)) + seq * GLM53_CT_SUM_SEQ) % 2**64)
+
+
+def test_the_payload_checksum_is_the_documented_sum_and_the_host_producer_writes_it():
+    rng = np.random.default_rng([SEED, 21])
+    layer, x, picks = random_job(rng, tokens=3, picks=4)
+    arr = (glm53_ct_pick * len(picks))(*(glm53_ct_pick(t, e, w) for t, e, w in picks))
+    got = library().glm53_ct_payload_sum(arr, len(picks), x.ctypes.data, x.shape[0], HIDDEN, 7)
+    assert got == _payload_sum(picks, x, 7) != library().glm53_ct_payload_sum(arr, len(picks), x.ctypes.data, x.shape[0], HIDDEN, 8)
+    ring = ct.Ring(slots=2, hidden=HIDDEN)
+    assert HostProducer(ring).publish(layer, x, picks) == 1
+    slot = ring.bytes[ring.layout.slots_offset + ring.layout.slot_bytes:]  # job 1 is in slot 1
+    assert int(slot[GLM53_CT_SUM:GLM53_CT_SUM + 8].view(np.uint64)[0]) == _payload_sum(picks, x, 1)
+
+
+def test_a_payload_that_does_not_match_its_checksum_is_read_again_then_failed_never_computed(tier):
+    """A payload the worker reads before all of it has landed (as seen on the GPU host) must not be computed on: the
+    worker reads it again for GLM53_CT_SUM_WAIT_US, then fails the job, which its producer computes itself."""
+    _, table, _ = tier
+    rng = np.random.default_rng([SEED, 22])
+    ring = ct.Ring(slots=1, hidden=HIDDEN)
+    producer = HostProducer(ring)
+    layer, x, picks = random_job(rng, tokens=2, picks=3)
+    seq = producer.publish(layer, x, picks)
+    ring.x(0, 2)[1, 5] += np.float16(1.0)  # a row that differs from what the checksum covers
+    with ct.Worker(ring, table, act_limit=LIMIT) as worker:
+        assert producer.wait(seq, None) == Outcome("failed")
+        seq = producer.publish(layer, x, picks)  # intact: computed at the first read
+        assert producer.wait(seq, None) == Outcome("done")
+        c = worker.counters()
+    assert (c["jobs"], c["failed"], c["done"], c["payload_rereads"], c["payload_failed"]) == (2, 1, 1, 1, 1)
 
 
 def test_many_jobs_through_few_slots_arrive_in_order_each_exactly_once(tier, pool):

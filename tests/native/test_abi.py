@@ -32,7 +32,7 @@ def test_the_cpu_librarys_binding_is_its_own_layout():
 def test_the_named_numbers_come_from_the_headers():
     assert kernel.ISAS == ("scalar", "avx2", "avx512", "avx512vbmi") and kernel.CODEBOOKS == ("fp16", "fma", "int16")
     assert worker.STATES == ("empty", "published", "claimed", "done", "failed", "taken_back", "skipped")
-    assert worker.COUNTERS[:2] == ("jobs", "done") and worker.COUNTERS[-1] == "naps"
+    assert worker.COUNTERS[:2] == ("jobs", "done") and worker.COUNTERS[-3:] == ("naps", "payload_rereads", "payload_failed")
     assert disk.STATES == ("pending", "done", "failed")
     assert disk.COUNTERS == ("requests", "failed", "bytes", "disk_bytes", "bounced_bytes", "retries", "short_reads", "fallbacks")
     assert ec_native.LINK_KINDS == ("misses", "fallback", "admissions", "prefetch", "tier_io", "copies", "probe")
@@ -48,6 +48,7 @@ def test_what_the_two_libraries_and_the_policys_reference_share_is_the_same():
     ring = [name for name, _ in cuda_binding.CtRing._fields_[1:]]
     assert set(ring) <= {name for name, _ in cpu_binding.glm53_ct_layout._fields_}
     assert cuda_binding.CT_ACK == 64  # cpu_tier.h: the worker's line of a slot
+    assert (cuda_binding.CT_SUM, cuda_binding.CT_SUM_SEQ) == (cpu_binding.GLM53_CT_SUM, cpu_binding.GLM53_CT_SUM_SEQ)
     assert [cache_policy.C_PICKS, cache_policy.C_HITS, cache_policy.C_ADMITS, cache_policy.C_EVICTS, cache_policy.C_STEPS,
             cache_policy.C_N] == [cuda_binding.C_PICKS, cuda_binding.C_HITS, cuda_binding.C_ADMITS, cuda_binding.C_EVICTS,
                                   cuda_binding.C_STEPS, cuda_binding.C_N]
