@@ -389,12 +389,12 @@ class Rig:
 
     def ram_tier_slots_per_layer(self, model: ModelFacts = GLM53_FLASH) -> float | None:
         """Experts a layer keeps in host RAM beyond the VRAM's when RAM cannot hold them all (None: it holds them all,
-        no RAM tier): the RAM left after the process (fast mode's needs, the larger) less one layer's decode step
-        of staging slots (``top_k`` x ``MAX_TOKENS``), in padded blocks."""
-        budget = expert_ram_budget(int(self.ram_gib * 2**30), model.sign_scale_bytes, "fast", max(1, self.cores - 1))
+        no RAM tier): the RAM left after the process (exact mode's needs: the CPU tier is off beside a RAM tier) less
+        the tier's window of one layer's experts (``offload.ram_tier.plan``), in padded blocks."""
+        budget = expert_ram_budget(int(self.ram_gib * 2**30), model.sign_scale_bytes, "exact", 1)
         if budget >= STORE_PADDING * model.routed_bytes:
             return None
-        blocks = budget / (STORE_PADDING * model.expert_bytes) - model.top_k * MAX_TOKENS
+        blocks = budget / (STORE_PADDING * model.expert_bytes) - model.experts
         return max(0.0, blocks / model.moe_layers)
 
 
@@ -549,6 +549,8 @@ def project(rig: Rig, profile: np.ndarray, model: ModelFacts = GLM53_FLASH, stre
         step = Step(fixed_s=fixed, moe_layers=model.moe_layers, misses=misses, hits=hits, tokens=n, disk_misses=disk_misses[n])
         exact = exact_step_s(step, costs)
         fast, k = fast_step_s(step, costs, hook_s)
+        if ram_slots is not None:  # the CPU tier is off beside a RAM tier: fast mode serves as exact mode does
+            fast, k = exact, 0.0
         decode["exact"][n], decode["fast"][n] = n / exact, n / min(fast, exact)
         cpu_k[n] = k if fast < exact else 0.0
         if n == min(streams):
@@ -562,9 +564,15 @@ def project(rig: Rig, profile: np.ndarray, model: ModelFacts = GLM53_FLASH, stre
             bound["fast"] = (f"the CPU tier: a layer's job ({1e6 * cpu_part:.0f} us for {k:.1f} experts) outlasts the GPU's part "
                              f"({1e6 * gpu_part:.0f} us)" if cpu_part > gpu_part else
                              f"the link: the GPU's part of a layer ({1e6 * gpu_part:.0f} us) outlasts the CPU's job ({1e6 * cpu_part:.0f} us)")
+            if ram_slots is not None:
+                bound["fast"] = "as exact mode: the CPU tier is off beside a RAM tier (it reads experts from the host store)"
     stream_bytes = (model.experts - slots) * model.expert_bytes
     prefill = {mode: prompt / prefill_s(prompt, model.moe_layers, rig.prefill_s_per_token, stream_bytes, rig.copy_gbs,
                                         last_page_split=(mode == "exact"), zero_copy_gbs=rig.link_gbs) for mode in ("exact", "fast")}
+    if ram_slots is not None:  # each prefill forward reads the experts neither VRAM nor the RAM tier holds from disk
+        chunks = max(1, math.ceil(prompt / 8192))
+        disk_bytes = chunks * model.moe_layers * max(0.0, model.experts - slots - ram_slots) * model.expert_bytes
+        prefill = {mode: prompt / (prompt / tok_s + disk_bytes / (rig.disk_gbs * 1e9)) for mode, tok_s in prefill.items()}
     ram = {mode: host_ram_needed(model.routed_bytes, model.sign_scale_bytes, mode, max(1, rig.cores - 1)) / 2**30 for mode in ("exact", "fast")}
     tier = None if ram_slots is None else {
         "ram_share": (slots + ram_slots) / model.experts, "ram_slots_per_layer": ram_slots,

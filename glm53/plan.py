@@ -153,7 +153,7 @@ def format_report(r: dict) -> str:
              "| mode | decode 1 stream | decode 4 streams | prefill 8k | host RAM | settings |", "|---|---|---|---|---|---|"]
     for mode in ("exact", "fast"):
         d = p["decode_tok_s"][mode]
-        fits = "" if r["fits_in_ram"][mode] else f" (this rig has {rig['ram_gib']:.0f})"
+        fits = "" if r["fits_in_ram"][mode] else f" (this rig has {rig['ram_gib']:.0f}: a RAM tier)"
         lines.append(f"| {mode}{' (picked)' if r['pick'] == mode else ''} | {d[1]:.1f} tok/s | {d[4]:.1f} tok/s | "
                      f"{p['prefill_tok_s'][mode]:.0f} tok/s | {p['host_ram_gib'][mode]:.1f} GiB{fits} | {r['settings'][mode]} |")
     tier = p["ram_tier"]
@@ -161,7 +161,8 @@ def format_report(r: dict) -> str:
         disk = tier["disk_misses_per_layer"]
         lines += ["", f"  RAM tier: {rig['ram_gib']:.0f} GiB of host RAM holds {tier['ram_slots_per_layer']:.1f} experts a layer beyond "
                       f"the VRAM's ({tier['ram_share']:.1%} of them in VRAM or RAM); {disk[1]:.2f} a layer at one stream, {disk[4]:.2f} "
-                      f"at four, are read from disk at {tier['disk_gbs']:g} GB/s (prefill's disk reads not modelled)"]
+                      f"at four, are read from disk at {tier['disk_gbs']:g} GB/s (and by prefill, every expert neither holds, once a forward); "
+                      "fast mode serves as exact mode beside a RAM tier (its CPU tier is off)"]
     k = p["cpu_experts_per_layer"]
     lines += ["", f"  fast mode sends the CPU tier {k[1]:.1f} experts a layer at one stream, {k[4]:.1f} at four",
               f"  bound, exact: {p['bound']['exact']}", f"  bound, fast: {p['bound']['fast']}"]

@@ -100,5 +100,5 @@ def test_a_rig_whose_ram_holds_every_expert_has_no_ram_tier():
     rig = cm.PRESETS["pcie4-4090-7950x"]
     assert rig.ram_tier_slots_per_layer() is None
     short = cm.described(rig, ram_gib=40)
-    budget = cm.expert_ram_budget(40 * 2**30, cm.GLM53_FLASH.sign_scale_bytes, "fast", 15)
-    assert short.ram_tier_slots_per_layer() == pytest.approx((budget / (1.02 * 9.44e6) - 8 * 8) / 42)
+    budget = cm.expert_ram_budget(40 * 2**30, cm.GLM53_FLASH.sign_scale_bytes, "exact", 1)
+    assert short.ram_tier_slots_per_layer() == pytest.approx((budget / (1.02 * 9.44e6) - 288) / 42)  # less the window

@@ -20,12 +20,12 @@ def test_the_original_projects_rig_shows_its_published_figures_and_what_its_fast
 
 
 def test_a_described_rig_as_json(capsys):
-    argv = ["plan", "--gpu", "RTX 4090", "--link-gbs", "12.5", "--cores", "24", "--isa", "avx512", "--dram-gbs", "80", "--ram-gib", "64",
+    argv = ["plan", "--gpu", "RTX 4090", "--link-gbs", "12.5", "--cores", "24", "--isa", "avx512", "--dram-gbs", "80", "--ram-gib", "256",
             "--json"]
     assert cli.main(argv) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["rig"]["link_gbs"] == 12.5 and r["rig"]["hbm_gbs"] == 1008 and r["pick"] == "fast"
-    assert r["fits_in_ram"] == {"exact": False, "fast": False}  # 64 GiB holds no copy of 114 GB of experts
+    assert r["fits_in_ram"] == {"exact": True, "fast": True} and r["projection"]["ram_tier"] is None  # 256 GiB hold them all
     p = r["projection"]
     assert p["decode_tok_s"]["fast"]["1"] > 1.5 * p["decode_tok_s"]["exact"]["1"]
 
@@ -73,5 +73,9 @@ def test_a_host_short_of_ram_is_projected_with_a_ram_tier_read_from_disk_at_the_
     disk_7, disk_1_5 = (42 * t["disk_misses_per_layer"]["1"] * 9.44e6 / (r * 1e9) for t, r in ((tier, 7.0), (slow, 1.5)))
     assert per_token["64"] - per_token["full"] == pytest.approx(disk_7, rel=1e-6)
     assert per_token["64_slow"] - per_token["full"] == pytest.approx(disk_1_5, rel=1e-6)
+    # beside a RAM tier fast mode is exact mode (its CPU tier is off), and prefill reads from disk what neither tier holds
+    assert runs["64"]["decode_tok_s"]["fast"] == runs["64"]["decode_tok_s"]["exact"]
+    assert runs["64_slow"]["prefill_tok_s"]["exact"] < runs["64"]["prefill_tok_s"]["exact"] < runs["full"]["prefill_tok_s"]["exact"]
     assert cli.main(["plan", "--preset", "pcie4-4090-7950x", "--ram-gib", "64"]) == 0
-    assert "RAM tier: 64 GiB of host RAM holds" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "RAM tier: 64 GiB of host RAM holds" in out and "fast mode serves as exact mode beside a RAM tier" in out
