@@ -32,6 +32,7 @@ from bench.output import emit_json
 from glm53 import cost_model as cm
 from glm53.config import GB
 
+SCHEMA = "glm53.ram_tier/1"
 SHARES = (100, 50, 25)
 PREFILL = "4096"
 
@@ -127,7 +128,10 @@ def report(run_dir: Path) -> dict:
         goals["prefill_50_vs_full"] = {"value": half["prefill_vs_full_ram"], "target": 0.7, "met": half["prefill_vs_full_ram"] >= 0.7}
     if "rss_within_budget_plus_overhead" in half:
         goals["rss_50"] = {"value": half["host_rss_peak_gb"], "target": half["rss_allowed_gb"], "met": half["rss_within_budget_plus_overhead"]}
-    return {"t_fix_ms": round(t_fix * 1000, 3) if t_fix else None, "w_link_gbs": round(w_link / GB, 2),
+    first = json.loads(next(p for p in runs if p.exists()).read_text())
+    return {"schema": SCHEMA, "date": first.get("date"), "machine": first.get("machine"), "checkpoint": first.get("checkpoint"),
+            "versions": first.get("versions"), "runs": [p.name for p in runs if p.exists()],
+            "t_fix_ms": round(t_fix * 1000, 3) if t_fix else None, "w_link_gbs": round(w_link / GB, 2),
             "w_disk_gbs": round(w_disk / GB, 3), "by_ram_share": rows, "goals": goals}
 
 

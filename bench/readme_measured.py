@@ -8,6 +8,9 @@ hit rate, host RSS, VRAM, the decode ratio to the best stock offload and to the 
 spread of the repeated arm, the goals, the chart and the command that reproduces the run. Without the markers, a
 "Measured" section holding them is added before "## Development" (or at the end).
 
+The block between ``<!-- ram-measured:begin -->`` and ``<!-- ram-measured:end -->`` holds the latest RAM-tier report
+(``bench.ram_tier_decode``): exact decode and prefill with host RAM for part of the experts, against the bound.
+
 The block between ``<!-- fast-measured:begin -->`` and ``<!-- fast-measured:end -->`` holds fast mode where its users
 run it: the in-band link emulation's own check (``bench.bandwidth --link-emulate-gbs``, ``bench.link_sweep``), the
 latest comparison at each emulated link rate, the paired decode KL against the noise floor, and the full model's
@@ -29,6 +32,8 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO / "bench" / "results"
 BEGIN, END = "<!-- measured:begin -->", "<!-- measured:end -->"
 FAST_BEGIN, FAST_END = "<!-- fast-measured:begin -->", "<!-- fast-measured:end -->"
+RAM_BEGIN, RAM_END = "<!-- ram-measured:begin -->", "<!-- ram-measured:end -->"
+RAM_SCHEMA = "glm53.ram_tier/1"  # bench.ram_tier_decode's report
 SECTION = "## Measured"
 
 
@@ -258,13 +263,49 @@ def fast_block(directory: Path = RESULTS_DIR) -> str:
     return "\n".join(out).strip()
 
 
+def ram_block(directory: Path = RESULTS_DIR) -> str:
+    """The Markdown of the RAM tier's block (without the markers): the latest report's table and goals."""
+    latest = _latest(_documents(directory), lambda n, d: d.get("schema") == RAM_SCHEMA)
+    if latest is None:
+        return "No RAM-tier run recorded yet (`bench/run_offload_checks.sh ram-tier`)."
+    name, doc = latest
+    m = doc.get("machine") or {}
+    lines = [f"Exact mode with host RAM for part of the experts (`GLM53_HOST_RAM_GB`; the rest read from the checkpoint's files "
+             f"with O_DIRECT), {m.get('gpu', 'GPU')}, {doc['checkpoint'].get('preset', 'synthetic')} checkpoint, a 24 GB card's share "
+             f"in VRAM (`bench/results/{name}`, {doc.get('date', '')[:10]}). Bound per token: max(T_fix {doc['t_fix_ms']} ms, "
+             f"VRAM misses x B / {doc['w_link_gbs']} GB/s + disk reads x B / the disk's rate in the same run).", "",
+             "| RAM for experts | decode tok/s | bound tok/s | of bound | disk reads / token | disk GB/s | prefill tok/s | host RSS peak GB |",
+             "|---|---|---|---|---|---|---|---|"]
+    for share, row in doc["by_ram_share"].items():
+        if "decode_tok_s" not in row:
+            lines.append(f"| {share} % | {row.get('status', '—')} | | | | | | |")
+            continue
+        lines.append(f"| {share} % | {row['decode_tok_s']:.2f} | {_num(row['bound_tok_s'], '{:.2f}')} | {_num(row['of_bound'], '{:.3f}')} | "
+                     f"{row['disk_reads_per_token']:.1f} | {_num(row['w_disk_gbs'] if row['disk_reads_per_token'] else None, '{:.2f}')} | "
+                     f"{_num(row.get('prefill_tok_s'), '{:.0f}')} | {_num(row.get('host_rss_peak_gb'))} |")
+    goals = doc.get("goals") or {}
+    if goals:
+        lines += ["", "Goals at 50 %: " + "; ".join(f"{k} {v['value']:.3g} (target {v['target']:.3g}, {'met' if v['met'] else 'NOT met'})"
+                                                  for k, v in goals.items()) + "."]
+    return "\n".join(lines)
+
+
+def _rewrite_between(readme: str, begin: str, end: str, block: str) -> str:
+    if begin not in readme or end not in readme:
+        return readme
+    head, _, rest = readme.partition(begin)
+    _, _, tail = rest.partition(end)
+    return f"{head}{begin}\n{block}\n{end}{tail}"
+
+
 def rewrite_fast(readme: str, block: str) -> str:
     """``readme`` with ``block`` between the fast-mode markers (unchanged where there are none)."""
-    if FAST_BEGIN not in readme or FAST_END not in readme:
-        return readme
-    head, _, rest = readme.partition(FAST_BEGIN)
-    _, _, tail = rest.partition(FAST_END)
-    return f"{head}{FAST_BEGIN}\n{block}\n{FAST_END}{tail}"
+    return _rewrite_between(readme, FAST_BEGIN, FAST_END, block)
+
+
+def rewrite_ram(readme: str, block: str) -> str:
+    """``readme`` with ``block`` between the RAM tier's markers (unchanged where there are none)."""
+    return _rewrite_between(readme, RAM_BEGIN, RAM_END, block)
 
 
 def rewrite(readme: str, block: str) -> str:
@@ -290,6 +331,7 @@ def main(argv=None) -> int:
     path = args.results or latest_results()
     results = scoreboard.finish(json.loads(path.read_text()))  # the derived sections by today's arithmetic
     new = rewrite_fast(rewrite(args.readme.read_text(), measured_block(results, path.name)), fast_block(path.parent))
+    new = rewrite_ram(new, ram_block(path.parent))
     if args.check:
         stale = new != args.readme.read_text()
         print(f"{args.readme}: {'stale' if stale else 'up to date'} against {path.name}")
