@@ -31,6 +31,7 @@ import logging
 import time
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from ...config import GB, Settings
@@ -147,8 +148,6 @@ def _ram_tier(settings: Settings, store: HostStore) -> RamTier | None:
 
 def _profile_or_flat(warm, store: HostStore):
     """The warm-start profile, or a flat one where there is none (the RAM tier's placement then takes experts in order)."""
-    import numpy as np
-
     return np.ones((store.num_layers, store.num_experts)) if warm is None else warm
 
 
