@@ -12,7 +12,8 @@ share (``--budget-gb``) and reports the runs (``--report``):
   from disk first, ``B`` an expert's bytes, ``W_link`` the measured zero-copy rate, ``W_disk`` the faster of the
   O_DIRECT rate ``disk_bw`` measured in the same call at 4 reads in flight (a layer's disk misses are read together)
   and the rate the tier's own reads ran at in that arm (the faster gives the higher bound, the stricter ratio);
-- prefill 4096 tok/s at each budget against full RAM;
+- prefill 4096 tok/s at each budget against full RAM, and against its own bound: the longer of full RAM's prefill and
+  a staged forward's disk reads at ``W_disk`` (staging reads them a layer ahead, behind the compute);
 - the host RSS peak against the budget plus the process's stated overhead (``cost_model.PROCESS_OVERHEAD``).
 
     python3 -m bench.ram_tier_decode --budget-gb CKPT 50          # prints GLM53_HOST_RAM_GB for 50 % of CKPT's experts
@@ -119,6 +120,13 @@ def report(run_dir: Path) -> dict:
             row["decode_vs_full_ram"] = round(row["decode_tok_s"] / base["decode_tok_s"], 3)
             if row["prefill_tok_s"] and base["prefill_tok_s"]:
                 row["prefill_vs_full_ram"] = round(row["prefill_tok_s"] / base["prefill_tok_s"], 3)
+                staging = arm["engine_stats"]["offload"].get("staging", {})
+                if staging.get("forwards") and staging.get("disk_experts"):
+                    # a staged forward reads its disk experts behind its compute: it takes the longer of the two
+                    disk_s = staging["disk_experts"] / staging["forwards"] * b / w_disk_arm
+                    bound = int(PREFILL) / max(int(PREFILL) / base["prefill_tok_s"], disk_s)
+                    row.update(prefill_disk_s=round(disk_s, 2), prefill_bound_tok_s=round(bound, 1),
+                               prefill_of_bound=round(row["prefill_tok_s"] / bound, 3))
         rows[str(share)] = row
     goals = {}
     half = rows.get("50", {})

@@ -569,10 +569,13 @@ def project(rig: Rig, profile: np.ndarray, model: ModelFacts = GLM53_FLASH, stre
     stream_bytes = (model.experts - slots) * model.expert_bytes
     prefill = {mode: prompt / prefill_s(prompt, model.moe_layers, rig.prefill_s_per_token, stream_bytes, rig.copy_gbs,
                                         last_page_split=(mode == "exact"), zero_copy_gbs=rig.link_gbs) for mode in ("exact", "fast")}
-    if ram_slots is not None:  # each prefill forward reads the experts neither VRAM nor the RAM tier holds from disk
+    if ram_slots is not None:  # each prefill forward reads the experts neither VRAM nor the RAM tier holds from disk:
+        # a staged one a layer ahead, behind its compute (offload.tier_feed); exact mode's last page, a forward too small
+        # to stage, once more at each layer's routing (counted as a whole pass: a page picks nearly every expert)
         chunks = max(1, math.ceil(prompt / 8192))
-        disk_bytes = chunks * model.moe_layers * max(0.0, model.experts - slots - ram_slots) * model.expert_bytes
-        prefill = {mode: prompt / (prompt / tok_s + disk_bytes / (rig.disk_gbs * 1e9)) for mode, tok_s in prefill.items()}
+        disk_pass = model.moe_layers * max(0.0, model.experts - slots - ram_slots) * model.expert_bytes / (rig.disk_gbs * 1e9)
+        prefill = {mode: prompt / (max(prompt / tok_s, chunks * disk_pass) + (disk_pass if mode == "exact" else 0.0))
+                   for mode, tok_s in prefill.items()}
     ram = {mode: host_ram_needed(model.routed_bytes, model.sign_scale_bytes, mode, max(1, rig.cores - 1)) / 2**30 for mode in ("exact", "fast")}
     tier = None if ram_slots is None else {
         "ram_share": (slots + ram_slots) / model.experts, "ram_slots_per_layer": ram_slots,

@@ -191,10 +191,17 @@ class ExpertCache(Part):
             for entry in entries:
                 yield entry, self.store.host_block(entry[0], entry[1])
             return
+        from_disk = []
+        for entry in entries:  # those in the tier's policy slots from RAM (after an elastic loan, most are not)
+            held = self.ram_tier.policy_block(entry[0], entry[1])
+            if held is None:
+                from_disk.append(entry)
+            else:
+                yield entry, torch.from_numpy(held)
         wait = lambda: torch.cuda.synchronize(self.device)
-        for indices, blocks in self.ram_tier.batches([(entry[0], entry[1]) for entry in entries], wait):
+        for indices, blocks in self.ram_tier.batches([(entry[0], entry[1]) for entry in from_disk], wait):
             for i, block in zip(indices, blocks):
-                yield entries[i], torch.from_numpy(block)
+                yield from_disk[i], torch.from_numpy(block)
 
     # ---- the decode path
 

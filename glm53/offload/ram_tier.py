@@ -241,10 +241,28 @@ class RamTier:
             return self.plan.policy_slots + expert
         return -1
 
+    def prefill_blocks(self, layer: int, experts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Where prefill staging copies ``experts`` (int ids) of ``layer`` from: whether a policy slot holds each
+        (bool), and its arena block: that slot, else its window block, where :meth:`fetch` reads it."""
+        experts = np.asarray(experts, dtype=np.int64)
+        slot = self.policy.slot_of[layer, experts].astype(np.int64)
+        held = slot >= 0
+        held[held] = ~self.stale[slot[held]]
+        return held, np.where(held, slot, self.plan.policy_slots + experts)
+
+    def block_address(self, index) -> np.ndarray:
+        """The device address of arena block(s) ``index`` (after :meth:`pin`)."""
+        return self._device_base + np.asarray(index, dtype=np.int64) * self.plan.block_bytes
+
     def address(self, layer: int, expert: int) -> int:
         """The device address of the expert's block (after :meth:`pin`), or -1 when the tier does not hold it."""
         index = self.slot_index(layer, expert)
         return -1 if index < 0 else self._device_base + index * self.plan.block_bytes
+
+    def policy_block(self, layer: int, expert: int) -> np.ndarray | None:
+        """The expert's block when a policy slot holds it (not the window, which the next layer's reads reuse)."""
+        slot = int(self.policy.slot_of[layer, expert])
+        return self._slot(slot) if slot >= 0 and not self.stale[slot] else None
 
     def block(self, layer: int, expert: int) -> np.ndarray | None:
         """The expert's block in this tier, or None when the tier does not hold it."""

@@ -16,8 +16,10 @@ from tests.offload.test_disk import trellis_checkpoint
 B = 10_000_000  # an expert block's bytes in the fake runs
 
 
-def arm(name, tok_s, prefill, misses, steps, disk=None, budget=None, rss=20.0):
+def arm(name, tok_s, prefill, misses, steps, disk=None, budget=None, rss=20.0, staged=None):
     offload = {"cache": {"decode_steps": steps, "misses": misses, "slot_bytes": B}}
+    if staged is not None:  # (staged forwards, their disk reads)
+        offload["staging"] = {"forwards": staged[0], "disk_experts": staged[1]}
     if disk is not None:
         offload["ram_tier"] = {"policy_slots": 10, "share_of_experts": 0.4, "served": {"disk": disk, "ram": 1},
                                "disk_gbs": {"start": 2.0, "serving": 0.5}, "read_seconds": 3.0}
@@ -31,7 +33,7 @@ def run_dir(tmp_path):
     (tmp_path / "compare-ram-100.json").write_text(json.dumps({"bandwidth": bandwidth, "arms": [
         arm("stock-vram", 100.0, 5000.0, 0, 1), arm("exact", 60.0, 1000.0, misses=500, steps=100)]}))
     (tmp_path / "compare-ram-50.json").write_text(json.dumps({"arms": [
-        arm("exact", 20.0, 800.0, misses=500, steps=100, disk=200, budget=18.0, rss=23.0)]}))
+        arm("exact", 20.0, 800.0, misses=500, steps=100, disk=200, budget=18.0, rss=23.0, staged=(2, 3000))]}))
     (tmp_path / "disk-bw.json").write_text(json.dumps({"gbs_by_reads_in_flight": {"o_direct": {"4": {"best_gbs": 1.0}}}}))
     return tmp_path
 
@@ -46,6 +48,9 @@ def test_the_report_bounds_each_budget_by_its_link_and_disk_reads(run_dir):
     assert half["w_disk_gbs"] == 1.0
     assert half["bound_tok_s"] == round(1 / 0.021, 2) and half["of_bound"] == round(20.0 * 0.021, 3)
     assert half["decode_vs_full_ram"] == round(20 / 60, 3) and half["prefill_vs_full_ram"] == 0.8
+    # prefill: a staged forward read 1,500 experts x 10 MB at 1 GB/s = 15 s, longer than full RAM's 4096 / 1000 tok/s
+    assert half["prefill_disk_s"] == 15.0 and half["prefill_bound_tok_s"] == round(4096 / 15, 1)
+    assert half["prefill_of_bound"] == round(800 / (4096 / 15), 3)
     assert half["rss_allowed_gb"] == round(18.0 + cm.PROCESS_OVERHEAD / GB, 2) and half["rss_within_budget_plus_overhead"]
     assert out["by_ram_share"]["25"] == {"status": "not run or failed"}
     goals = out["goals"]

@@ -45,9 +45,14 @@ CASES = {
     "cache-11pct-link-emulated": ["--ec-cache-experts", "11%", "--link-emulate-gbs", "10"],
     # host RAM for part of the experts (issue 32): a RAM tier of that share over the checkpoint's files, the rest read
     # from disk when picked; "again" is a restart with the same budget
+    # prefill stages through the tier (its slots, and disk reads a layer ahead into its window) unless "unstaged" (no
+    # staging buffers) or "small-stage" (a buffer smaller than a layer's disk reads: each layer reads at its routing)
     "cache-11pct-ram-half": ["--ec-cache-experts", "11%", "--host-ram-gb", "{ram 0.5}"],
     "cache-11pct-ram-half-again": ["--ec-cache-experts", "11%", "--host-ram-gb", "{ram 0.5}"],
     "cache-0-ram-window": ["--ec-cache-experts", "0", "--host-ram-gb", "{ram 0}"],  # one layer's window: every miss from disk
+    "cache-11pct-ram-half-unstaged": ["--ec-cache-experts", "11%", "--host-ram-gb", "{ram 0.5}", "--ec-stage-gb", "0"],
+    "cache-0-ram-half-small-stage": ["--ec-cache-experts", "0", "--host-ram-gb", "{ram 0.5}", "--ec-stage-gb", "{blocks 2}"],
+    "cache-50pct-ram-half-elastic": ["--ec-cache-experts", "50%", "--host-ram-gb", "{ram 0.5}", "--ec-elastic-gb", "0.05"],
 }
 
 
@@ -61,8 +66,16 @@ def _ram_gb(ckpt, share: float) -> str:
     return f"{(layer + share * (store.arena_bytes - layer) + half_block) / 1e9:.9f}"
 
 
+def _blocks_gb(ckpt, blocks: int) -> str:
+    """GLM53_EC_STAGE_GB for staging buffers of ``blocks`` experts."""
+    from glm53.offload.host_store import HostStore
+
+    return f"{blocks * HostStore.scan(ckpt).layout.block_bytes / 1e9:.9f}"
+
+
 def _settings(ckpt, extra):
-    extra = [_ram_gb(ckpt, float(a[5:-1])) if a.startswith("{ram ") else a for a in extra]
+    templates = {"{ram ": lambda v: _ram_gb(ckpt, float(v)), "{blocks ": lambda v: _blocks_gb(ckpt, int(v))}
+    extra = [next((f(a[len(t):-1]) for t, f in templates.items() if a.startswith(t)), a) for a in extra]
     return config.load(["--engine", "exl3", "--mode", "exact", "-m", str(ckpt), "-cs", str(CACHE_TOKENS), "--max-batch-size", "4",
                         "-ambs", "4", "-chunk_size", str(CHUNK), "--ec-elastic-gb", "0", *extra], {})
 
@@ -183,10 +196,16 @@ def test_exact_mode_is_bit_identical_to_stock(checkpoint, stock, case):
             assert cache["hits"] == 0
         if case == "cache-100pct":
             assert cache["hits"] == cache["picks"] and cache["admissions"] == 0
-        if "ram-" in case:  # the RAM tier: staging is off, experts came from its slots and from disk
-            tier = stats["ram_tier"]
-            assert stats["staging"]["forwards"] == 0 and tier["served"]["disk"] > 0 and tier["disk"]["failed"] == 0, tier
-            assert tier["layers"]["decode_layers"] > 0 and tier["layers"]["other_layers"] > 0, tier
+        if "ram-" in case:  # the RAM tier: experts came from its slots and from disk
+            tier, staging = stats["ram_tier"], stats["staging"]
+            assert tier["served"]["disk"] > 0 and tier["disk"]["failed"] == 0, tier
+            assert tier["layers"]["decode_layers"] > 0 and tier["layers"]["other_layers"] > 0, tier  # short prefills too
+            if "unstaged" in case:  # no buffers: every forward reads at each layer's routing
+                assert staging["forwards"] == 0 and staging["tier_unstaged_forwards"] == 0, staging
+            elif "small-stage" in case:  # buffers too small for a layer's disk reads: not staged, counted
+                assert staging["forwards"] == 0 and staging["tier_unstaged_forwards"] > 0, staging
+            else:  # the staged forwards' disk reads went through the feed
+                assert staging["forwards"] > 0 and staging["disk_experts"] > 0 and staging["tier_unstaged_forwards"] == 0, staging
             assert ("window" in case) == (tier["policy_slots"] == 0) and offload.part("ram_tier").tier.verify() == []
             assert stats["host_store"]["ram_tier"] and "cpu_tier" not in stats
         elif "no-staging" in case:

@@ -6,8 +6,8 @@ the module that owns it:
 3. pin       ``HostStore.pin_and_map``: page-locked and mapped, so the GPU reads an expert in place (zero-copy);
              where the experts' RAM budget (``offload.ram_budget``) is below the store, steps 2-3 are instead a RAM
              tier's arena, pinned (``offload.ram_tier``), its policy slots read from disk at step 6, and the tier's
-             part (``offload.tiered``) makes every pick readable before its layer runs; staging, the CPU tier and
-             prefetch are then off;
+             part (``offload.tiered``) makes every pick readable before its layer runs; the CPU tier and prefetch
+             are then off;
 4. attach    ``patches.load_offloaded``: the model loads with its experts answered from the host store, which
              gives its MoE layers and their expert pointer tables; then exllamav3's warm-up;
    link      ``offload.link.start``: the host link every part below tells what it moved (measured first when
@@ -17,7 +17,8 @@ the module that owns it:
              run, so whether it runs is known here);
 6. fill      ``ExpertCache``: the slots partitioned between the layers and filled by the routing profile
              (``profile.warm_start``);
-7. staging   ``PrefillStager``: prefill's copies of the next layer's missing experts;
+7. staging   ``PrefillStager``: prefill's copies of the next layer's missing experts (beside a RAM tier, read
+             from disk a layer ahead by ``offload.tier_feed``);
 8. CPU tier  ``cpu_tier.tier.start`` (fast mode): the tier, or the reason ``GLM53_CT_ENABLE=auto`` leaves it off;
 9. prefetch  ``offload.prefetch.Prefetcher`` (``GLM53_PREFETCH``): its pool's slots were taken from the cache's
              at step 5;
@@ -101,9 +102,9 @@ def start_offload(settings: Settings, model, load: Callable[[], None], warmup: C
         tier.start(_profile_or_flat(warm, store), layers.top_k, min(slots, total), policy.decay, policy.hysteresis)
         timings["ram_tier_read_s"] = round(time.monotonic() - t2, 2)
     cache = ExpertCache(kernels, store, layers.tables, slots, device, layers.top_k, policy, warm, host_link, ram_tier=tier)  # 6. fill
-    # 7. staging (off with a RAM tier: it copies a layer's experts before its routing, from arenas the tier has not)
-    stage_bytes = int(settings.ec_stage_gb * GB) if tier is None else 0
-    stager = PrefillStager(store, cache, layers.tables, device, stage_bytes, STAGE_MIN_ROWS)
+    home = None if tier is None else TieredHome(tier, cache, device, max_picks=layers.top_k * settings.chunk_size)
+    # 7. staging: beside a RAM tier, from its slots and from disk through its window, a layer ahead (``tier_feed``)
+    stager = PrefillStager(store, cache, layers.tables, device, int(settings.ec_stage_gb * GB), STAGE_MIN_ROWS, tiered=home)
     if tier is None:
         cpu, off_reason = _cpu_tier(settings, store, cache, layers, device, kernels)           # 8. CPU tier
     else:
@@ -112,7 +113,6 @@ def start_offload(settings: Settings, model, load: Callable[[], None], warmup: C
     prefetcher = _prefetch(settings, kernels, cache, layers, device, policy)                    # 9. prefetch
     # routed's order: prefetch (the cache's step waits for its copies), the cache, the CPU tier (splits the misses left);
     # the RAM tier's part acts before all of them, on every forward (``Offload.routed``)
-    home = None if tier is None else TieredHome(tier, cache, device, max_picks=layers.top_k * settings.chunk_size)
     parts = [part for part in (home, prefetcher, cache, cpu) if part is not None]
     offload = Offload(settings, store, cache, stager, device=device, policy=policy, vram=vram, profile_source=profile_source,
                       timings=timings, parts=parts, cpu_tier_off_reason=off_reason)

@@ -80,8 +80,8 @@ def steps(monkeypatch, tmp_path):
             seen.append(("fill", tables, slots, top_k, profile, link) + ((("from", ram_tier),) if ram_tier else ()))
 
     class Stager:
-        def __init__(self, store, cache, tables, device, buffer_bytes, min_rows):
-            seen.append(("staging", buffer_bytes, min_rows))
+        def __init__(self, store, cache, tables, device, buffer_bytes, min_rows, tiered=None):
+            seen.append(("staging", buffer_bytes, min_rows) + ((("beside", tiered.name),) if tiered else ()))
 
     def tier_start(settings, store, cache, device, kernels, fallbacks, top_k, act_limit):
         seen.append(("cpu tier", fallbacks, top_k, act_limit))
@@ -181,7 +181,7 @@ class FakeTier:
 
 
 @pytest.mark.parametrize("mode", ["exact", "fast"])
-def test_with_a_ram_tier_the_store_is_not_read_staging_and_the_cpu_tier_are_off_and_its_part_acts_first(steps, monkeypatch, mode):
+def test_with_a_ram_tier_the_store_is_not_read_the_cpu_tier_is_off_staging_reads_through_it_and_its_part_acts_first(steps, monkeypatch, mode):
     seen, tmp_path = steps
     tier = FakeTier(seen)
     monkeypatch.setattr(start, "_ram_tier", lambda settings, store: tier)
@@ -195,6 +195,6 @@ def test_with_a_ram_tier_the_store_is_not_read_staging_and_the_cpu_tier_are_off_
     assert ("pin tier", True, True) in seen and aliased == [(4 * 1000, 4 * 1000)]  # the window: the arena after the 2 policy slots
     assert seen.index(("size", 1000, 8)) < seen.index(("tier start", (2, 4), 2, 3)) < [s[0] for s in seen].index("fill")
     assert [s for s in seen if s[0] == "fill"][0][-1] == ("from", tier)
-    assert ("staging", 0, start.STAGE_MIN_ROWS) in seen and not [s for s in seen if s == "fits" or s[0] == "cpu tier"]
+    assert ("staging", 2 * 1000**3, start.STAGE_MIN_ROWS, ("beside", "ram_tier")) in seen and not [s for s in seen if s == "fits" or s[0] == "cpu tier"]
     assert [p.name for p in offload.parts] == ["ram_tier", "cache"] and offload.tier is None
     assert (offload.cpu_tier_off_reason is not None) == (mode == "fast")
