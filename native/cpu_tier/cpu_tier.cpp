@@ -165,32 +165,14 @@ struct glm53_ct_worker {
     void park(uint32_t gen);
     uint32_t compute(uint8_t* slot, uint64_t seq);
     bool payload_arrived(uint8_t* slot, uint64_t seq);
-    void flush_payload(uint8_t* slot, uint64_t n_tokens, uint64_t n_picks)
-    {
-        flush_lines(slot, 64);
-        flush_lines(slot + L.picks_offset, sizeof(glm53_ct_pick) * n_picks);
-        flush_lines(slot + L.x_offset, 2 * n_tokens * L.hidden);
-        __builtin_ia32_mfence();
-    }
     void process(uint64_t seq);
 };
 
-// Whether the slot's payload is job seq's as its checksum says, reading it again until it is or GLM53_CT_SUM_WAIT_US
-// have passed. Every read, the first too, follows a flush of the payload's lines from every CPU's caches (clflush
-// is broadcast to the coherence domain): on the H200 VM the GPU's writes did not invalidate lines that the pool's
-// threads held from the slot's previous job, and the worker computed DONE jobs on them after the checksum, read on
-// its own core, had matched (2 of 2 runs of test_cpu_tier_device.py, ring v3).
+// Whether the slot's payload is job seq's as its checksum says, reading it again (its lines flushed from this CPU's
+// caches, so that a re-read goes to memory) until it is or GLM53_CT_SUM_WAIT_US have passed.
 bool glm53_ct_worker::payload_arrived(uint8_t* slot, uint64_t seq)
 {
     const uint64_t t0 = now_ns();
-    {  // the header's line first, for the sizes of the rest (one token's rows are 192 lines, the largest job's 3,000)
-        flush_lines(slot, 64);
-        __builtin_ia32_mfence();
-        SlotHeader h;
-        memcpy(&h, slot, sizeof h);
-        const bool sizes = h.n_tokens >= 1 && h.n_tokens <= L.max_tokens && h.n_picks >= 1 && h.n_picks <= L.max_tokens * L.max_picks;
-        flush_payload(slot, sizes ? h.n_tokens : L.max_tokens, sizes ? h.n_picks : L.max_tokens * L.max_picks);
-    }
     for (bool first = true;; first = false) {
         SlotHeader h;
         memcpy(&h, slot, sizeof h);
@@ -204,7 +186,11 @@ bool glm53_ct_worker::payload_arrived(uint8_t* slot, uint64_t seq)
             COUNT(payload_failed, 1);
             return false;
         }
-        flush_payload(slot, sizes ? h.n_tokens : L.max_tokens, sizes ? h.n_picks : L.max_tokens * L.max_picks);
+        const uint64_t n_tokens = sizes ? h.n_tokens : L.max_tokens, n_picks = sizes ? h.n_picks : L.max_tokens * L.max_picks;
+        flush_lines(slot, 64);
+        flush_lines(slot + L.picks_offset, sizeof(glm53_ct_pick) * n_picks);
+        flush_lines(slot + L.x_offset, 2 * n_tokens * L.hidden);
+        __builtin_ia32_mfence();
         __builtin_ia32_pause();
     }
 }
