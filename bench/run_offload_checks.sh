@@ -12,6 +12,7 @@
 #   source .gpu/prep.sh && bench/run_offload_checks.sh scaled-exact  # exactness (prefetch cases too) on the scaled checkpoint
 #   source .gpu/prep.sh && bench/run_offload_checks.sh ram-tier    # exact decode and prefill 4096 with RAM for 100 / 50 / 25 %
 #                                                                # of the experts (the rest read from disk), against the bound
+#   source .gpu/prep.sh && bench/run_offload_checks.sh ram-tier-fast  # fast mode at 50 % RAM: its one-pass prefill 4096
 #   source .gpu/prep.sh && bench/run_offload_checks.sh policy-ab   # exact mode on `trained` with the two-timescale cache policy
 #                                                                # against the popularity-only one it replaced, A/B/A
 #   source .gpu/prep.sh && bench/run_offload_checks.sh prefetch-budget  # prefetch with 1 slot, what one layer's attention
@@ -22,7 +23,7 @@
 # ARMS: bench.compare's arms (default exact,exact-prefetch,exact-oracle,fast); GPU_TESTS: the test files of `tests`;
 # SCALED_CHECKPOINT: also run exactness on that scaled checkpoint (with prefetch on).
 cd "$(dirname "$0")/.."
-PHASES="trained random tests scaled-exact prefetch-budget prefetch-threshold policy-ab ram-tier cpu-tier-ring"
+PHASES="trained random tests scaled-exact prefetch-budget prefetch-threshold policy-ab ram-tier ram-tier-fast cpu-tier-ring"
 WORK=${WORK:-/tmp/glm53-offload-checks}
 source bench/device/phases.sh
 ARMS=${ARMS:-exact,exact-prefetch,exact-oracle,fast}
@@ -58,12 +59,13 @@ tests() {
 		tests/gpu/test_cache_policy_kernel.py tests/gpu/test_prefetch.py tests/gpu/test_fast_tier.py}
 }
 
-scaled-exact() {  # test_offload_exact on the 12-MoE-layer checkpoint as well as the tiny one (about 3 minutes more)
+scaled-exact() {  # test_offload_exact on the 12-MoE-layer checkpoint as well as the tiny one (about 3 minutes more);
+	# SCALED_K: a pytest -k expression to run part of it (SCALED_CHECKPOINT may name bench.compare's, routing aside the same)
 	export TEST_CHECKPOINT=/tmp/glm53-ckpt/tiny SCALED_CHECKPOINT=${SCALED_CHECKPOINT:-$CKPT_ROOT/scaled-exact}
 	[ -e "$TEST_CHECKPOINT/config.json" ] || python3 -m glm53 synth --preset tiny --out "$TEST_CHECKPOINT" --seed 1 --force >/dev/null
 	[ -e "$SCALED_CHECKPOINT/config.json" ] || step synth-scaled 200 python3 -m glm53 synth --preset scaled --seed 1 \
 		--out "$SCALED_CHECKPOINT" --force
-	step gpu-tests-scaled 380 python3 -m pytest -v -rA -p no:cacheprovider tests/gpu/test_offload_exact.py
+	step gpu-tests-scaled 380 python3 -m pytest -v -rA -p no:cacheprovider tests/gpu/test_offload_exact.py ${SCALED_K:+-k "$SCALED_K"}
 }
 
 prefetch-budget() {  # 2 slots' copies (344 us at 55 GB/s) overrun the ~165 us between two layers: does 1 slot gain?
@@ -118,6 +120,16 @@ ram-tier() {  # issue 32: a RAM tier of 50 % and 25 % of the experts against all
 	done
 	step ram-tier-report 30 python3 -m bench.ram_tier_decode --report "$dir" --out "$dir/ram-tier.json"
 	cat "$dir/ram-tier.json" 2>/dev/null
+}
+
+ram-tier-fast() {  # fast mode at 50 % RAM: exact's decode (the CPU tier is off beside the tier), its one-pass prefill
+	local ckpt gb
+	ckpt=$(python3 -m bench.ram_tier_decode --checkpoint "$CKPT_ROOT" | tail -1)
+	gb=$(python3 -m bench.ram_tier_decode --budget-gb "$ckpt" 50)
+	step compare-ram-50-fast 230 python3 -m bench.compare --routing trained --streams --decode-reps 1 --decode-tokens 64 \
+		--prefill "${RAM_PREFILL:-4096}" --prefill-reps 1 --repeat none --ckpt-root "$CKPT_ROOT" --out-dir "$dir" --arms fast \
+		--project-args "--host-ram-gb $gb" --arm-timeout 220 --budget-s 225 --name compare-ram-50-fast
+	echo "$ckpt" > "$dir/checkpoint.txt"
 }
 
 cpu-tier-ring() {  # the CPU tier's handoff: the host producer's tests on this host's CPUs, then the GPU producer's twice
