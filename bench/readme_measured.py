@@ -274,15 +274,16 @@ def ram_block(directory: Path = RESULTS_DIR) -> str:
              f"with O_DIRECT), {m.get('gpu', 'GPU')}, {doc['checkpoint'].get('preset', 'synthetic')} checkpoint, a 24 GB card's share "
              f"in VRAM (`bench/results/{name}`, {doc.get('date', '')[:10]}). Bound per token: max(T_fix {doc['t_fix_ms']} ms, "
              f"VRAM misses x B / {doc['w_link_gbs']} GB/s + disk reads x B / the disk's rate in the same run).", "",
-             "| RAM for experts | decode tok/s | bound tok/s | of bound | disk reads / token | disk GB/s | prefill tok/s | host RSS peak GB |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| RAM for experts | decode tok/s | bound tok/s | of bound | disk reads / token | disk GB/s | prefill tok/s | prefill of its disk bound | host RSS peak GB |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for share, row in doc["by_ram_share"].items():
         if "decode_tok_s" not in row:
-            lines.append(f"| {share} % | {row.get('status', '—')} | | | | | | |")
+            lines.append(f"| {share} % | {row.get('status', '—')} | | | | | | | |")
             continue
         lines.append(f"| {share} % | {row['decode_tok_s']:.2f} | {_num(row['bound_tok_s'], '{:.2f}')} | {_num(row['of_bound'], '{:.3f}')} | "
                      f"{row['disk_reads_per_token']:.1f} | {_num(row['w_disk_gbs'] if row['disk_reads_per_token'] else None, '{:.2f}')} | "
-                     f"{_num(row.get('prefill_tok_s'), '{:.0f}')} | {_num(row.get('host_rss_peak_gb'))} |")
+                     f"{_num(row.get('prefill_tok_s'), '{:.0f}')} | {_num(row.get('prefill_of_bound'), '{:.2f}')} | "
+                     f"{_num(row.get('host_rss_peak_gb'))} |")
     goals = doc.get("goals") or {}
     if goals:
         lines += ["", "Goals at 50 %: " + "; ".join(f"{k} {v['value']:.3g} (target {v['target']:.3g}, {'met' if v['met'] else 'NOT met'})"

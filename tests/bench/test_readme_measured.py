@@ -119,7 +119,7 @@ def test_the_readme_holds_the_generated_fast_mode_block():
 def test_the_ram_tier_block_is_the_latest_reports_table_and_goals(tmp_path):
     assert "No RAM-tier run recorded yet" in readme_measured.ram_block(tmp_path)
     row = {"decode_tok_s": 8.5, "bound_tok_s": 9.9, "of_bound": 0.86, "disk_reads_per_token": 13.3, "w_disk_gbs": 1.39,
-           "prefill_tok_s": 249.0, "host_rss_peak_gb": 19.6}
+           "prefill_tok_s": 249.0, "prefill_of_bound": 0.623, "host_rss_peak_gb": 19.6}
     doc = {"schema": readme_measured.RAM_SCHEMA, "date": "2026-12-02T07:00:00", "machine": {"gpu": "NVIDIA H200"},
            "checkpoint": {"preset": "scaled"}, "t_fix_ms": 5.8, "w_link_gbs": 50.2,
            "by_ram_share": {"50": row, "25": {"status": "not run or failed"}},
@@ -127,7 +127,7 @@ def test_the_ram_tier_block_is_the_latest_reports_table_and_goals(tmp_path):
     (tmp_path / "2026-12-01-ram-tier.json").write_text(json.dumps({**doc, "date": "2026-12-01T07:00:00", "by_ram_share": {}}))
     (tmp_path / "2026-12-02-ram-tier.json").write_text(json.dumps(doc))
     block = readme_measured.ram_block(tmp_path)
-    assert "`bench/results/2026-12-02-ram-tier.json`" in block and "| 50 % | 8.50 | 9.90 | 0.860 | 13.3 | 1.39 | 249 | 19.6 |" in block
+    assert "`bench/results/2026-12-02-ram-tier.json`" in block and "| 50 % | 8.50 | 9.90 | 0.860 | 13.3 | 1.39 | 249 | 0.62 | 19.6 |" in block
     assert "| 25 % | not run or failed |" in block and "decode_50_of_bound 0.86 (target 0.85, met)" in block
 
 
