@@ -247,3 +247,43 @@ def test_a_staging_buffer_that_cannot_be_allocated_is_counted_and_the_prefill_re
     finally:
         backend.close()
         torch.cuda.empty_cache()
+
+
+@pytest.mark.parametrize("staged", [True, False], ids=["staged", "unstaged"])
+def test_a_disk_read_error_fails_its_request_alone_and_the_next_is_served_exactly(checkpoint, stock, staged):
+    """Fault injection beside the RAM tier (issue 32): a read of an expert that only the disk holds fails twice (past
+    the reader's one retry) in a prefill, staged (the feed's read, a layer ahead) or not (at the layer's routing). The
+    request ends alone with the reader's sentence (the file, the offset); the next request, whose read succeeds, gets
+    stock's tokens and log-probabilities, and neither tier holds bytes from the failed read."""
+    import errno
+
+    from glm53.engine.exl3.backend import Exl3Backend
+
+    extra = CASES["cache-11pct-ram-half"] + ([] if staged else ["--ec-stage-gb", "0"])
+    backend = Exl3Backend(_settings(checkpoint, extra))
+    try:
+        offload = backend.offload
+        tier = offload.part("ram_tier").tier
+        resident = offload.cache.resident()
+        expert = next(e for e in range(tier.store.num_experts) if resident[0, e] < 0 and tier.policy.slot_of[0, e] < 0)
+        path, at, n, _ = tier.store.block_sources(0, expert)[0]
+        tier.reader.inject(tier.store.shard_files().index(path), at, errno.EIO, times=2)
+        # every prompt's prefill picks nearly all of the first MoE layer's experts; the 705-token one is staged
+        backend.add(0, PROMPTS[2], SamplingParams(temperature=0.0), REQUEST)
+        failure = None
+        for _ in range(16):
+            out = backend.step().get(0)
+            if isinstance(out, SequenceFailure):
+                failure = out
+                break
+        backend.remove(0)
+        assert failure is not None, "the request did not fail"
+        assert "EIO" in failure.reason and str(path) in failure.reason and str(at) in failure.reason, failure.reason
+        assert tier.verify() == [] and offload.cache.verify() == []
+        got = _engine_decode(backend, [PROMPTS[2]])[0]
+        want = stock[True]["single"][2]
+        assert got[0] == want[0] and got[1] == want[1], "the request after the failed read differs from stock"
+        assert tier.reader.counters()["failed"] >= 1
+    finally:
+        backend.close()
+        torch.cuda.empty_cache()
