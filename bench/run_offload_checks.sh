@@ -13,6 +13,7 @@
 #   source .gpu/prep.sh && bench/run_offload_checks.sh ram-tier    # exact decode and prefill 4096 with RAM for 100 / 50 / 25 %
 #                                                                # of the experts (the rest read from disk), against the bound
 #   source .gpu/prep.sh && bench/run_offload_checks.sh ram-tier-fast  # fast mode at 50 % RAM: its one-pass prefill 4096
+#   source .gpu/prep.sh && bench/run_offload_checks.sh prefetch-gate  # prefetch with its precision gate, on `trained` and `random`
 #   source .gpu/prep.sh && bench/run_offload_checks.sh policy-ab   # exact mode on `trained` with the two-timescale cache policy
 #                                                                # against the popularity-only one it replaced, A/B/A
 #   source .gpu/prep.sh && bench/run_offload_checks.sh prefetch-budget  # prefetch with 1 slot, what one layer's attention
@@ -23,7 +24,7 @@
 # ARMS: bench.compare's arms (default exact,exact-prefetch,exact-oracle,fast); GPU_TESTS: the test files of `tests`;
 # SCALED_CHECKPOINT: also run exactness on that scaled checkpoint (with prefetch on).
 cd "$(dirname "$0")/.."
-PHASES="trained random tests scaled-exact prefetch-budget prefetch-threshold policy-ab ram-tier ram-tier-fast cpu-tier-ring"
+PHASES="trained random tests scaled-exact prefetch-budget prefetch-threshold policy-ab prefetch-gate ram-tier ram-tier-fast cpu-tier-ring"
 WORK=${WORK:-/tmp/glm53-offload-checks}
 source bench/device/phases.sh
 ARMS=${ARMS:-exact,exact-prefetch,exact-oracle,fast}
@@ -85,6 +86,16 @@ prefetch-threshold() {  # GLM53_PREFETCH_MIN_SCORE and the window budget (PREFET
 			--project-args "${PREFETCH_ARGS:---prefetch-min-score 0.855 --prefetch-window-budget 1}" \
 			--streams --decode-reps 2 --decode-tokens 128 --prefill 512 --prefill-reps 1 --repeat none --arm-timeout 110 \
 			--budget-s 240 --ckpt-root "$CKPT_ROOT" --out-dir "$dir" --name "compare-$routing-threshold"
+	done
+}
+
+prefetch-gate() {  # issue 33's live precision gate: exact against exact-prefetch with GLM53_PREFETCH_MIN_PRECISION
+	local routing
+	for routing in ${ROUTINGS:-trained random}; do
+		step "compare-$routing-gate" 260 python3 -m bench.compare --routing "$routing" --arms exact,exact-prefetch \
+			--project-args "--prefetch-min-precision ${PREFETCH_MIN_PRECISION:-0.5}" --streams --decode-reps 2 --decode-tokens 128 \
+			--prefill 512 --prefill-reps 1 --repeat none --arm-timeout 110 --budget-s 240 --ckpt-root "$CKPT_ROOT" --out-dir "$dir" \
+			--name "compare-$routing-gate"
 	done
 }
 

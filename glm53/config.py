@@ -273,6 +273,10 @@ class Settings:
                                                show_default="unset (every prediction)")
     prefetch_window_budget: bool = setting(BOOL, False, "with GLM53_PREFETCH, copy no more experts ahead of a layer than the link carries "
                                            "in that layer's measured idle window (at least one); off: up to GLM53_PREFETCH_SLOTS")
+    prefetch_min_precision: float | None = setting(_optional(_number(float, 0.0, 1.0), "no gate"), None,
+                                                   "with GLM53_PREFETCH, a layer whose last copies were used at less than this share "
+                                                   "stops prefetching for a while, then tries again",
+                                                   show_default="unset (no gate)")
     prefetch_lead: bool = setting(BOOL, False, "with GLM53_PREFETCH, also copy the first MoE layer's likely picks (the previous step's picks of that layer) "
                                   "when a decode step starts, while the embedding, the dense layers and that layer's attention leave the link idle")
     host_ram_gb: float | None = setting(_optional(_number(float, 0.001, None, " GB"), "what the host has less the process's needs"), None,

@@ -30,6 +30,9 @@ forward, read back once the device has passed it (no host sync). Until a layer's
 fill the pool. Before this budget the pool's slots were the only limit: 2 slots' copies (344 us on the H200 host)
 overran the 132 us between two MoE layers, and the layer waited for them.
 
+With ``GLM53_PREFETCH_MIN_PRECISION`` a layer whose recent copies were used at less than that share stops planning
+for a while, then tries again (:class:`PrecisionGate`, fed the device's counters without a host sync).
+
 Only where bytes are read from changes: the output is bit-identical (``tests/gpu/test_offload_exact.py``). A wrong
 prediction costs link time that was idle. Not in prefill (staging reads every expert there), not in steps of
 several streams (``PREDICT_MAX_ROWS``) and not with the CPU tier, whose split would count a prefetched expert as a
@@ -103,6 +106,55 @@ class WindowClock:
         return event
 
 
+class PrecisionGate:
+    """Prefetch gated by its measured precision, per MoE layer: once a layer has made ``window`` copies since it last
+    decided, the share of them its step used decides whether it goes on; below ``min_precision`` it plans nothing for
+    the next ``rest`` decode forwards, then tries again (its copies start counting anew). A wrong prediction costs
+    link time that overruns the idle window (bench/results/2026-12-02-offload-session3-h200.md: 0.97-1.08x on
+    `trained`, a loss predicted on `random` at any score threshold), so a layer whose router predicts badly should not
+    keep paying it. The counts come from the device's counters, read back without a host sync (:meth:`Prefetcher`
+    mirrors them every ``WINDOW_SAMPLE_EVERY`` forwards)."""
+
+    def __init__(self, layers: int, min_precision: float, window: int = 32, rest: int = 64):
+        if not 0.0 <= min_precision <= 1.0 or window < 1 or rest < 1:
+            raise ValueError(f"precision gate: min_precision {min_precision} must be in [0, 1], window {window} and rest {rest} at least 1")
+        self.min_precision, self.window, self.rest = min_precision, window, rest
+        self.copied = [0] * layers  # since the layer last decided
+        self.used = [0] * layers
+        self.resting = [0] * layers  # decode forwards left without plans
+        self.counts = {"closed": 0, "reopened": 0, "skipped_plans": 0}
+
+    def allows(self, row: int) -> bool:
+        """Whether layer ``row`` plans in this decode forward (counted when it may not)."""
+        if self.resting[row]:
+            self.counts["skipped_plans"] += 1
+            return False
+        return True
+
+    def forward_start(self) -> None:
+        for row, left in enumerate(self.resting):
+            if left:
+                self.resting[row] = left - 1
+                if left == 1:
+                    self.counts["reopened"] += 1
+
+    def observe(self, row: int, copied: int, used: int) -> None:
+        """Layer ``row`` made ``copied`` more copies, of which its steps used ``used``."""
+        if self.resting[row]:
+            return  # copies planned before it closed: they say nothing about after it reopens
+        self.copied[row] += copied
+        self.used[row] += used
+        if self.copied[row] >= self.window:
+            if self.used[row] < self.min_precision * self.copied[row]:
+                self.resting[row] = self.rest
+                self.counts["closed"] += 1
+            self.copied[row] = self.used[row] = 0
+
+    def stats(self) -> dict:
+        return {"min_precision": self.min_precision, "window": self.window, "rest": self.rest, **self.counts,
+                "resting_layers": sum(1 for r in self.resting if r)}
+
+
 class CopyBudget:
     """How many copies layer ``row`` may plan: ``budget_copies`` of its measured window and the copy rate, at most
     ``slots`` (all of them until its window is measured).
@@ -141,6 +193,7 @@ class Prefetcher(Part):
     :param lead: prefetch the first MoE layer at each decode step's start (:meth:`decode_start`).
     :param min_score: the score a router-predicted expert must reach to be copied (None: every prediction).
     :param budget: the copies a layer may plan (None: the pool's slots).
+    :param gate: stop a layer's plans while its measured precision is low (None: never).
     """
 
     name = "prefetch"
@@ -148,7 +201,7 @@ class Prefetcher(Part):
     def __init__(self, kernels: Kernels, cache: ExpertCache, routers: Sequence[tuple[torch.Tensor, torch.Tensor | None]],
                  slots: int, extra: int, top_k: int, device: torch.device, policy: Policy | None = None,
                  max_rows: int = PREDICT_MAX_ROWS, lead: bool = False, min_score: float | None = None,
-                 budget: CopyBudget | None = None):
+                 budget: CopyBudget | None = None, gate: PrecisionGate | None = None):
         L = cache.store.num_layers
         if len(routers) != L:
             raise ValueError(f"{len(routers)} routers for {L} MoE layers")
@@ -156,7 +209,7 @@ class Prefetcher(Part):
         self.policy = policy or Policy()
         self.block_bytes = cache.block_bytes
         self.top_k, self.extra, self.slots, self.max_rows = top_k, extra, slots, max_rows
-        self.min_score, self.budget = min_score, budget
+        self.min_score, self.budget, self.gate = min_score, budget, gate
         self.routers = [(gate, None if bias is None else bias.float().to(device)) for gate, bias in routers]
         self.buffer = torch.empty((slots, self.block_bytes), dtype=torch.uint8, device=device)
         i64 = {"dtype": torch.int64, "device": device}
@@ -178,6 +231,11 @@ class Prefetcher(Part):
         self._oracle: list[torch.Tensor] | None = None
         self.leads = lead
         self._last_first: torch.Tensor | None = None  # the last decode step's picks of the first MoE layer (lead's prediction)
+        # the gate's view of the counters: a pinned copy made every WINDOW_SAMPLE_EVERY forwards, read once it has landed
+        self._mirror = torch.zeros(self.counters.shape, dtype=torch.int64, pin_memory=torch.cuda.is_available())
+        self._mirrored: torch.cuda.Event | None = None
+        self._seen = torch.zeros(self.counters.shape, dtype=torch.int64)
+        self._forwards = 0
 
     # ---- hooks (the offload's, ``part.Part``: on the compute stream, decode forwards only for routed)
 
@@ -193,6 +251,26 @@ class Prefetcher(Part):
         self._predictions = [None] * len(self._predictions)
         if self.budget is not None:
             self.budget.clock.forward_start()
+        if self.gate is not None:
+            self._feed_gate()
+
+    def _feed_gate(self) -> None:
+        """Give the gate the copies and uses counted since the last mirror that has landed, and mirror anew every
+        ``WINDOW_SAMPLE_EVERY`` forwards (no host sync: ``Event.query``)."""
+        self.gate.forward_start()
+        if self._mirrored is not None and self._mirrored.query():
+            now = self._mirror.clone()
+            delta = now - self._seen
+            self._seen = now
+            self._mirrored = None
+            copied, used = PF_COUNTERS.index("copied"), PF_COUNTERS.index("used")
+            for row in range(delta.shape[0]):
+                self.gate.observe(row, int(delta[row, copied]), int(delta[row, used]))
+        if self._mirrored is None and self._forwards % WINDOW_SAMPLE_EVERY == 0:
+            self._mirror.copy_(self.counters, non_blocking=True)
+            self._mirrored = torch.cuda.Event()
+            self._mirrored.record()
+        self._forwards += 1
 
     def routed(self, row: int, selected: torch.Tensor, weights: torch.Tensor | None, z: torch.Tensor) -> None:
         """After layer ``row``'s routing, before the cache's step. Only a step of at most ``max_rows`` rows has the
@@ -208,14 +286,14 @@ class Prefetcher(Part):
             self._recording.append(selected.clone())
         self._calls += 1  # the oracle's index of the next routing call: layer row + 1's
         nxt = row + 1
-        if selected.shape[0] <= self.max_rows and nxt < len(self.routers):
+        if selected.shape[0] <= self.max_rows and nxt < len(self.routers) and (self.gate is None or self.gate.allows(nxt)):
             self._predictions[nxt] = self._predict_on_side(nxt, z)
 
     def decode_start(self, rows: int) -> None:
         """Before a decode forward of ``rows`` rows (after :meth:`forward_start`): the first MoE layer's prefetch, planned and
         copied on P now, from the previous step's picks of that layer when it had as many rows (the oracle's: this
         step's true picks)."""
-        if not self.leads or rows > self.max_rows:
+        if not self.leads or rows > self.max_rows or (self.gate is not None and not self.gate.allows(0)):
             return
         predicted = self._oracle_picks() if self._oracle is not None else self._last_first
         if predicted is None or predicted.shape[0] != rows:
@@ -312,6 +390,7 @@ class Prefetcher(Part):
         return {"slots": self.slots, "extra": self.extra, "predictor": "oracle" if self._oracle is not None else "router",
                 "lead": self.leads, "min_score": self.min_score,
                 **({} if self.budget is None else {"budget": self.budget.stats()}),
+                **({} if self.gate is None else {"gate": self.gate.stats()}),
                 **dict(zip(PF_COUNTERS, totals)),
                 "per_layer": [dict(zip(PF_COUNTERS, row)) for row in per_layer]}
 
@@ -331,5 +410,6 @@ def from_settings(settings, kernels: Kernels, cache: ExpertCache, routers, top_k
     if settings.prefetch_window_budget:
         copy_gbs = measure_copy_gbs(cache.link, cache.store, policy.copy_blocks)
         budget = CopyBudget(copy_gbs, cache.block_bytes, cache.store.num_layers)
+    gate = None if settings.prefetch_min_precision is None else PrecisionGate(cache.store.num_layers, settings.prefetch_min_precision)
     return Prefetcher(kernels, cache, routers, settings.prefetch_slots, settings.prefetch_extra, top_k, device, policy,
-                      lead=settings.prefetch_lead, min_score=settings.prefetch_min_score, budget=budget)
+                      lead=settings.prefetch_lead, min_score=settings.prefetch_min_score, budget=budget, gate=gate)

@@ -16,7 +16,7 @@ def prefetcher(max_rows: int = PREDICT_MAX_ROWS) -> Prefetcher:
     p.planned, p._picks, p._predictions = [False] * LAYERS, [None] * LAYERS, [None] * LAYERS
     p._recording, p._oracle, p._calls = None, None, 0
     p.leads, p._last_first = True, None
-    p.min_score, p.budget = None, None
+    p.min_score, p.budget, p.gate = None, None, None
     p.predicted_for = []
     p._predict_on_side = lambda row, z: p.predicted_for.append(row) or f"prediction of {row}"
     return p
