@@ -92,8 +92,8 @@ class TierPolicy:
 
     The defaults are the VRAM cache's own (``cache.Policy``'s, written out: a retune of VRAM's must be replayed here
     before it is taken) with the VRAM residents at their warm scores. In ``bench/ram_tier_sim.py``'s search on the
-    engine's trace and both presets' CPU twins at 50 % and 25 % they are within 0.2 % of the best mean, and unlike
-    the others near it they read no more from disk than the first policy on held-out twins either
+    engine's trace and both presets' CPU twins at 50 % and 25 % they rank third, within 0.2 % of the best mean, and
+    unlike the two above them they read no more from disk than the first policy on held-out twins either
     (bench/results/2026-12-02-ram-tier-policy.md).
     """
 
