@@ -218,6 +218,12 @@ def prepare_checkpoint(args) -> tuple[Path, Path | None, bool]:
     return out, stats, False
 
 
+def card_gpu_experts(experts: int) -> int:
+    """The VRAM slots per MoE layer the offload arms keep for a checkpoint of ``experts`` routed experts a layer: a 24 GB
+    card's share of GLM-5.3-Flash's."""
+    return max(1, round(CARD_GPU_EXPERTS * experts / REAL_EXPERTS))
+
+
 def checkpoint_info(ckpt: Path, stats: Path | None, gpu_experts: int | None, args, reused: bool) -> dict:
     from glm53.models.checkpoint import expert_bytes, read_config, shards
 
@@ -226,7 +232,7 @@ def checkpoint_info(ckpt: Path, stats: Path | None, gpu_experts: int | None, arg
     experts, top_k = text["n_routed_experts"], text["num_experts_per_tok"]
     routed = expert_bytes(ckpt).routed
     moe_layers = sum(1 for t in text.get("mlp_layer_types", []) if t == "sparse") or (args.moe_layers or 0)
-    k = gpu_experts or max(1, round(CARD_GPU_EXPERTS * experts / REAL_EXPERTS))
+    k = gpu_experts or card_gpu_experts(experts)
     profile = json.loads(stats.read_text()) if stats and stats.is_file() else None
     synth = cfg.get("glm53_synth", {})
     return {

@@ -42,9 +42,14 @@ def budget_gb(ckpt: Path, share: float) -> float:
     """GLM53_HOST_RAM_GB for a RAM tier of ``share`` % of the checkpoint's expert blocks (at least one layer's)."""
     from glm53.offload.host_store import HostStore
 
-    store = HostStore.scan(ckpt)
+    return budget_bytes(HostStore.scan(ckpt), share) / GB
+
+
+def budget_bytes(store, share: float) -> int:
+    """The host bytes for ``share`` % of the expert blocks of ``store`` (a ``HostStore``, or anything with its
+    ``num_experts``, ``layout.block_bytes`` and ``arena_bytes``), at least one layer's and half a block."""
     layer = store.num_experts * store.layout.block_bytes
-    return max(layer + store.layout.block_bytes // 2, share / 100 * store.arena_bytes) / GB
+    return int(max(layer + store.layout.block_bytes // 2, share / 100 * store.arena_bytes))
 
 
 def checkpoint(ckpt_root: Path, routing: str = "trained") -> Path:

@@ -8,8 +8,12 @@ place as it reads the host store) has two parts, each slot one expert block in t
 
 - **policy slots**, partitioned between the layers at start by the routing profile and replaced by the expert
   cache's own policy (``cache_policy.ReferenceCache``: one definition, here a second instance of it, over the picks
-  the VRAM cache missed). At start they hold the hottest experts after the ones the VRAM cache takes, and the scores
-  of those VRAM residents start at zero, as the picks that reach this tier would leave them;
+  the VRAM cache missed, with the tier's parameters, :class:`TierPolicy`). At start they hold the hottest experts
+  after the ones the VRAM cache takes. The scores start at the profile's steady state, the VRAM residents' too
+  (``vram_score``), so an expert the VRAM cache evicts reaches this tier with its popularity and takes a slot at its
+  first miss. The fast score (recency) is on, weighted by the reuse the tier measures on its own misses above what
+  popularity alone gives them: misses that recur over tokens (a trained router's) stay in RAM, and misses that do not
+  are ranked by popularity alone, as the placement ranks them;
 - **the window**, one block per expert of a layer (block ``e`` for expert ``e``): where a layer's step reads the
   experts it needs that no policy slot holds. A layer's forward can pick every expert (a prefill's does), so the
   window holds a whole layer; it is the current layer's only, and the next layer's step overwrites it (the engine
@@ -18,7 +22,10 @@ place as it reads the host store) has two parts, each slot one expert block in t
 A decode step of a layer (:meth:`RamTier.step`, given the picks the VRAM cache missed): the policy's step decides the
 admissions; each missed expert not in a policy slot is read from disk, into the slot the policy gave it or into the
 window. Admission costs no extra read (the bytes are read anyway), so ``max_admit`` is every miss, and the
-hysteresis alone keeps one-off picks from evicting warmer experts. Any other forward (:meth:`RamTier.fetch`) reads
+hysteresis alone keeps one-off picks from evicting warmer experts. The tier's first policy (the VRAM cache's decay
+and hysteresis, no recency, the VRAM residents' scores at zero) practically never replaced anything (2 admissions in
+~100 decode steps on the H200); ``bench/ram_tier_sim.py`` replays both on traces against Belady's optimum
+(bench/results/2026-12-02-ram-tier-policy.md). Any other forward (:meth:`RamTier.fetch`) reads
 into the window only and leaves the policy alone, as the VRAM cache does. A read that fails fails the step
 (:class:`~glm53.offload.disk.DiskReadError`); the expert it was for is in no slot afterwards, and a victim whose
 slot it was read into is marked stale and read again when next picked, so nothing is served from a failed read.
@@ -26,16 +33,17 @@ slot it was read into is marked stale and read again when next picked, so nothin
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import mmap
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .cache_policy import ReferenceCache, placement, warm_scores
+from .cache_policy import Admission, Recency, ReferenceCache, placement, popularity_lift, warm_scores
 from .disk import DiskReader, DiskReadError, Read
 from .host_store import HostStore
 
@@ -44,7 +52,7 @@ class RamBudgetError(ValueError):
     """A RAM budget below what one layer's step needs at once; the message says how much is needed."""
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class TierPlan:
     policy_slots: int
     window_slots: int  # one layer's experts
@@ -77,7 +85,85 @@ def plan(store: HostStore, budget_bytes: int, what: str = "the RAM budget") -> T
     return TierPlan(int(slots), E, block)
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
+class TierPolicy:
+    """The parameters of the tier's policy slots' replacement: the expert cache's policy (``cache_policy``'s
+    ``ReferenceCache.step``, the same definition as VRAM's) over the picks the VRAM cache missed.
+
+    The defaults are the VRAM cache's own (``cache.Policy``'s, written out: a retune of VRAM's must be replayed here
+    before it is taken) with the VRAM residents at their warm scores. In ``bench/ram_tier_sim.py``'s search on the
+    engine's trace and both presets' CPU twins at 50 % and 25 % they rank third, within 0.2 % of the best mean, and
+    unlike the two above them they read no more from disk than the first policy on held-out twins either
+    (bench/results/2026-12-02-ram-tier-policy.md).
+    """
+
+    decay: float = 0.999  # of the slow score (popularity)
+    hysteresis: float = 1.25  # a candidate's score must beat the weakest resident's times this
+    recency_decay: float = 0.5  # of the fast score
+    recency_weight: float = 800.0  # the fast score's weight per unit of reuse lift above popularity's (0: none)
+    recency_keep: float = 0.99  # of the running reuse lift, per step
+    vram_score: float = 1.0  # the VRAM cache's residents' starting scores, as a share of their warm ones
+
+    def __post_init__(self):
+        checks = (("decay", 0.0 < self.decay <= 1.0, "in (0, 1]"),
+                  ("hysteresis", 1.0 <= self.hysteresis < math.inf, "at least 1 and finite"),
+                  ("recency_decay", 0.0 < self.recency_decay < 1.0, "in (0, 1)"),
+                  ("recency_weight", 0.0 <= self.recency_weight < math.inf, "at least 0 and finite"),
+                  ("recency_keep", 0.0 <= self.recency_keep < 1.0, "in [0, 1)"),
+                  ("vram_score", 0.0 <= self.vram_score <= 1.0, "in [0, 1]"))
+        for name, ok, accepted in checks:
+            if not ok:  # a NaN fails every comparison, so it lands here too
+                raise ValueError(f"TierPolicy.{name}={getattr(self, name)!r} is not accepted: it must be {accepted}")
+
+    @property
+    def recency(self) -> Recency:
+        return Recency(self.recency_decay, self.recency_weight, self.recency_keep)
+
+    def state(self, profile: np.ndarray, top_k: int, vram_slots: int, policy_slots: int) -> ReferenceCache:
+        """The policy slots' starting state: after the ``vram_slots`` experts the VRAM cache takes from ``profile``
+        (float [layers, experts]), the next ``policy_slots`` by ``placement``; the scores at the profile's steady
+        state, the VRAM residents' times ``vram_score`` (0: as the picks that reach the tier would leave them; 1: as
+        if every pick reached it, so an expert the VRAM cache evicts comes with its popularity); the reuse lift
+        measured against what popularity alone gives the picks that reach the tier."""
+        vram = placement(profile, vram_slots)
+        ours = placement(profile, len(vram) + policy_slots)[len(vram):]
+        freq = warm_scores(profile, top_k, self.decay)
+        recent = warm_scores(profile, top_k, self.recency_decay)
+        for layer, expert in vram:
+            freq[layer, expert] *= np.float32(self.vram_score)
+            recent[layer, expert] *= np.float32(self.vram_score)
+        return ReferenceCache(freq, ours, recent, _missed_popularity_lift(profile, top_k, vram))
+
+    def step(self, state: ReferenceCache, layer: int, missed: np.ndarray) -> list[Admission]:
+        """A decode step of ``layer`` on the picks the VRAM cache missed (:func:`missed`): the cache policy's step,
+        admitting up to every distinct miss (an admission costs no extra read: the bytes are read anyway)."""
+        sel = np.asarray(missed, dtype=np.int64)
+        flat = sel.reshape(-1)
+        distinct = np.unique(flat[(flat >= 0) & (flat < state.num_experts)]).size
+        return state.step(layer, sel, self.decay, self.hysteresis, distinct, self.recency)
+
+
+def missed(picks: np.ndarray, vram_slot_of: np.ndarray) -> np.ndarray:
+    """``picks`` (int [..., top_k], the last axis a row) with -1 where the VRAM cache holds the expert
+    (``vram_slot_of`` int [experts] >= 0) or the entry is no expert: what reaches the tier, its rows kept (the
+    policy measures the reuse lift on the first)."""
+    picks = np.asarray(picks, dtype=np.int64)
+    valid = (picks >= 0) & (picks < vram_slot_of.shape[0])
+    return np.where(valid & (vram_slot_of[np.where(valid, picks, 0)] < 0), picks, -1)
+
+
+def _missed_popularity_lift(profile: np.ndarray, top_k: int, vram: list[tuple[int, int]]) -> np.ndarray:
+    """float32 [layers]: ``popularity_lift`` of the picks that miss the VRAM residents ``vram``: an expert outside
+    VRAM reaches the tier as often as it is picked, one inside never."""
+    outside = np.array(profile, dtype=np.float64)
+    for layer, expert in vram:
+        outside[layer, expert] = 0.0
+    totals = np.asarray(profile, dtype=np.float64).sum(axis=1)
+    reach = np.where(totals > 0, outside.sum(axis=1) / np.maximum(totals, 1e-30), 0.0)  # share of the picks that miss
+    return np.array([popularity_lift(outside[l:l + 1], top_k * reach[l])[0] for l in range(outside.shape[0])], dtype=np.float32)
+
+
+@dataclasses.dataclass(frozen=True)
 class Served:
     """Where one layer step's missed experts came from: ``ram`` in a policy slot already, ``disk`` read now."""
 
@@ -100,9 +186,9 @@ class RamTier:
         if hasattr(self._map, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
             self._map.madvise(mmap.MADV_HUGEPAGE)
         self.arena = np.frombuffer(self._map, dtype=np.uint8)  # [policy slots + window] blocks
-        self.policy: ReferenceCache | None = None
+        self.policy: ReferenceCache | None = None  # the policy slots' state
+        self.parameters = TierPolicy()
         self.stale = np.zeros(tier.policy_slots, dtype=bool)
-        self.decay = self.hysteresis = 0.0
         self._window: tuple[int, set[int]] = (-1, set())  # the layer and experts the window holds
         self.reads = {"load": 0, "ram": 0, "disk": 0, "admitted": 0, "fetched": 0}
         self._serving = False
@@ -112,20 +198,15 @@ class RamTier:
 
     # ---- start
 
-    def start(self, profile: np.ndarray, top_k: int, vram_slots: int, decay: float, hysteresis: float) -> None:
+    def start(self, profile: np.ndarray, top_k: int, vram_slots: int, policy: TierPolicy = TierPolicy()) -> None:
         """Place the policy slots after the ``vram_slots`` experts the VRAM cache takes from the same ``profile``
-        (float [layers, experts]), with the cache policy's ``decay`` and ``hysteresis``, and read them from disk.
+        (float [layers, experts]), replaced by ``policy`` (:meth:`TierPolicy.state`), and read them from disk.
 
         :raise DiskReadError: a read failed (the tier is not usable).
         """
-        self.decay, self.hysteresis = decay, hysteresis
-        vram = placement(profile, vram_slots)
-        ours = placement(profile, len(vram) + self.plan.policy_slots)[len(vram):]
-        scores = warm_scores(profile, top_k, decay)
-        for layer, expert in vram:
-            scores[layer, expert] = 0.0
-        self.policy = ReferenceCache(scores, ours)
-        self.stale = np.zeros(len(ours), dtype=bool)
+        self.parameters = policy
+        self.policy = policy.state(profile, top_k, vram_slots, self.plan.policy_slots)
+        self.stale = np.zeros(len(self.policy.owner), dtype=bool)
         E = self.store.num_experts
         t0 = time.perf_counter()
         self._read([(int(o) // E, int(o) % E, s) for s, o in enumerate(self.policy.owner)])
@@ -181,18 +262,18 @@ class RamTier:
     # ---- a layer's step
 
     def step(self, layer: int, missed) -> Served:
-        """A decode step of ``layer`` for the picks the VRAM cache missed (any int array of expert ids, repeats
-        allowed): the policy's step, then every missed expert not in a policy slot read from disk. When this
-        returns, each missed expert's bytes are at :meth:`block`.
+        """A decode step of ``layer`` for the picks the VRAM cache missed (int, any shape, the last axis a row, as
+        :func:`missed` gives them: -1 for none, repeats allowed): the policy's step, then every missed expert not in a
+        policy slot read from disk. When this returns, each missed expert's bytes are at :meth:`block`.
 
         :raise DiskReadError: a read failed: the expert it was for is in no slot, and nothing was served.
         """
-        sel = np.asarray(missed, dtype=np.int64).reshape(-1)
-        picked = self._distinct(sel)
+        sel = np.asarray(missed, dtype=np.int64)
+        picked = self._distinct(sel.reshape(-1))
         slot_of = self.policy.slot_of[layer]
         ram = [e for e in picked if slot_of[e] >= 0 and not self.stale[slot_of[e]]]
         stale = {e for e in picked if slot_of[e] >= 0 and self.stale[slot_of[e]]}
-        admitted = {a.expert: a for a in self.policy.step(layer, sel, self.decay, self.hysteresis, len(picked))}
+        admitted = {a.expert: a for a in self.parameters.step(self.policy, layer, sel)}
         disk = [e for e in picked if e not in ram]
         window = self.plan.policy_slots
         targets = [(layer, e, int(slot_of[e]) if e in admitted or e in stale else window + e) for e in disk]
@@ -290,7 +371,7 @@ class RamTier:
         rate = lambda n, s: round(n / s / 1e9, 3) if s > 0 else None
         return {"policy_slots": self.plan.policy_slots, "window_slots": self.plan.window_slots, "bytes": self.plan.bytes,
                 "share_of_experts": round(self.plan.policy_slots / (self.store.num_layers * self.store.num_experts), 4),
-                "served": dict(self.reads), "disk": self.reader.counters(),
+                "policy": dataclasses.asdict(self.parameters), "served": dict(self.reads), "disk": self.reader.counters(),
                 "disk_gbs": {"start": rate(t["start_bytes"], t["start_seconds"]), "serving": rate(t["bytes"], t["seconds"])},
                 "read_seconds": round(t["seconds"], 3)}
 

@@ -25,7 +25,7 @@ import torch
 
 from .cache import ExpertCache
 from .part import Part
-from .ram_tier import RamTier
+from .ram_tier import RamTier, missed
 
 
 class TieredHome(Part):
@@ -55,22 +55,21 @@ class TieredHome(Part):
         t0 = time.perf_counter()
         torch.cuda.current_stream(self.device).synchronize()  # the picks are known on the host only now
         t1 = time.perf_counter()
-        self.resolve(row, self._picks[:n].numpy(), self._vram.numpy(), decode)
+        self.resolve(row, self._picks[:n].numpy().reshape(selected.shape), self._vram.numpy(), decode)
         self.counters["wait_seconds"] += t1 - t0
         self.counters["tier_seconds"] += time.perf_counter() - t1
 
     def resolve(self, row: int, picks: np.ndarray, vram: np.ndarray, decode: bool) -> None:
-        """The host's part of :meth:`place`: ``picks`` (int, repeats allowed) against ``vram`` (int32 [experts], the
-        layer's VRAM slot of each expert, -1 if none)."""
-        valid = picks[(picks >= 0) & (picks < vram.shape[0])]
-        missed = valid[vram[valid] < 0]
+        """The host's part of :meth:`place`: ``picks`` (int [rows, top_k], or any shape whose last axis is a row;
+        repeats allowed) against ``vram`` (int32 [experts], the layer's VRAM slot of each expert, -1 if none)."""
+        tier_picks = missed(picks, vram)  # the rows kept: the tier's policy measures reuse on the first
         if decode:
-            self.tier.step(row, missed)
+            self.tier.step(row, tier_picks)
             self.counters["decode_layers"] += 1
         else:
-            self.tier.fetch(row, missed)
+            self.tier.fetch(row, tier_picks)
             self.counters["other_layers"] += 1
-        experts = np.unique(missed)
+        experts = np.unique(tier_picks[tier_picks >= 0])
         if not experts.size:
             return
         where = np.array([self.tier.address(row, int(e)) for e in experts], dtype=np.int64)

@@ -9,14 +9,15 @@ import errno
 import numpy as np
 import pytest
 
-from glm53.offload.cache_policy import ReferenceCache
+from glm53.offload.cache_policy import ReferenceCache, placement, popularity_lift
 from glm53.offload.disk import DiskReader, DiskReadError
 from glm53.offload.host_store import HostStore
-from glm53.offload.ram_tier import RamBudgetError, RamTier, TierPlan, plan
+from glm53.offload.ram_tier import RamBudgetError, RamTier, TierPlan, TierPolicy, missed, plan
 from tests.offload.test_disk import trellis_checkpoint
 
 LAYERS, EXPERTS, TOP_K, ROWS = (1, 2, 3), 16, 2, 2
 DECAY, HYSTERESIS, VRAM_MAX_ADMIT = 0.9, 1.25, 2
+TIER = TierPolicy(decay=DECAY, hysteresis=HYSTERESIS)  # a fast decay: these traces are short
 
 
 def skewed(seed: int) -> tuple[np.ndarray, np.random.Generator]:
@@ -90,7 +91,7 @@ def test_a_trace_through_vram_ram_and_disk_serves_every_pick_from_one_place_with
     tier_plan = plan(store, 24 * block)  # half of the 48 experts
     assert (tier_plan.policy_slots, tier_plan.window_slots) == (8, EXPERTS)
     tier = RamTier(store, reader, tier_plan)
-    tier.start(profile, TOP_K, vram_slots, DECAY, HYSTERESIS)
+    tier.start(profile, TOP_K, vram_slots, TIER)
     assert reader.counters()["requests"] == 3 * 8  # three projections a block
     vram_placed = {(int(o) // EXPERTS, int(o) % EXPERTS) for o in ReferenceCache.warm(profile, vram_slots, TOP_K, DECAY).owner}
     ram_placed = {(int(o) // EXPERTS, int(o) % EXPERTS) for o in tier.policy.owner}
@@ -122,7 +123,7 @@ def test_with_ram_for_every_expert_there_is_no_tier_and_no_disk_read_after_load(
                 assert projections(store, store.host_block(layer, int(e)).numpy()) == expected(store, tensors, layer, int(e))
     # a tier forced to hold every expert reads them once and never again
     full = RamTier(store, reader, TierPlan(len(LAYERS) * EXPERTS, EXPERTS, store.layout.block_bytes))
-    full.start(profile, TOP_K, 0, DECAY, HYSTERESIS)
+    full.start(profile, TOP_K, 0, TIER)
     after_load = reader.counters()
     for step in trace(profile, rng, 10):
         for layer, selected in enumerate(step):
@@ -148,7 +149,7 @@ def test_a_failed_read_serves_nothing_and_the_expert_is_read_again_next_time(che
     store, tensors, reader = checkpoint
     profile, _ = skewed(3)
     tier = RamTier(store, reader, plan(store, 20 * store.layout.block_bytes))
-    tier.start(profile, TOP_K, 0, DECAY, HYSTERESIS)
+    tier.start(profile, TOP_K, 0, TIER)
     layer = 1
     cold = next(e for e in range(EXPERTS) if tier.policy.slot_of[layer, e] < 0)
     f, at, n, _ = store.block_sources(layer, cold)[2]
@@ -168,7 +169,7 @@ def test_a_prefill_fetch_reads_what_no_policy_slot_holds_into_the_window_and_lea
     store, tensors, reader = checkpoint
     profile, _ = skewed(4)
     tier = RamTier(store, reader, plan(store, 24 * store.layout.block_bytes))
-    tier.start(profile, TOP_K, 0, DECAY, HYSTERESIS)
+    tier.start(profile, TOP_K, 0, TIER)
     policy = (tier.policy.slot_of.copy(), tier.policy.freq.copy())
     layer = 2
     served = tier.fetch(layer, np.array([[3, 3, 15, 0], [7, 15, 1, 2]]))
@@ -182,3 +183,69 @@ def test_a_prefill_fetch_reads_what_no_policy_slot_holds_into_the_window_and_lea
     assert tier.fetch(0, np.array([4])).disk in ([4], [])  # another layer's fetch takes the window over
     assert all(tier.block(layer, e) is None for e in served.disk)
     assert np.array_equal(policy[0], tier.policy.slot_of) and np.array_equal(policy[1], tier.policy.freq)
+
+
+FIRST_POLICY = TierPolicy(decay=0.999, hysteresis=1.25, recency_weight=0.0, vram_score=0.0)  # the tier's first: never admitted
+
+
+@pytest.mark.parametrize("policy, admitted_by", [(TierPolicy(), 20), (FIRST_POLICY, None)])
+def test_an_expert_that_recurs_among_the_misses_is_admitted(checkpoint, policy, admitted_by):
+    store, tensors, reader = checkpoint
+    profile, rng = skewed(6)
+    vram_slots = 6
+    tier = RamTier(store, reader, plan(store, 24 * store.layout.block_bytes))
+    tier.start(profile, TOP_K, vram_slots, policy)
+    layer = 0
+    vram = {e for l, e in placement(profile, vram_slots) if l == layer}
+    outside = [e for e in range(EXPERTS) if tier.policy.slot_of[layer, e] < 0 and e not in vram]  # misses, read from disk
+    coldest = min(outside, key=lambda e: profile[layer, e])
+    first_ram = None
+    for t in range(60):  # the cold expert in every step, beside another miss drawn by the profile
+        other = int(rng.choice([e for e in outside if e != coldest]))
+        served = tier.step(layer, np.array([coldest, other]))
+        if coldest in served.ram and first_ram is None:
+            first_ram = t
+    if admitted_by is None:
+        assert first_ram is None and tier.reads["disk"] >= 60  # read from disk at every step
+    else:
+        assert first_ram is not None and first_ram <= admitted_by, first_ram
+        assert projections(store, tier.block(layer, coldest)) == expected(store, tensors, layer, coldest)
+
+
+@pytest.mark.parametrize("vram_score, admitted", [(1.0, True), (0.0, False)])
+def test_an_expert_the_vram_cache_evicted_comes_with_its_popularity(checkpoint, vram_score, admitted):
+    store, _, reader = checkpoint
+    profile, _ = skewed(7)
+    tier = RamTier(store, reader, plan(store, 24 * store.layout.block_bytes))
+    tier.start(profile, TOP_K, 6, TierPolicy(vram_score=vram_score))
+    layer, hot = placement(profile, 1)[0]  # the VRAM cache's hottest: it reaches the tier only once evicted from VRAM
+    assert tier.step(layer, np.array([hot])).disk == [hot]
+    assert (tier.policy.slot_of[layer, hot] >= 0) == admitted and tier.reads["admitted"] == int(admitted)  # a policy slot
+
+
+@pytest.mark.parametrize("field, value, accepted", [
+    ("decay", 0.0, "in (0, 1]"), ("decay", 1.5, "in (0, 1]"), ("decay", float("nan"), "in (0, 1]"),
+    ("hysteresis", 0.9, "at least 1 and finite"), ("hysteresis", float("inf"), "at least 1 and finite"),
+    ("recency_decay", 1.0, "in (0, 1)"), ("recency_weight", -1.0, "at least 0 and finite"),
+    ("recency_keep", 1.0, "in [0, 1)"), ("vram_score", 1.5, "in [0, 1]"), ("vram_score", -0.1, "in [0, 1]"),
+])
+def test_a_tier_policy_out_of_range_is_refused_naming_the_field_and_the_value(field, value, accepted):
+    with pytest.raises(ValueError) as info:
+        TierPolicy(**{field: value})
+    assert str(info.value) == f"TierPolicy.{field}={value!r} is not accepted: it must be {accepted}"
+    assert TierPolicy(decay=1.0, hysteresis=1.0, recency_weight=0.0, recency_keep=0.0, vram_score=0.0).recency.weight == 0.0
+
+
+def test_what_reaches_the_tier_keeps_the_rows_with_minus_one_where_vram_holds_the_expert():
+    vram_slot_of = np.array([-1, 0, -1, 1])
+    picks = np.array([[0, 1], [3, 2], [7, -1]])  # 7 and -1 are no expert
+    assert missed(picks, vram_slot_of).tolist() == [[0, -1], [-1, 2], [-1, -1]]
+
+
+def test_the_tiers_reuse_lift_is_measured_against_what_popularity_gives_the_picks_that_miss_vram():
+    profile = np.array([[2.0, 1.0, 1.0], [1.0, 1.0, 1.0]])
+    state = TierPolicy().state(profile, top_k=1, vram_slots=1, policy_slots=1)  # VRAM holds expert 0 of layer 0
+    # layer 0: experts 1 and 2 reach the tier in a quarter of the steps each: sum p^2 / sum p - sum p(1-p) / (3 - sum p)
+    assert state.reuse[0].tolist() == pytest.approx([0.1, 0.1])
+    assert state.reuse[1].tolist() == pytest.approx([popularity_lift(profile[1:], 1)[0]] * 2)  # nothing in VRAM
+    assert state.freq[0, 0] == pytest.approx(0.5 / (1 - TierPolicy().decay))  # vram_score 1: its warm score

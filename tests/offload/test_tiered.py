@@ -15,7 +15,7 @@ from glm53.offload.host_store import HostStore
 from glm53.offload.ram_tier import RamTier, plan
 from glm53.offload.tiered import TieredHome
 from tests.offload.test_disk import trellis_checkpoint
-from tests.offload.test_ram_tier import EXPERTS, LAYERS, ROWS, TOP_K, expected, projections, skewed, trace
+from tests.offload.test_ram_tier import EXPERTS, LAYERS, ROWS, TIER, TOP_K, expected, projections, skewed, trace
 
 DECAY, HYSTERESIS, VRAM_SLOTS = 0.9, 1.25, 6
 
@@ -49,7 +49,7 @@ def hierarchy(tmp_path):
     tier = RamTier(store, reader, plan(store, 24 * store.layout.block_bytes))  # half the experts: 8 policy slots
     arena = tier.pin(lambda address, n: None, lambda address: None, lambda host: host)  # device addresses = host ones
     profile, rng = skewed(11)
-    tier.start(profile, TOP_K, VRAM_SLOTS, DECAY, HYSTERESIS)
+    tier.start(profile, TOP_K, VRAM_SLOTS, TIER)
     cache = HostCache(store, profile, arena.data_ptr() + tier.plan.policy_slots * store.layout.block_bytes)
     home = TieredHome(tier, cache, torch.device("cpu"), max_picks=64)
     yield store, tensors, tier, cache, home, profile, rng, arena

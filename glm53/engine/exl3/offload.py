@@ -99,7 +99,7 @@ def start_offload(settings: Settings, model, load: Callable[[], None], warmup: C
     warm, profile_source = profile.warm_start(settings.model_dir, settings.root, store.layer_keys)
     if tier is not None:  # its policy slots take the hottest experts after the cache's, read from disk now
         t2 = time.monotonic()
-        tier.start(_profile_or_flat(warm, store), layers.top_k, min(slots, total), policy.decay, policy.hysteresis)
+        tier.start(_profile_or_flat(warm, store), layers.top_k, min(slots, total))  # the tier's own policy (TierPolicy)
         timings["ram_tier_read_s"] = round(time.monotonic() - t2, 2)
     cache = ExpertCache(kernels, store, layers.tables, slots, device, layers.top_k, policy, warm, host_link, ram_tier=tier)  # 6. fill
     home = None if tier is None else TieredHome(tier, cache, device, max_picks=layers.top_k * settings.chunk_size)

@@ -176,7 +176,7 @@ class FakeTier:
         self.seen.append(("pin tier", register is start.cuda_register, unregister is start.cuda_unregister))
         return torch.zeros(6 * 1000, dtype=torch.uint8)
 
-    def start(self, profile, top_k, vram_slots, decay, hysteresis):
+    def start(self, profile, top_k, vram_slots):  # the tier's policy is its own (TierPolicy's defaults)
         self.seen.append(("tier start", profile.shape, top_k, vram_slots))
 
 

@@ -1,0 +1,95 @@
+"""bench.ram_tier_sim: the tier sizes of the H200 runs, Belady's optimum on a stream worked out by hand, the replay
+counting what a real RamTier over files reads and admits, and the tool end to end on short traces."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from bench import ram_tier_sim as sim
+from glm53.offload.cache import Policy
+from glm53.offload.cache_policy import ReferenceCache
+from glm53.offload.disk import DiskReader
+from glm53.offload.host_store import HostStore
+from glm53.offload.ram_tier import RamTier, TierPolicy, missed, plan
+from tests.offload.test_disk import trellis_checkpoint
+from tests.offload.test_ram_tier import EXPERTS, LAYERS, TOP_K, skewed, trace
+
+
+def test_the_tier_sizes_are_those_of_the_h200_runs():
+    # policy_slots of bench/results/2026-12-02-ram-tier-h200.json: the budget less one layer's window
+    assert (sim.tier_slots(12, 288, 50), sim.tier_slots(12, 288, 25)) == (1440, 576)
+    assert sim.tier_slots(12, 288, 100) == 12 * 288  # the whole store: no tier, nothing read from disk
+    assert sim.tier_slots(12, 288, 5) == 0  # the window alone takes the budget
+
+
+def one_layer(picks: list[int]) -> sim.MissStream:
+    return sim.MissStream([[np.array([e])] for e in picks], 0.0, 0)
+
+
+def test_belady_keeps_what_is_used_again_first_and_bypasses_what_is_not_used_again():
+    profile = np.array([[4.0, 3.0, 2.0, 1.0]])  # one slot: expert 0 starts in it
+    # 1: read, evicts 0 (used again later than 1); 2: read, bypassed (never again); 1: hit; 0: read, replaces 1; 0: hit
+    assert sim.belady_reads(one_layer([1, 2, 1, 0, 0]), profile, vram_slots=0, slots=1) == 3
+    # the first two slots go to VRAM: the tier's one slot starts with expert 2, and a -1 (held in VRAM) is no read
+    stream = sim.MissStream([[np.array([2, -1])], [np.array([3, -1])], [np.array([2, -1])]], 0.0, 0)
+    assert sim.belady_reads(stream, profile, vram_slots=2, slots=1) == 1
+
+
+def test_the_replay_reads_and_admits_what_a_ram_tier_on_files_does(tmp_path):
+    ckpt, _ = trellis_checkpoint(tmp_path / "ckpt", layers=LAYERS, experts=EXPERTS, seed=3)
+    store = HostStore.scan(ckpt)
+    profile, rng = skewed(5)
+    picks = trace(profile, rng, 60)[:, :, 0]  # [steps, layers, top_k]: one row a step, as the traces are
+    vram_slots, policy = 6, TierPolicy(decay=0.9, hysteresis=1.1)  # fast: the trace is short
+    vram = Policy(decay=0.9)
+    stream = sim.vram_misses(picks, profile, vram_slots, vram)
+    slots = plan(store, 24 * store.layout.block_bytes).policy_slots
+    reads, admitted = sim.replay_tier(stream, profile, TOP_K, vram_slots, slots, policy)
+    with DiskReader(store.shard_files(), threads=2) as reader:
+        tier = RamTier(store, reader, plan(store, 24 * store.layout.block_bytes))
+        tier.start(profile, TOP_K, vram_slots, policy)
+        cache = ReferenceCache.warm(profile, vram_slots, TOP_K, vram.decay, vram.recency)
+        for step in picks:
+            for layer, selected in enumerate(step):
+                tier.step(layer, missed(selected, cache.slot_of[layer]))
+                cache.step(layer, selected, vram.decay, vram.hysteresis, vram.max_admit, vram.recency)
+    assert admitted > 0 and reads > 0  # not vacuous
+    assert (tier.reads["disk"], tier.reads["admitted"]) == (reads, admitted)
+
+
+def test_a_twins_replay_has_belady_below_every_policy_and_fewer_reads_with_more_slots():
+    from bench.routing_stats import twin_from_settings
+
+    profile = sim.engine_profile("scaled", 4)
+    twin, _ = twin_from_settings("scaled", "trained", 0, 4)
+    picks = twin.run(150, 0).picks
+    vram = sim.engine_vram_policy()
+    assert vram == Policy()  # nothing set: the defaults
+    got = sim.simulate(picks, profile, 128, [50, 25], {"first": sim.first_tier_policy(vram), "default": TierPolicy()}, vram)
+    assert got["steps"] == 150 and 0.0 < got["vram_hit_rate"] < 1.0
+    assert got["vram_misses_per_token"] == pytest.approx((1 - got["vram_hit_rate"]) * 4 * twin.top_k, abs=1e-2)
+    half, quarter = got["by_share"]["50"], got["by_share"]["25"]
+    assert (half["policy_slots"], quarter["policy_slots"]) == (288, 0)  # 25 %: the window alone
+    for row in (half, quarter):
+        assert 0 < row["belady_reads_per_token"] <= min(row[p]["disk_reads_per_token"] for p in ("first", "default"))
+    # with no policy slot every distinct miss is read, whatever the policy
+    assert quarter["first"]["disk_reads_per_token"] == quarter["default"]["disk_reads_per_token"] == quarter["belady_reads_per_token"]
+    assert half["first"]["disk_reads_per_token"] < quarter["first"]["disk_reads_per_token"]
+
+
+def test_the_tool_replays_a_recorded_trace_and_writes_its_json(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "trace.npy"
+    np.save(path, np.stack([[rng.choice(288, 8, replace=False) for _ in range(12)] for _ in range(20)]))
+    out = tmp_path / "sim.json"
+    assert sim.main(["--trace", str(path), "--shares", "50", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["schema"] == sim.SCHEMA and result["policies"]["default"] == json.loads(json.dumps(TierPolicy().__dict__))
+    row = result["traces"]["trace"]["by_share"]["50"]
+    assert row["policy_slots"] == 1440 and result["traces"]["trace"]["vram_slots"] == 12 * 32
+    with pytest.raises(SystemExit, match="the profile is 12 x 288"):
+        np.save(path, np.zeros((3, 4, 8), dtype=np.int64))
+        sim.main(["--trace", str(path)])
