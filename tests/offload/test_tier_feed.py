@@ -17,7 +17,7 @@ from glm53.offload.ram_tier import RamTier, plan
 from glm53.offload.staging import layer_staging
 from glm53.offload.tier_feed import TierFeed
 from tests.offload.test_disk import trellis_checkpoint
-from tests.offload.test_ram_tier import DECAY, EXPERTS, HYSTERESIS, LAYERS, TOP_K, expected, projections, skewed
+from tests.offload.test_ram_tier import EXPERTS, LAYERS, TIER, TOP_K, expected, projections, skewed
 
 
 class Copies:
@@ -36,7 +36,7 @@ def tier(tmp_path):
     store = HostStore.scan(ckpt)
     reader = DiskReader(store.shard_files(), threads=2)
     tier = RamTier(store, reader, plan(store, 24 * store.layout.block_bytes))  # 8 policy slots + the window
-    tier.start(skewed(2)[0], TOP_K, 0, DECAY, HYSTERESIS)
+    tier.start(skewed(2)[0], TOP_K, 0, TIER)
     yield store, tensors, tier, reader
     reader.close()
 
