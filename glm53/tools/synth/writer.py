@@ -108,9 +108,7 @@ def write_checkpoint(
     specs = plan(shape, scales, biases, gates)
     report.files += _write_shards(out_dir, specs, shard_bytes, source, report, log, progress or Progress())
     # The routing the biases were fitted to ships with the checkpoint: the expert cache warm-starts from it
-    counts = {router.profile_key(i): router.stats_counts(targets[i], router.profile_total(profile_data, real))
-              for i, real in zip(shape.moe_layer_indices, real_layers)}
-    text = json.dumps(counts) + "\n"
+    text = json.dumps(shipped_profile(shape, profile_data)) + "\n"
     (out_dir / ROUTING_PROFILE_FILE).write_text(text)
     report.files.append(out_dir / ROUTING_PROFILE_FILE)
     if stats_out is not None:
@@ -161,6 +159,14 @@ def router_targets(shape: ModelShape, profile_data: dict[str, list[float]]) -> d
     """MoE layer index -> the per-expert pick shares its router is fitted to (``router.target_shares``)."""
     real_layers = router.layer_map(shape.moe_layers)
     return {i: router.target_shares(profile_data, real, shape.experts) for i, real in zip(shape.moe_layer_indices, real_layers)}
+
+
+def shipped_profile(shape: ModelShape, profile_data: dict[str, list[float]]) -> dict[str, list[float]]:
+    """The routing profile a checkpoint of ``shape`` ships with (``ROUTING_PROFILE_FILE``): each MoE layer's
+    ``router_targets`` as pick counts totalling its real layer's, under its own layer key."""
+    targets = router_targets(shape, profile_data)
+    return {router.profile_key(i): router.stats_counts(targets[i], router.profile_total(profile_data, real))
+            for i, real in zip(shape.moe_layer_indices, router.layer_map(shape.moe_layers))}
 
 
 def fit_biases(shape: ModelShape, targets: Mapping[int, np.ndarray], scales: Scales, seed: int,
