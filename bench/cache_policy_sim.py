@@ -27,9 +27,11 @@ multiplies the shares by a slowly varying random factor per expert (topics chang
 where adaptive policies can beat the static placement; ``twin`` is the routing twin of the full synthetic checkpoint
 (``bench.routing_stats``) of ``--routing`` ``random`` or ``trained`` (picks recurring over tokens as a trained
 model's do), the profile then being the shares its router was fitted to. A recorded trace can be replayed with
-``--trace`` (``.npy`` int [steps, layers, top_k]).
+``--trace`` (``.npy`` int [steps, layers, top_k]); for one the engine recorded on a ``glm53 synth`` checkpoint,
+``--synth-preset`` places and warm-starts from the profile that checkpoint ships, as the engine did.
 
     python3 -m bench.cache_policy_sim [--share 0.11] [--steps 2000] [--mode iid|drift|twin] [--routing trained] [--out sim.json]
+    python3 -m bench.cache_policy_sim --trace engine.npy --synth-preset scaled --slots 384
 """
 
 from __future__ import annotations
@@ -55,6 +57,16 @@ def load_profile(path: Path) -> np.ndarray:
     data = json.loads(Path(path).read_text())
     keys = sorted(data, key=lambda k: int(k.split("layers.")[1].split(".")[0]))
     return np.array([data[k] for k in keys], dtype=np.float64)
+
+
+def synth_profile(preset: str) -> np.ndarray:
+    """float [MoE layers, experts]: the routing profile a ``glm53 synth --preset PRESET`` checkpoint ships with, what
+    the engine places and warm-starts its cache by on that checkpoint."""
+    from glm53.tools.synth import presets, router, writer
+
+    shape, data = presets.resolve(preset, None), router.load_profile(writer.DEFAULT_PROFILE)
+    counts = writer.shipped_profile(shape, writer.router_targets(shape, data), data)
+    return np.array(list(counts.values()), dtype=np.float64)
 
 
 def make_trace(profile: np.ndarray, steps: int, top_k: int, mode: str, seed: int) -> np.ndarray:
@@ -249,6 +261,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m bench.cache_policy_sim", description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", type=Path, default=PROFILE)
     ap.add_argument("--share", type=float, default=1376 / 12096, help="cached share of all experts (default: a 24 GB card's, 1376 of 12096)")
+    ap.add_argument("--slots", type=int, help="cached experts in all (instead of --share), as the engine's --ec-cache-experts")
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--top-k", type=int, default=8)
     ap.add_argument("--mode", choices=("iid", "drift", "twin"), default="iid")
@@ -260,20 +273,25 @@ def main(argv=None) -> int:
     ap.add_argument("--recency-weight", type=float, default=Policy.recency_weight)
     ap.add_argument("--recency-keep", type=float, default=Policy.recency_keep)
     ap.add_argument("--trace", type=Path, help="replay this recorded trace (.npy int [steps, layers, top_k]) instead")
+    ap.add_argument("--synth-preset", help="with --trace: the profile is the one a glm53 synth checkpoint of this preset ships")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
-    profile = load_profile(args.profile)
+    if args.synth_preset and not args.trace:
+        ap.error("--synth-preset goes with --trace")
+    profile = synth_profile(args.synth_preset) if args.synth_preset else load_profile(args.profile)
     if args.trace:
         trace = np.load(args.trace)
+        if trace.ndim != 3 or trace.shape[1] != profile.shape[0]:
+            ap.error(f"--trace {args.trace}: shape {trace.shape}, expected [steps, {profile.shape[0]} layers, top_k] for the profile")
     elif args.mode == "twin":
         profile, trace = twin_trace(args.routing, args.steps, args.seed)
     else:
         trace = make_trace(profile, args.steps, args.top_k, args.mode, args.seed)
-    slots = round(args.share * profile.size)
+    slots = args.slots if args.slots is not None else round(args.share * profile.size)
     policy = Policy(decay=args.decay, hysteresis=args.hysteresis, max_admit=args.max_admit, recency_decay=args.recency_decay,
                     recency_weight=args.recency_weight, recency_keep=args.recency_keep)
-    result = {"profile": str(args.profile), "mode": "trace" if args.trace else args.mode, "steps": int(trace.shape[0]),
+    result = {"profile": f"glm53 synth --preset {args.synth_preset}" if args.synth_preset else str(args.profile), "mode": "trace" if args.trace else args.mode, "steps": int(trace.shape[0]),
               "seed": args.seed, **({"routing": args.routing} if args.mode == "twin" and not args.trace else {}),
               **simulate(profile, trace, slots, policy)}
     print(json.dumps(result, indent=1))

@@ -90,8 +90,9 @@ class TierPolicy:
     """The parameters of the tier's policy slots' replacement: the expert cache's policy (``cache_policy``'s
     ``ReferenceCache.step``, the same definition as VRAM's) over the picks the VRAM cache missed.
 
-    The defaults are the VRAM cache's own (``cache.Policy``'s, written out: a retune of VRAM's must be replayed here
-    before it is taken) with the VRAM residents at their warm scores. In ``bench/ram_tier_sim.py``'s search on the
+    The defaults were the VRAM cache's own when they were chosen (decay 0.999, recency weight 800; ``cache.Policy``
+    has since moved to 0.995 / 200 on the engine's trace, bench/results/2026-12-02-cache-policy-engine-trace.md, and
+    the tier's were not replayed against that yet), with the VRAM residents at their warm scores. In ``bench/ram_tier_sim.py``'s search on the
     engine's trace and both presets' CPU twins at 50 % and 25 % they rank third, within 0.2 % of the best mean, and
     unlike the two above them they read no more from disk than the first policy on held-out twins either
     (bench/results/2026-12-02-ram-tier-policy.md).

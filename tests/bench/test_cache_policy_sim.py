@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -60,4 +62,30 @@ def test_a_policy_out_of_range_is_refused():
                 {"recency_keep": 1.0}, {"max_admit": 17}, {"hysteresis": 0.9}):
         with pytest.raises(ValueError, match="bad cache policy"):
             Policy(**bad)
-    assert Policy(recency_weight=0.0).recency.weight == 0.0 and Policy().recency == (0.5, 800.0, 0.99)
+    assert Policy(recency_weight=0.0).recency.weight == 0.0 and Policy().recency == (0.5, 200.0, 0.99)
+
+
+def test_a_synth_checkpoints_profile_is_the_one_its_router_was_fitted_to():
+    from glm53.tools.synth import presets, router, writer
+
+    profile = sim.synth_profile("scaled")
+    shape = presets.resolve("scaled", None)
+    targets = writer.router_targets(shape, router.load_profile(writer.DEFAULT_PROFILE))
+    assert profile.shape == (shape.moe_layers, shape.experts)
+    shares = profile / profile.sum(axis=1, keepdims=True)
+    assert np.allclose(shares, np.stack([targets[i] for i in shape.moe_layer_indices]), atol=1e-6)
+
+
+def test_a_recorded_trace_replays_with_the_synth_profile_and_the_engines_slot_count(tmp_path):
+    rng = np.random.default_rng(0)
+    trace = np.stack([np.stack([rng.choice(288, 8, replace=False) for _ in range(12)]) for _ in range(20)])
+    np.save(tmp_path / "trace.npy", trace)
+    out = tmp_path / "sim.json"
+    assert sim.main(["--trace", str(tmp_path / "trace.npy"), "--synth-preset", "scaled", "--slots", "384", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert (result["slots"], result["picks"], result["profile"]) == (384, 20 * 12 * 8, "glm53 synth --preset scaled")
+    np.save(tmp_path / "short.npy", trace[:, :4])
+    with pytest.raises(SystemExit):  # 4 layers against the preset's 12
+        sim.main(["--trace", str(tmp_path / "short.npy"), "--synth-preset", "scaled"])
+    with pytest.raises(SystemExit):
+        sim.main(["--synth-preset", "scaled"])
