@@ -59,14 +59,15 @@ def load_profile(path: Path) -> np.ndarray:
     return np.array([data[k] for k in keys], dtype=np.float64)
 
 
-def synth_profile(preset: str) -> np.ndarray:
-    """float [MoE layers, experts]: the routing profile a ``glm53 synth --preset PRESET`` checkpoint ships with, what
-    the engine places and warm-starts its cache by on that checkpoint."""
+def synth_profile(preset: str, moe_layers: int | None = None) -> np.ndarray:
+    """float [MoE layers, experts]: the routing profile a ``glm53 synth --preset PRESET`` checkpoint ships with, in
+    MoE layer order, what the engine places and warm-starts its cache by on that checkpoint (it does not depend on
+    the checkpoint's seed)."""
     from glm53.tools.synth import presets, router, writer
 
-    shape, data = presets.resolve(preset, None), router.load_profile(writer.DEFAULT_PROFILE)
+    shape, data = presets.resolve(preset, moe_layers), router.load_profile(writer.DEFAULT_PROFILE)
     counts = writer.shipped_profile(shape, writer.router_targets(shape, data), data)
-    return np.array(list(counts.values()), dtype=np.float64)
+    return np.array([counts[router.profile_key(i)] for i in shape.moe_layer_indices], dtype=np.float64)
 
 
 def make_trace(profile: np.ndarray, steps: int, top_k: int, mode: str, seed: int) -> np.ndarray:

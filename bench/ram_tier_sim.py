@@ -6,7 +6,7 @@ Per MoE layer of a decode step the engine first resolves the picks the VRAM cach
 ``ram_tier.missed``, then ``TierPolicy.step`` on the tier's policy slots), then runs the VRAM cache's step
 (``cache_policy.ReferenceCache.step`` with ``Policy.from_settings``' parameters). This replays both, each level
 started as the engine starts it (``ReferenceCache.warm`` as ``ExpertCache`` fills its slots, ``TierPolicy.state`` as
-``RamTier.start``), from the routing profile a ``glm53 synth`` checkpoint ships (``writer.shipped_profile``: what
+``RamTier.start``), from the routing profile a ``glm53 synth`` checkpoint ships (``cache_policy_sim.synth_profile``: what
 the engine warm-starts from). The tier's size is a share of the experts, its budget as ``bench.ram_tier_decode``
 gives it and its policy slots as ``ram_tier.plan`` makes them (the window, one layer's experts, comes out of the
 budget). Reported per trace and share:
@@ -44,6 +44,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.cache_policy_sim import synth_profile
 from bench.compare import card_gpu_experts
 from bench.output import emit_json
 from bench.ram_tier_decode import budget_bytes
@@ -52,7 +53,7 @@ from glm53.offload import ram_tier
 from glm53.offload.cache import Policy
 from glm53.offload.cache_policy import C_ADMITS, C_HITS, C_PICKS, ReferenceCache
 from glm53.offload.ram_tier import TierPolicy
-from glm53.tools.synth import presets, router, writer
+from glm53.tools.synth import presets
 
 SCHEMA = "glm53.ram_tier_sim/1"
 ENGINE_TRACE = REPO / "bench" / "results" / "2026-12-02-routing-trace-engine-trained-h200.npy"
@@ -60,15 +61,6 @@ SHARES = (50, 25)
 NOMINAL_BLOCK = 1 << 20  # bytes of an expert block in the budget's arithmetic; the slot counts do not depend on it
 SEARCH = {"decay": (0.999, 0.998, 0.997, 0.995), "hysteresis": (1.25, 1.5, 2.0, 3.0), "recency_weight": (0.0, 100.0, 800.0, 3000.0),
           "recency_decay": (0.5, 0.8), "vram_score": (0.0, 1.0)}
-
-
-def engine_profile(preset: str = "scaled", moe_layers: int | None = None) -> np.ndarray:
-    """float [layers, experts]: the routing profile the preset's synthetic checkpoint ships, in MoE layer order (the
-    engine's warm start, ``profile.warm_start``); it does not depend on the checkpoint's seed."""
-    shape = presets.resolve(preset, moe_layers)
-    data = router.load_profile(writer.DEFAULT_PROFILE)
-    counts = writer.shipped_profile(shape, writer.router_targets(shape, data), data)
-    return np.array([counts[router.profile_key(i)] for i in shape.moe_layer_indices], dtype=np.float64)
 
 
 def engine_vram_policy() -> Policy:
@@ -222,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not args.trace and not args.twin:
         args.trace, args.twin = [ENGINE_TRACE], ["trained", "random"]
-    profile = engine_profile()
+    profile = synth_profile("scaled")
     layers, experts = profile.shape
     vram_slots = args.vram_slots if args.vram_slots is not None else card_gpu_experts(experts) * layers
     shares = [float(s) for s in args.shares.split(",")]

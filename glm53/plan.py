@@ -161,8 +161,9 @@ def format_report(r: dict) -> str:
         disk = tier["disk_misses_per_layer"]
         lines += ["", f"  RAM tier: {rig['ram_gib']:.0f} GiB of host RAM holds {tier['ram_slots_per_layer']:.1f} experts a layer beyond "
                       f"the VRAM's ({tier['ram_share']:.1%} of them in VRAM or RAM); {disk[1]:.2f} a layer at one stream, {disk[4]:.2f} "
-                      f"at four, are read from disk at {tier['disk_gbs']:g} GB/s (and by prefill, every expert neither holds, once a staged forward, behind its compute, and in exact mode "
-                      f"once more for the prompt's last page, a forward too small to stage); "
+                      f"at four, are read from disk at {tier['disk_gbs']:g} GB/s (and by prefill, every expert neither holds, "
+                      "once a staged forward, behind its compute, and in exact mode once more for the prompt's last page, a "
+                      "forward too small to stage); "
                       "fast mode serves as exact mode beside a RAM tier (its CPU tier is off)"]
     k = p["cpu_experts_per_layer"]
     lines += ["", f"  fast mode sends the CPU tier {k[1]:.1f} experts a layer at one stream, {k[4]:.1f} at four",

@@ -251,12 +251,10 @@ class Prefetcher(Part):
         self._predictions = [None] * len(self._predictions)
         if self.budget is not None:
             self.budget.clock.forward_start()
-        if self.gate is not None:
-            self._feed_gate()
 
     def _feed_gate(self) -> None:
         """Give the gate the copies and uses counted since the last mirror that has landed, and mirror anew every
-        ``WINDOW_SAMPLE_EVERY`` forwards (no host sync: ``Event.query``)."""
+        ``WINDOW_SAMPLE_EVERY`` decode forwards (no host sync: ``Event.query``)."""
         self.gate.forward_start()
         if self._mirrored is not None and self._mirrored.query():
             now = self._mirror.clone()
@@ -293,6 +291,8 @@ class Prefetcher(Part):
         """Before a decode forward of ``rows`` rows (after :meth:`forward_start`): the first MoE layer's prefetch, planned and
         copied on P now, from the previous step's picks of that layer when it had as many rows (the oracle's: this
         step's true picks)."""
+        if self.gate is not None:
+            self._feed_gate()  # here, not in forward_start: the gate rests a number of decode forwards
         if not self.leads or rows > self.max_rows or (self.gate is not None and not self.gate.allows(0)):
             return
         predicted = self._oracle_picks() if self._oracle is not None else self._last_first

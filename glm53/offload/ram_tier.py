@@ -339,7 +339,7 @@ class RamTier:
     def address(self, layer: int, expert: int) -> int:
         """The device address of the expert's block (after :meth:`pin`), or -1 when the tier does not hold it."""
         index = self.slot_index(layer, expert)
-        return -1 if index < 0 else self._device_base + index * self.plan.block_bytes
+        return -1 if index < 0 else int(self.block_address(index))
 
     def policy_block(self, layer: int, expert: int) -> np.ndarray | None:
         """The expert's block when a policy slot holds it (not the window, which the next layer's reads reuse)."""

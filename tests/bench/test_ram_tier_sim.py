@@ -63,7 +63,7 @@ def test_the_replay_reads_and_admits_what_a_ram_tier_on_files_does(tmp_path):
 def test_a_twins_replay_has_belady_below_every_policy_and_fewer_reads_with_more_slots():
     from bench.routing_stats import twin_from_settings
 
-    profile = sim.engine_profile("scaled", 4)
+    profile = sim.synth_profile("scaled", 4)
     twin, _ = twin_from_settings("scaled", "trained", 0, 4)
     picks = twin.run(150, 0).picks
     vram = sim.engine_vram_policy()
