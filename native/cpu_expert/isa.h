@@ -32,7 +32,7 @@ struct BandArgs {
     int tiles_k;             // in_features / 16
     int tiles_n;             // out_features / 16
     int first_tile;          // output tile column
-    int tiles;               // 2, 4, 6 or 8
+    int tiles;               // 1, 2, 4 or 8 (BAND_TILES / spans_per_block)
     const float* x;          // rotated input rows [rows][x_stride] (FP16, FMA)
     int x_stride;            // in_features
     int rows;

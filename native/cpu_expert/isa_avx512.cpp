@@ -274,6 +274,33 @@ inline void load_ring(const uint8_t* tile, __m512i* ring)
 template <int T>
 constexpr int tile_group() { return T <= 3 ? 2 : 1; }
 
+// Tiles j .. j + G - 1 of input tile row kt (row: its first tile in the span's trellis), added into the span's
+// totals. A tile's sums do not depend on the group it is computed in, so G changes no bit.
+template <int K, int T, bool FP16, int G>
+__attribute__((always_inline)) inline void band_group(const BandArgs& b, const uint8_t* row, const float* x, int j)
+{
+    constexpr int bytes = tile_bytes(K);
+    __m512i ring[G][4];
+    __m512 acc[G][T];  // this tile's sums
+    for (int g = 0; g < G; ++g) {
+        load_ring<K>(row + (j + g) * bytes, ring[g]);
+        for (int t = 0; t < T; ++t)
+            acc[g][t] = _mm512_setzero_ps();
+    }
+#pragma GCC unroll 2
+    for (int r = 0; r < 16; ++r)
+        for (int g = 0; g < G; ++g) {
+            const __m512 w = codebook<FP16>(row_states<K>(ring[g], r));
+            for (int t = 0; t < T; ++t)
+                acc[g][t] = _mm512_fmadd_ps(w, _mm512_set1_ps(x[t * b.x_stride + r]), acc[g][t]);
+        }
+    for (int g = 0; g < G; ++g)
+        for (int t = 0; t < T; ++t) {
+            float* total = b.acc + t * b.acc_stride + (j + g) * 16;
+            _mm512_storeu_ps(total, _mm512_add_ps(_mm512_loadu_ps(total), acc[g][t]));
+        }
+}
+
 template <int K, int T, bool FP16>
 void band_kt(const BandArgs& b)
 {
@@ -289,28 +316,66 @@ void band_kt(const BandArgs& b)
         if (kt + PREFETCH_ROWS < b.tiles_k)
             prefetch_span(row + PREFETCH_ROWS * row_stride, b.tiles * bytes);
         const float* x = b.x + kt * 16;
-        for (int j = 0; j < b.tiles; j += G) {
-            __m512i ring[G][4];
-            __m512 acc[G][T];  // this tile's sums
-            for (int g = 0; g < G; ++g) {
-                load_ring<K>(row + (j + g) * bytes, ring[g]);
-                for (int t = 0; t < T; ++t)
-                    acc[g][t] = _mm512_setzero_ps();
-            }
-#pragma GCC unroll 2
-            for (int r = 0; r < 16; ++r)
-                for (int g = 0; g < G; ++g) {
-                    const __m512 w = codebook<FP16>(row_states<K>(ring[g], r));
-                    for (int t = 0; t < T; ++t)
-                        acc[g][t] = _mm512_fmadd_ps(w, _mm512_set1_ps(x[t * b.x_stride + r]), acc[g][t]);
-                }
-            for (int g = 0; g < G; ++g)
-                for (int t = 0; t < T; ++t) {
-                    float* total = b.acc + t * b.acc_stride + (j + g) * 16;
-                    _mm512_storeu_ps(total, _mm512_add_ps(_mm512_loadu_ps(total), acc[g][t]));
-                }
-        }
+        int j = 0;
+        for (; j + G <= b.tiles; j += G)
+            band_group<K, T, FP16, G>(b, row, x, j);
+        if (j < b.tiles)  // a one-tile span (spans_per_block 8): never a pair, which would write the next span's columns
+            band_group<K, T, FP16, 1>(b, row, x, j);
     }
+}
+
+// INT16: tiles j .. j + G - 1 of input tile row kt (row: its first tile in the span's trellis; q: the row's rounded
+// inputs) added into the block's integer sums.
+template <int K, int T, int G>
+__attribute__((always_inline)) inline void band_int16_group(const BandArgs& b, const uint8_t* row, const int16_t* q, int j,
+                                                            int32_t (*sums)[16 * BAND_TILES])
+{
+    constexpr int bytes = tile_bytes(K);
+    __m512i ring[G][4];
+    __m512i tile_sums[G][T];
+    for (int g = 0; g < G; ++g) {
+        load_ring<K>(row + (j + g) * bytes, ring[g]);
+        for (int t = 0; t < T; ++t)
+            tile_sums[g][t] = _mm512_setzero_si512();
+    }
+#if GLM53_VBMI
+#pragma GCC unroll 2
+    for (int p = 0; p < 8; ++p)
+        for (int g = 0; g < G; ++g) {
+            const __m512i pair = row_pair_sums<K>(ring[g], p);
+            for (int t = 0; t < T; ++t)  // the two rows' inputs, one dword broadcast from memory
+                tile_sums[g][t] = _mm512_dpwssd_epi32(tile_sums[g][t], pair,
+                                                      _mm512_broadcastd_epi32(_mm_loadu_si32(q + t * b.x_stride + 2 * p)));
+        }
+#else
+    if constexpr (T >= 3) {
+        // rows r and r + 1 together: their byte sums packed as 16-bit pairs, one multiply-add a token
+#pragma GCC unroll 2
+        for (int r = 0; r < 16; r += 2)
+            for (int g = 0; g < G; ++g) {
+                const __m512i pair = _mm512_or_si512(byte_sum<K>(ring[g], r), _mm512_slli_epi32(byte_sum<K>(ring[g], r + 1), 16));
+                for (int t = 0; t < T; ++t) {
+                    int32_t inputs;  // q[r] low, q[r + 1] high
+                    memcpy(&inputs, q + t * b.x_stride + r, sizeof inputs);
+                    tile_sums[g][t] = _mm512_add_epi32(tile_sums[g][t], _mm512_madd_epi16(pair, _mm512_set1_epi32(inputs)));
+                }
+            }
+    } else {
+#pragma GCC unroll 2
+        for (int r = 0; r < 16; ++r)
+            for (int g = 0; g < G; ++g) {
+                const __m512i pairs = _mm512_maddubs_epi16(hash<K>(ring[g], r), _mm512_set1_epi8(1));
+                for (int t = 0; t < T; ++t)
+                    tile_sums[g][t] = _mm512_add_epi32(tile_sums[g][t],
+                                                       _mm512_madd_epi16(pairs, _mm512_set1_epi16(q[t * b.x_stride + r])));
+            }
+    }
+#endif
+    for (int g = 0; g < G; ++g)
+        for (int t = 0; t < T; ++t) {
+            int32_t* total = sums[t] + (j + g) * 16;
+            _mm512_store_si512(total, _mm512_add_epi32(_mm512_load_si512(total), tile_sums[g][t]));
+        }
 }
 
 // INT16 (format.h). Tiles add into `sums` in memory, flushed into the fp32 total at the end of every block, less
@@ -336,53 +401,11 @@ void band_int16_kt(const BandArgs& b)
         if (kt + PREFETCH_ROWS < b.tiles_k)
             prefetch_span(row + PREFETCH_ROWS * row_stride, b.tiles * bytes);
         const int16_t* q = b.xq.q + kt * 16;
-        for (int j = 0; j < b.tiles; j += G) {
-            __m512i ring[G][4];
-            __m512i tile_sums[G][T];
-            for (int g = 0; g < G; ++g) {
-                load_ring<K>(row + (j + g) * bytes, ring[g]);
-                for (int t = 0; t < T; ++t)
-                    tile_sums[g][t] = _mm512_setzero_si512();
-            }
-#if GLM53_VBMI
-#pragma GCC unroll 2
-            for (int p = 0; p < 8; ++p)
-                for (int g = 0; g < G; ++g) {
-                    const __m512i pair = row_pair_sums<K>(ring[g], p);
-                    for (int t = 0; t < T; ++t)  // the two rows' inputs, one dword broadcast from memory
-                        tile_sums[g][t] = _mm512_dpwssd_epi32(tile_sums[g][t], pair,
-                                                              _mm512_broadcastd_epi32(_mm_loadu_si32(q + t * b.x_stride + 2 * p)));
-                }
-#else
-            if constexpr (T >= 3) {
-                // rows r and r + 1 together: their byte sums packed as 16-bit pairs, one multiply-add a token
-#pragma GCC unroll 2
-                for (int r = 0; r < 16; r += 2)
-                    for (int g = 0; g < G; ++g) {
-                        const __m512i pair = _mm512_or_si512(byte_sum<K>(ring[g], r), _mm512_slli_epi32(byte_sum<K>(ring[g], r + 1), 16));
-                        for (int t = 0; t < T; ++t) {
-                            int32_t inputs;  // q[r] low, q[r + 1] high
-                            memcpy(&inputs, q + t * b.x_stride + r, sizeof inputs);
-                            tile_sums[g][t] = _mm512_add_epi32(tile_sums[g][t], _mm512_madd_epi16(pair, _mm512_set1_epi32(inputs)));
-                        }
-                    }
-            } else {
-#pragma GCC unroll 2
-                for (int r = 0; r < 16; ++r)
-                    for (int g = 0; g < G; ++g) {
-                        const __m512i pairs = _mm512_maddubs_epi16(hash<K>(ring[g], r), _mm512_set1_epi8(1));
-                        for (int t = 0; t < T; ++t)
-                            tile_sums[g][t] = _mm512_add_epi32(tile_sums[g][t],
-                                                               _mm512_madd_epi16(pairs, _mm512_set1_epi16(q[t * b.x_stride + r])));
-                    }
-            }
-#endif
-            for (int g = 0; g < G; ++g)
-                for (int t = 0; t < T; ++t) {
-                    int32_t* total = sums[t] + (j + g) * 16;
-                    _mm512_store_si512(total, _mm512_add_epi32(_mm512_load_si512(total), tile_sums[g][t]));
-                }
-        }
+        int j = 0;
+        for (; j + G <= b.tiles; j += G)
+            band_int16_group<K, T, G>(b, row, q, j, sums);
+        if (j < b.tiles)  // a one-tile span: a pair would read the tile past it (past the trellis at its end)
+            band_int16_group<K, T, 1>(b, row, q, j, sums);
         if (kt % tiles_per_block == tiles_per_block - 1) {
             const int kb = kt / tiles_per_block;
             for (int t = 0; t < T; ++t) {

@@ -365,22 +365,40 @@ def test_an_expert_table_is_the_same_call_laid_out_once(rng):
 # ---- the thread pool
 
 
+def _spans_per_block(blocks: int, threads: int, units: int) -> int:
+    """expert.cpp's spans_per_block: the 16-column tiles of a projection unit are 8 / this."""
+    spans = 1
+    while spans < 8 and blocks * spans < units * threads:
+        spans *= 2
+    return spans
+
+
 @pytest.mark.parametrize("codebook", ["fp16", "int16"])
-def test_pool_results_do_not_depend_on_threads(rng, codebook):
-    experts = [random_expert(rng, 1024, 512, 3) for _ in range(2)]
-    x = rng.normal(size=(3, 1024)).astype(np.float16)
-    weights = rng.uniform(0.05, 1.0, (2, 3)).astype(np.float32)
-    alone = np.zeros((3, 1024), np.float32)
-    ce.experts_forward(x, experts, weights, alone, act_limit=LIMIT, codebook=codebook)
+@pytest.mark.parametrize("isa", ce.available_isas())
+@pytest.mark.parametrize("n_experts,rows", [(1, 1), (2, 3), (1, 4)])  # AVX-512 pairs tiles up to 3 rows, not from 4
+def test_pool_results_do_not_depend_on_threads(rng, codebook, isa, n_experts, rows):
+    """Every thread count and unit size gives the single thread's bits, on every ISA: down to one 16-column tile a
+    unit, where a kernel that computes tiles in pairs must not pair a span's last tile with the next span's first
+    (a race on that span's columns between two threads: wrong results only with a pool)."""
+    hidden, inter = 1024, 512
+    experts = [random_expert(rng, hidden, inter, 3) for _ in range(n_experts)]
+    x = rng.normal(size=(rows, hidden)).astype(np.float16)
+    weights = rng.uniform(0.05, 1.0, (n_experts, rows)).astype(np.float32)
+    alone = np.zeros((rows, hidden), np.float32)
+    ce.experts_forward(x, experts, weights, alone, act_limit=LIMIT, codebook=codebook, isa=isa)
     cpus = sorted(os.sched_getaffinity(0))
     # spin_us=0: workers and caller sleep on the futex between every phase, the path an idle tier takes; from
-    # 5 threads on the projections run in half (and from 9 in quarter) blocks, which must change nothing either
+    # 5 threads on the projections run in half (and from 9 in quarter) blocks, which must change nothing either;
     # units_per_thread 16: down to single 16-column tiles
-    for threads, spin_us, units in ((1, 100, 4), (2, 100, 4), (3, 0, 4), (5, 50, 4), (9, 50, 4), (3, 50, 16), (9, 50, 1)):
+    cases = ((1, 100, 4), (2, 100, 4), (3, 0, 4), (5, 50, 4), (9, 50, 4), (3, 50, 16), (9, 50, 16), (9, 50, 1))
+    blocks = min(2 * n_experts * inter // 128, n_experts * hidden // 128)
+    spans = {_spans_per_block(blocks, threads + 1, units) for threads, _, units in cases}
+    assert 8 in spans and 1 in spans  # one-tile units and whole blocks are both among the cases
+    for threads, spin_us, units in cases:
         with ce.Pool(cpus, threads, spin_us=spin_us, units_per_thread=units) as pool:
-            for _ in range(5):
-                out = np.zeros((3, 1024), np.float32)
-                ce.experts_forward(x, experts, weights, out, act_limit=LIMIT, pool=pool, codebook=codebook)
+            for _ in range(8):
+                out = np.zeros((rows, hidden), np.float32)
+                ce.experts_forward(x, experts, weights, out, act_limit=LIMIT, pool=pool, codebook=codebook, isa=isa)
                 assert np.array_equal(out, alone), f"{threads} threads, spin {spin_us} us, {units} units a thread"
 
 
