@@ -143,8 +143,8 @@ ram-tier-fast() {  # fast mode at 50 % RAM: exact's decode (the CPU tier is off 
 	echo "$ckpt" > "$dir/checkpoint.txt"
 }
 
-cpu-tier-ring() {  # the CPU tier's handoff: the host producer's tests on this host's CPUs, then the GPU producer's twice
-	step cpu-worker-tests 120 python3 -m pytest -q -p no:cacheprovider tests/cpu_tier/test_worker.py
+cpu-tier-ring() {  # the CPU tier's handoff: the host producer's and the kernel's tests on this host's CPUs, then the GPU producer's twice
+	step cpu-worker-tests 150 python3 -m pytest -q -p no:cacheprovider tests/cpu_tier/test_worker.py tests/cpu_tier/test_kernel.py
 	local run
 	for run in 1 2; do
 		step "gpu-ring-tests-$run" 150 python3 -m pytest -v -rA -p no:cacheprovider tests/gpu/test_cpu_tier_device.py
