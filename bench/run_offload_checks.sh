@@ -100,10 +100,11 @@ prefetch-gate() {  # issue 33's live precision gate: exact against exact-prefetc
 }
 
 policy-ab() {  # the cache policy's share of a before/after difference: the same code, the old policy's settings
+	# (POLICY_OLD_ARGS, default the defaults before 2026-12-02's retune: decay 0.999, recency weight 800)
 	local run args
 	for run in new-1 old new-2; do
 		args=""
-		[ "$run" = old ] && args="--ec-decay 0.995 --ec-recency-weight 0"
+		[ "$run" = old ] && args=${POLICY_OLD_ARGS:---ec-decay 0.999 --ec-recency-weight 800}
 		step "compare-trained-policy-$run" 150 python3 -m bench.compare --routing trained --arms exact --project-args "$args" \
 			--streams --decode-reps 3 --decode-tokens 128 --prefill 512 --prefill-reps 1 --repeat none --arm-timeout 110 \
 			--budget-s 140 --ckpt-root "$CKPT_ROOT" --out-dir "$dir" --name "compare-trained-policy-$run"
