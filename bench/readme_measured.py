@@ -264,30 +264,38 @@ def fast_block(directory: Path = RESULTS_DIR) -> str:
 
 
 def ram_block(directory: Path = RESULTS_DIR) -> str:
-    """The Markdown of the RAM tier's block (without the markers): the latest report's table and goals."""
-    latest = _latest(_documents(directory), lambda n, d: d.get("schema") == RAM_SCHEMA)
-    if latest is None:
+    """The Markdown of the RAM tier's block (without the markers): the latest report's table and goals. A share the
+    latest report did not run (a call of the device runs some shares only) comes from the newest report that did,
+    named in the row's last column."""
+    reports = sorted(((d.get("date", n[:10]), n, d) for n, d in _documents(directory) if d.get("schema") == RAM_SCHEMA),
+                     reverse=True)
+    if not reports:
         return "No RAM-tier run recorded yet (`bench/run_offload_checks.sh ram-tier`)."
-    name, doc = latest
+    _, name, doc = reports[0]
     m = doc.get("machine") or {}
+    t_fix = f"T_fix {doc['t_fix_ms']} ms" if doc.get("t_fix_ms") is not None else "T_fix (no 100 % run in this report)"
     lines = [f"Exact mode with host RAM for part of the experts (`GLM53_HOST_RAM_GB`; the rest read from the checkpoint's files "
              f"with O_DIRECT), {m.get('gpu', 'GPU')}, {doc['checkpoint'].get('preset', 'synthetic')} checkpoint, a 24 GB card's share "
-             f"in VRAM (`bench/results/{name}`, {doc.get('date', '')[:10]}). Bound per token: max(T_fix {doc['t_fix_ms']} ms, "
+             f"in VRAM (`bench/results/{name}`, {doc.get('date', '')[:10]}). Bound per token: max({t_fix}, "
              f"VRAM misses x B / {doc['w_link_gbs']} GB/s + disk reads x B / the disk's rate in the same run).", "",
-             "| RAM for experts | decode tok/s | bound tok/s | of bound | disk reads / token | disk GB/s | prefill tok/s | prefill of its disk bound | host RSS peak GB |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for share, row in doc["by_ram_share"].items():
-        if "decode_tok_s" not in row:
-            lines.append(f"| {share} % | {row.get('status', '—')} | | | | | | | |")
+             "| RAM for experts | decode tok/s | bound tok/s | of bound | disk reads / token | disk GB/s | prefill tok/s | prefill of its disk bound | host RSS peak GB | report |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    shares = sorted({s for _, _, d in reports for s in d.get("by_ram_share") or {}}, key=lambda s: -float(s))
+    for share in shares:
+        ran = [(n, d["by_ram_share"][share]) for _, n, d in reports if "decode_tok_s" in (d.get("by_ram_share") or {}).get(share, {})]
+        if not ran:
+            status = (doc.get("by_ram_share") or {}).get(share, {}).get("status", "—")
+            lines.append(f"| {share} % | {status} | | | | | | | | |")
             continue
+        source, row = ran[0]
         lines.append(f"| {share} % | {row['decode_tok_s']:.2f} | {_num(row['bound_tok_s'], '{:.2f}')} | {_num(row['of_bound'], '{:.3f}')} | "
                      f"{row['disk_reads_per_token']:.1f} | {_num(row['w_disk_gbs'] if row['disk_reads_per_token'] else None, '{:.2f}')} | "
                      f"{_num(row.get('prefill_tok_s'), '{:.0f}')} | {_num(row.get('prefill_of_bound'), '{:.2f}')} | "
-                     f"{_num(row.get('host_rss_peak_gb'))} |")
+                     f"{_num(row.get('host_rss_peak_gb'))} | {'this one' if source == name else f'`{source}`'} |")
     goals = doc.get("goals") or {}
     if goals:
-        lines += ["", "Goals at 50 %: " + "; ".join(f"{k} {v['value']:.3g} (target {v['target']:.3g}, {'met' if v['met'] else 'NOT met'})"
-                                                  for k, v in goals.items()) + "."]
+        lines += ["", "Goals at 50 % (this report): " + "; ".join(
+            f"{k} {v['value']:.3g} (target {v['target']:.3g}, {'met' if v['met'] else 'NOT met'})" for k, v in goals.items()) + "."]
     return "\n".join(lines)
 
 

@@ -31,9 +31,11 @@
  * 3 * n_picks first, then the rows' n_tokens * hidden / 2, sum of w_i * (2 i + 1) plus seq * GLM53_CT_SUM_SEQ, mod
  * 2^64 (glm53_ct_payload_sum). The worker computes it over what it reads after claiming and computes only on a
  * match: it reads the payload again (its lines flushed from the CPU's caches first) until it matches, for at most
- * GLM53_CT_SUM_WAIT_US, else FAILS the job (the producer then computes it). The flag's release and acquire should
- * make this unnecessary; on the GPU host a worker was seen to compute a DONE job on other bytes than the slot held
- * afterwards (tests/gpu/test_cpu_tier_device.py), so the worker checks what it read instead of trusting the order.
+ * GLM53_CT_SUM_WAIT_US, else FAILS the job (the producer then computes it). The flag's release and acquire make
+ * this unnecessary in principle. It was added when DONE partials came back wrong on the GPU host; the cause was the
+ * expert kernel's, not the ring's (AVX-512 bands of one-tile spans raced between pool threads, fixed 2026-12-02),
+ * and no re-read has been counted on any run. It stays as a guard of a few microseconds a job against a host whose
+ * PCIe writes land out of order, with payload_rereads / payload_failed saying whether it ever acts.
  * THE TWO WORDS: u64 = seq << 8 | state, seq >= 1 the job's sequence number (56 bits, never wraps in practice);
  * job seq lives in slot seq % slots. Each word has ONE writer: the producer writes JOB, the worker writes ACK. No
  * read-modify-write is shared: a GPU's atomics on host memory are not atomic against the CPU's over PCIe

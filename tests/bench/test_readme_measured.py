@@ -127,8 +127,16 @@ def test_the_ram_tier_block_is_the_latest_reports_table_and_goals(tmp_path):
     (tmp_path / "2026-12-01-ram-tier.json").write_text(json.dumps({**doc, "date": "2026-12-01T07:00:00", "by_ram_share": {}}))
     (tmp_path / "2026-12-02-ram-tier.json").write_text(json.dumps(doc))
     block = readme_measured.ram_block(tmp_path)
-    assert "`bench/results/2026-12-02-ram-tier.json`" in block and "| 50 % | 8.50 | 9.90 | 0.860 | 13.3 | 1.39 | 249 | 0.62 | 19.6 |" in block
+    assert "`bench/results/2026-12-02-ram-tier.json`" in block and "| 50 % | 8.50 | 9.90 | 0.860 | 13.3 | 1.39 | 249 | 0.62 | 19.6 | this one |" in block
     assert "| 25 % | not run or failed |" in block and "decode_50_of_bound 0.86 (target 0.85, met)" in block
+    # a later report of some shares only: the others come from the newest report that ran them, named
+    later = {**doc, "date": "2026-12-03T07:00:00", "t_fix_ms": None,
+             "by_ram_share": {"25": {**row, "decode_tok_s": 3.6}, "100": {"status": "not run or failed"}}}
+    (tmp_path / "2026-12-03-ram-tier.json").write_text(json.dumps(later))
+    block = readme_measured.ram_block(tmp_path)
+    assert "`bench/results/2026-12-03-ram-tier.json`" in block and "T_fix (no 100 % run in this report)" in block
+    assert "| 50 % | 8.50 | 9.90 | 0.860 | 13.3 | 1.39 | 249 | 0.62 | 19.6 | `2026-12-02-ram-tier.json` |" in block
+    assert "| 25 % | 3.60 |" in block and block.index("| 100 % | not run or failed |") < block.index("| 50 %")
 
 
 def test_the_readme_holds_the_generated_ram_tier_block():
