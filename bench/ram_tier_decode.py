@@ -80,6 +80,22 @@ def per_token(arm: dict) -> dict:
             "block_bytes": cache["slot_bytes"], "tier": tier}
 
 
+def decode_layer_ms(tier: dict) -> dict | None:
+    """A decode layer's host time on the tier's path, in ms (its stats: ``TieredHome`` and ``RamTier.step``): the wait
+    for the routing (the sync), the policy's bookkeeping, the disk reads, re-pointing the tables (over all layers),
+    and the rest of the tier's step; None from a run before these were counted."""
+    layers, decode = tier.get("layers") or {}, tier.get("decode")
+    n = layers.get("decode_layers")
+    if not n or decode is None or "decode_wait_seconds" not in layers:
+        return None
+    per = lambda seconds: round(seconds / n * 1e3, 3)
+    rest = layers["decode_tier_seconds"] - decode["policy_seconds"] - decode["read_seconds"]
+    return {"sync_wait": per(layers["decode_wait_seconds"]), "policy": per(decode["policy_seconds"]),
+            "disk_read": per(decode["read_seconds"]), "rest_of_step": per(rest),
+            "rehome_all_layers": round(layers["rehome_seconds"] / (n + layers.get("other_layers", 0)) * 1e3, 3),
+            "disk_read_gbs": decode.get("read_gbs")}
+
+
 def report(run_dir: Path) -> dict:
     full = run_dir / "compare-ram-100.json"
     stock = _arm(full, "stock-vram")
@@ -119,6 +135,7 @@ def report(run_dir: Path) -> dict:
             row["rss_allowed_gb"] = round(allowed, 2)
         if counts["tier"]:
             row["ram_tier"] = {k: counts["tier"][k] for k in ("policy_slots", "share_of_experts", "served", "disk_gbs", "read_seconds")}
+            row["decode_layer_ms"] = decode_layer_ms(counts["tier"])
         if share == 100:
             base = row
         elif base:

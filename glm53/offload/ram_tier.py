@@ -194,6 +194,8 @@ class RamTier:
         self.reads = {"load": 0, "ram": 0, "disk": 0, "admitted": 0, "fetched": 0}
         self._serving = False
         self.timing = {"start_bytes": 0, "start_seconds": 0.0, "bytes": 0, "seconds": 0.0}  # the disk's rate as read
+        # where a decode layer's step spends its time on the host: the policy's bookkeeping, and its disk reads
+        self.decode_timing = {"policy_seconds": 0.0, "read_seconds": 0.0, "read_experts": 0}
         self._device_base = 0  # the arena's device address, once pinned
         self._unpin: Callable[[], None] | None = None
 
@@ -269,6 +271,7 @@ class RamTier:
 
         :raise DiskReadError: a read failed: the expert it was for is in no slot, and nothing was served.
         """
+        t0 = time.perf_counter()
         sel = np.asarray(missed, dtype=np.int64)
         picked = self._distinct(sel.reshape(-1))
         slot_of = self.policy.slot_of[layer]
@@ -279,11 +282,15 @@ class RamTier:
         window = self.plan.policy_slots
         targets = [(layer, e, int(slot_of[e]) if e in admitted or e in stale else window + e) for e in disk]
         self._window = (layer, {e for _, e, slot in targets if slot >= window})
+        t1 = time.perf_counter()
         try:
             self._read(targets)
         except DiskReadError:
             self._undo(layer, admitted, targets)
             raise
+        self.decode_timing["policy_seconds"] += t1 - t0
+        self.decode_timing["read_seconds"] += time.perf_counter() - t1
+        self.decode_timing["read_experts"] += len(targets)
         for _, _, slot in targets:
             if slot < window:
                 self.stale[slot] = False
@@ -374,7 +381,11 @@ class RamTier:
                 "share_of_experts": round(self.plan.policy_slots / (self.store.num_layers * self.store.num_experts), 4),
                 "policy": dataclasses.asdict(self.parameters), "served": dict(self.reads), "disk": self.reader.counters(),
                 "disk_gbs": {"start": rate(t["start_bytes"], t["start_seconds"]), "serving": rate(t["bytes"], t["seconds"])},
-                "read_seconds": round(t["seconds"], 3)}
+                "read_seconds": round(t["seconds"], 3),
+                "decode": {"policy_seconds": round(self.decode_timing["policy_seconds"], 3),
+                           "read_seconds": round(self.decode_timing["read_seconds"], 3),
+                           "read_experts": self.decode_timing["read_experts"],
+                           "read_gbs": rate(self.decode_timing["read_experts"] * self.plan.block_bytes, self.decode_timing["read_seconds"])}}
 
     # ---- reading
 

@@ -38,7 +38,10 @@ class TieredHome(Part):
         pinned = torch.cuda.is_available()  # the read-back buffers (a CPU test drives ``resolve`` alone)
         self._picks = torch.empty(max_picks, dtype=torch.int64, pin_memory=pinned)
         self._vram = torch.empty(E, dtype=torch.int32, pin_memory=pinned)
-        self.counters = {"decode_layers": 0, "other_layers": 0, "rewritten": 0, "wait_seconds": 0.0, "tier_seconds": 0.0}
+        # seconds on the host: waiting for the routing (the sync), the tier's step or fetch, re-pointing the tables;
+        # decode_*: the decode layers' share (what a token's time is made of, beside the GPU's)
+        self.counters = {"decode_layers": 0, "other_layers": 0, "rewritten": 0, "wait_seconds": 0.0, "tier_seconds": 0.0,
+                         "rehome_seconds": 0.0, "decode_wait_seconds": 0.0, "decode_tier_seconds": 0.0}
 
     def place(self, row: int, selected: torch.Tensor, decode: bool) -> None:
         """After layer ``row``'s routing picked ``selected`` (int64 [rows, top_k]), before its experts and the cache's
@@ -56,8 +59,12 @@ class TieredHome(Part):
         torch.cuda.current_stream(self.device).synchronize()  # the picks are known on the host only now
         t1 = time.perf_counter()
         self.resolve(row, self._picks[:n].numpy().reshape(selected.shape), self._vram.numpy(), decode)
+        t2 = time.perf_counter()
         self.counters["wait_seconds"] += t1 - t0
-        self.counters["tier_seconds"] += time.perf_counter() - t1
+        self.counters["tier_seconds"] += t2 - t1
+        if decode:
+            self.counters["decode_wait_seconds"] += t1 - t0
+            self.counters["decode_tier_seconds"] += t2 - t1
 
     def resolve(self, row: int, picks: np.ndarray, vram: np.ndarray, decode: bool) -> None:
         """The host's part of :meth:`place`: ``picks`` (int [rows, top_k], or any shape whose last axis is a row;
@@ -79,11 +86,13 @@ class TieredHome(Part):
 
     def rehome(self, row: int, experts: np.ndarray, addresses: np.ndarray) -> None:
         """Point non-resident ``experts`` of layer ``row`` (and their table entries) at ``addresses``."""
+        t0 = time.perf_counter()
         self.cache.home_host[row, experts] = addresses
         index = torch.from_numpy(experts.astype(np.int64)).to(self.device)
         self.cache.home[row].index_copy_(0, index, torch.from_numpy(addresses).to(self.device))
         self.cache.assign([(row, int(e), -1) for e in experts])  # tables at home, from the device's home
         self.counters["rewritten"] += int(experts.size)
+        self.counters["rehome_seconds"] += time.perf_counter() - t0
 
     def stats(self) -> dict:
         return {**self.tier.stats(), "layers": dict(self.counters)}

@@ -22,7 +22,10 @@ def arm(name, tok_s, prefill, misses, steps, disk=None, budget=None, rss=20.0, s
         offload["staging"] = {"forwards": staged[0], "disk_experts": staged[1]}
     if disk is not None:
         offload["ram_tier"] = {"policy_slots": 10, "share_of_experts": 0.4, "served": {"disk": disk, "ram": 1},
-                               "disk_gbs": {"start": 2.0, "serving": 0.5}, "read_seconds": 3.0}
+                               "disk_gbs": {"start": 2.0, "serving": 0.5}, "read_seconds": 3.0,
+                               "layers": {"decode_layers": 400, "other_layers": 100, "decode_wait_seconds": 0.2,
+                                          "decode_tier_seconds": 2.6, "rehome_seconds": 0.05},
+                               "decode": {"policy_seconds": 0.4, "read_seconds": 2.0, "read_experts": 200, "read_gbs": 1.0}}
     return {"name": name, "status": "ok", "decode_tok_s": tok_s, "prefill_tok_s": {"4096": prefill},
             "engine_stats": {"offload": offload}, "settings": {"host_ram_gb": budget}, "host_rss_peak_gb": rss}
 
@@ -52,6 +55,9 @@ def test_the_report_bounds_each_budget_by_its_link_and_disk_reads(run_dir):
     assert half["prefill_disk_s"] == 15.0 and half["prefill_bound_tok_s"] == round(4096 / 15, 1)
     assert half["prefill_of_bound"] == round(800 / (4096 / 15), 3)
     assert half["rss_allowed_gb"] == round(18.0 + cm.PROCESS_OVERHEAD / GB, 2) and half["rss_within_budget_plus_overhead"]
+    # a decode layer's host time: 400 layers; the step's 2.6 s less the policy's 0.4 and the reads' 2.0 leave 0.2
+    assert half["decode_layer_ms"] == {"sync_wait": 0.5, "policy": 1.0, "disk_read": 5.0, "rest_of_step": 0.5,
+                                       "rehome_all_layers": 0.1, "disk_read_gbs": 1.0}
     assert out["by_ram_share"]["25"] == {"status": "not run or failed"}
     goals = out["goals"]
     assert goals["decode_50_of_bound"]["met"] is False and goals["prefill_50_vs_full"]["met"] is True and goals["rss_50"]["met"]

@@ -108,6 +108,8 @@ def test_a_trace_through_vram_ram_and_disk_serves_every_pick_from_one_place_with
     assert tier.reads["disk"] == served["disk"] and tier.reads["ram"] == served["ram"]
     assert reader.counters()["requests"] == loaded + 3 * served["disk"] and reader.counters()["failed"] == 0
     assert tier.reads["admitted"] > 0 and tier.verify() == []
+    decode = tier.stats()["decode"]  # the decode steps' host time, for bench.ram_tier_decode's breakdown
+    assert decode["read_experts"] == served["disk"] and decode["read_seconds"] > 0 and decode["policy_seconds"] > 0
 
 
 def test_with_ram_for_every_expert_there_is_no_tier_and_no_disk_read_after_load(checkpoint):
