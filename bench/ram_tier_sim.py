@@ -66,7 +66,7 @@ SCHEMA = "glm53.ram_tier_sim/1"
 ENGINE_TRACE = REPO / "bench" / "results" / "2026-12-02-routing-trace-engine-trained-h200.npy"
 SHARES = (50, 25)
 NOMINAL_BLOCK = 1 << 20  # bytes of an expert block in the budget's arithmetic; the slot counts do not depend on it
-SEARCH = {"decay": (0.999, 0.998, 0.997, 0.995), "hysteresis": (1.25, 1.5, 2.0, 3.0), "recency_weight": (0.0, 100.0, 800.0, 3000.0),
+SEARCH = {"decay": (0.999, 0.997, 0.995, 0.99), "hysteresis": (1.1, 1.25, 1.5), "recency_weight": (0.0, 200.0, 800.0),
           "recency_decay": (0.5, 0.8), "vram_score": (0.0, 1.0)}
 
 
