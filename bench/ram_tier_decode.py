@@ -19,6 +19,11 @@ share (``--budget-gb``) and reports the runs (``--report``):
     python3 -m bench.ram_tier_decode --budget-gb CKPT 50          # prints GLM53_HOST_RAM_GB for 50 % of CKPT's experts
     python3 -m bench.ram_tier_decode --checkpoint CKPT_ROOT       # prints (writes if missing) bench.compare's checkpoint
     python3 -m bench.ram_tier_decode --report DIR [--out ram-tier.json]
+    python3 -m bench.ram_tier_decode --policy-runs A.json B.json A2.json [--out ram-policy-ab.json]
+
+``run_offload_checks.sh ram-policy-ab`` runs exact mode at 50 % RAM three times, the tier's default policy, the
+policy of ``RAM_POLICY_OLD_ARGS`` (the ``GLM53_RAM_TIER_*`` settings' flags), the default again; ``--policy-runs``
+puts their decode rates and reads side by side.
 """
 
 from __future__ import annotations
@@ -165,11 +170,30 @@ def report(run_dir: Path) -> dict:
             "w_disk_gbs": round(w_disk / GB, 3), "by_ram_share": rows, "goals": goals}
 
 
+def policy_runs(paths: list[Path]) -> dict:
+    """The exact arm of each bench.compare file (``ram-policy-ab``'s runs, A/B/A): decode tok/s, the experts a token
+    read from host memory and from disk, the tier's admissions per token and the policy it ran (``/stats``)."""
+    rows = {}
+    for path in paths:
+        arm = _arm(path, "exact")
+        if arm is None or "ram_tier" not in arm["engine_stats"]["offload"]:
+            rows[path.stem] = {"status": "not run, failed or without a RAM tier"}
+            continue
+        counts = per_token(arm)
+        tier = counts["tier"]
+        rows[path.stem] = {"decode_tok_s": round(arm["decode_tok_s"], 2), "disk_reads_per_token": round(counts["disk_reads"], 2),
+                           "host_reads_per_token": round(counts["host_reads"], 2), "decode_steps": counts["decode_steps"],
+                           "admissions_per_token": round(tier["served"]["admitted"] / max(counts["decode_steps"], 1), 2),
+                           "policy": tier["policy"]}
+    return {"schema": SCHEMA, "runs": rows}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--budget-gb", nargs=2, metavar=("CKPT", "SHARE"), help="print GLM53_HOST_RAM_GB for SHARE %% of CKPT's experts")
     ap.add_argument("--report", type=Path, help="the ram-tier phase's directory")
     ap.add_argument("--checkpoint", type=Path, metavar="CKPT_ROOT", help="print bench.compare's `trained` scaled checkpoint there (written if missing)")
+    ap.add_argument("--policy-runs", type=Path, nargs="+", metavar="COMPARE_JSON", help="the runs of ram-policy-ab, side by side")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     if args.budget_gb:
@@ -178,8 +202,11 @@ def main(argv=None) -> int:
     if args.checkpoint:
         print(checkpoint(args.checkpoint))
         return 0
+    if args.policy_runs:
+        emit_json(policy_runs(args.policy_runs), args.out)
+        return 0
     if not args.report:
-        ap.error("give --budget-gb, --checkpoint or --report")
+        ap.error("give --budget-gb, --checkpoint, --report or --policy-runs")
     result = report(args.report)
     emit_json(result, args.out)
     return 0

@@ -4,7 +4,8 @@ the offline optimum (issue 32).
 
 Per MoE layer of a decode step the engine first resolves the picks the VRAM cache misses (``tiered.TieredHome``:
 ``ram_tier.missed``, then ``TierPolicy.step`` on the tier's policy slots), then runs the VRAM cache's step
-(``cache_policy.ReferenceCache.step`` with ``Policy.from_settings``' parameters). This replays both, each level
+(``cache_policy.ReferenceCache.step`` with ``Policy.from_settings``' parameters: the engine's defaults, or
+``--vram-decay`` / ``--vram-recency-weight`` as ``GLM53_EC_DECAY`` / ``GLM53_EC_RECENCY_WEIGHT`` set them). This replays both, each level
 started as the engine starts it (``ReferenceCache.warm`` as ``ExpertCache`` fills its slots, ``TierPolicy.state`` as
 ``RamTier.start``), from the routing profile a ``glm53 synth`` checkpoint ships (``cache_policy_sim.synth_profile``: what
 the engine warm-starts from). The tier's size is a share of the experts, its budget as ``bench.ram_tier_decode``
@@ -14,7 +15,8 @@ budget). Reported per trace and share:
 - ``disk_reads_per_token``: the tier's misses, the distinct experts a layer's step finds neither in VRAM nor in a
   policy slot (what ``RamTier.step`` reads from disk), summed over the layers, per decode step; ``admissions_per_token``
   the tier's admissions; both for each policy replayed (``first``: the tier's first policy, the VRAM cache's decay and
-  hysteresis, no recency, the VRAM residents' scores at zero; ``default``: ``TierPolicy()``);
+  hysteresis of then, 0.999 and 1.25, no recency, the VRAM residents' scores at zero; ``default``: ``TierPolicy()``;
+  any ``--policy``);
 - ``belady_reads_per_token``: the offline optimum on the same miss stream, with the same slots per layer: the
   resident used again last out, or the missed expert itself when it is (bypass); a step's experts one after another,
   which may evict one the step already read (the tier cannot), so it is a ceiling no policy of the tier reaches;
@@ -22,11 +24,15 @@ budget). Reported per trace and share:
 
 Traces: ``--trace`` a recorded one (``.npy`` int [steps, layers, top_k], ``bench.routing_stats --trace-out``), ``--twin``
 the CPU routing twin of the scaled checkpoint of a routing preset (``bench.routing_stats.twin_from_settings``);
-without either, the engine's trace committed in bench/results and both presets' twins. ``--search`` replays a grid of
-``TierPolicy`` parameters on every trace and share and ranks them against ``first``.
+without either, the engine's trace committed in bench/results and both presets' twins. ``--window 97`` replays a
+recorded trace as windows of bench.compare's decode instead (its arm's 97 decode steps: a warm-up job of 32 tokens,
+the timed job of 64, the prefill job's one), each from the warm start: what one GPU arm measures, and how much that
+varies with the stretch of routing it sees. ``--search`` replays a grid of ``TierPolicy`` parameters (``--grid`` to
+change a field's values) on every trace and share and ranks them against ``first`` and ``default``.
 
-    python3 -m bench.ram_tier_sim [--trace T.npy] [--twin trained] [--steps 1000] [--shares 50,25] [--out sim.json]
-    python3 -m bench.ram_tier_sim --search [--out search.json]
+    python3 -m bench.ram_tier_sim [--trace T.npy] [--twin trained] [--steps 1000] [--shares 50,25] [--window 97]
+        [--vram-decay 0.999 --vram-recency-weight 800] [--policy NAME=decay:0.995,...] [--out sim.json]
+    python3 -m bench.ram_tier_sim --search [--grid decay=0.999,0.995] [--jobs 2] [--out search.json]
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
+import multiprocessing
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -59,18 +66,24 @@ SCHEMA = "glm53.ram_tier_sim/1"
 ENGINE_TRACE = REPO / "bench" / "results" / "2026-12-02-routing-trace-engine-trained-h200.npy"
 SHARES = (50, 25)
 NOMINAL_BLOCK = 1 << 20  # bytes of an expert block in the budget's arithmetic; the slot counts do not depend on it
-SEARCH = {"decay": (0.999, 0.998, 0.997, 0.995), "hysteresis": (1.25, 1.5, 2.0, 3.0), "recency_weight": (0.0, 100.0, 800.0, 3000.0),
+SEARCH = {"decay": (0.999, 0.997, 0.995, 0.99), "hysteresis": (1.1, 1.25, 1.5), "recency_weight": (0.0, 200.0, 800.0),
           "recency_decay": (0.5, 0.8), "vram_score": (0.0, 1.0)}
 
 
-def engine_vram_policy() -> Policy:
-    """The VRAM cache's parameters with the engine's default settings (exact mode, nothing set)."""
-    return Policy.from_settings(config.load(["--mode", "exact"], {}))
+# the tier's first policy: the VRAM cache's decay and hysteresis of then (0.999, 1.25), no recency, the VRAM residents'
+# scores at zero; fixed here, as the VRAM cache's own defaults have moved since
+FIRST_POLICY = TierPolicy(decay=0.999, hysteresis=1.25, recency_weight=0.0, vram_score=0.0)
 
 
-def first_tier_policy(vram: Policy) -> TierPolicy:
-    """The tier's first policy: the VRAM cache's decay and hysteresis, no recency, the VRAM residents' scores at zero."""
-    return TierPolicy(decay=vram.decay, hysteresis=vram.hysteresis, recency_weight=0.0, vram_score=0.0)
+def engine_vram_policy(decay: float | None = None, recency_weight: float | None = None) -> Policy:
+    """The VRAM cache's parameters as the engine takes them from its settings (exact mode): the defaults, or what
+    ``GLM53_EC_DECAY`` / ``GLM53_EC_RECENCY_WEIGHT`` would set."""
+    argv = ["--mode", "exact"]
+    if decay is not None:
+        argv += ["--ec-decay", str(decay)]
+    if recency_weight is not None:
+        argv += ["--ec-recency-weight", str(recency_weight)]
+    return Policy.from_settings(config.load(argv, {}))
 
 
 def tier_slots(layers: int, experts: int, share: float) -> int:
@@ -170,34 +183,70 @@ def simulate(trace: np.ndarray, profile: np.ndarray, vram_slots: int, shares: Se
 
 
 def search(traces: dict[str, np.ndarray], profile: np.ndarray, vram_slots: int, shares: Sequence[float], vram: Policy,
-           grid: dict[str, Sequence[float]] = SEARCH) -> list[dict]:
+           grid: dict[str, Sequence[float]] = SEARCH, baselines: dict[str, TierPolicy] | None = None, jobs: int = 1) -> list[dict]:
     """Every ``TierPolicy`` of ``grid`` (field -> values; the others at their defaults) on every trace and share: its
-    disk reads over the first policy's, ranked by the worst case, then the mean."""
+    disk reads over each baseline's (default: the first policy and ``TierPolicy()``) and over the fewest of them,
+    ranked by the worst case of the last (above 1: more than a baseline somewhere), then its mean. ``jobs``
+    processes replay the grid (forked: they inherit the cases)."""
+    baselines = baselines or {"first": FIRST_POLICY, "default": TierPolicy()}
     layers, experts = profile.shape
-    cases = []
+    names = []
+    _SEARCH_CASES.clear()
     for (name, trace), share in itertools.product(traces.items(), shares):
-        stream = vram_misses(trace, profile, vram_slots, vram)
-        slots = tier_slots(layers, experts, share)
-        replay = lambda policy, stream=stream, slots=slots, top_k=trace.shape[2]: replay_tier(stream, profile, top_k, vram_slots, slots, policy)[0]
-        cases.append((f"{name}@{share:g}", replay, replay(first_tier_policy(vram))))
+        names.append(f"{name}@{share:g}")
+        _SEARCH_CASES.append((vram_misses(trace, profile, vram_slots, vram), profile, trace.shape[2], vram_slots,
+                              tier_slots(layers, experts, share)))
+    policies = [TierPolicy(**dict(zip(grid, values))) for values in itertools.product(*grid.values())]
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+        base = dict(zip(baselines, pool.map(_search_reads, baselines.values())))
+        reads = pool.map(_search_reads, policies, chunksize=4)
+    fewest = [max(min(r[i] for r in base.values()), 1) for i in range(len(names))]
     ranked = []
-    for values in itertools.product(*grid.values()):
-        policy = TierPolicy(**dict(zip(grid, values)))
-        ratios = {case: round(replay(policy) / max(first, 1), 4) for case, replay, first in cases}
-        ranked.append({"policy": dataclasses.asdict(policy), "worst": max(ratios.values()),
-                       "mean": round(float(np.mean(list(ratios.values()))), 4), "of_first": ratios})
+    for policy, got in zip(policies, reads):
+        best = {case: round(n / f, 4) for case, n, f in zip(names, got, fewest)}
+        ranked.append({"policy": dataclasses.asdict(policy), "worst": max(best.values()), "mean": round(float(np.mean(list(best.values()))), 4),
+                       "of_best_baseline": best,
+                       **{f"of_{b}": {case: round(n / max(r, 1), 4) for case, n, r in zip(names, got, base[b])} for b in baselines}})
     return sorted(ranked, key=lambda r: (r["worst"] > 1.0, r["mean"], r["worst"]))
 
 
-def load_traces(paths: Sequence[Path], twins: Sequence[str], steps: int, seed: int, trace_seed: int) -> dict[str, np.ndarray]:
-    """The traces by name: each recorded file's stem, ``twin-<routing>`` for each twin."""
+_SEARCH_CASES: list[tuple] = []  # the search's replays (stream, profile, top_k, vram_slots, policy slots), which its forked workers inherit
+
+
+def _search_reads(policy: TierPolicy) -> list[int]:
+    return [replay_tier(stream, profile, top_k, vram_slots, slots, policy)[0] for stream, profile, top_k, vram_slots, slots in _SEARCH_CASES]
+
+
+def load_traces(paths: Sequence[Path], twins: Sequence[str], steps: int, seed: int, trace_seed: int,
+                window: int | None = None) -> dict[str, np.ndarray]:
+    """The traces by name: each recorded file's stem, ``twin-<routing>`` for each twin. With ``window``, a recorded
+    trace longer than it is replayed as windows of that many steps instead (``stem[a:b]``, spread evenly from its
+    start to its end, each from the warm start), as ``bench.compare``'s arm decodes: 97 steps over three requests."""
     from bench.routing_stats import twin_from_settings
 
-    traces = {Path(p).stem: np.load(p) for p in paths}
+    traces = {}
+    for path in paths:
+        trace = np.load(path)
+        steps_in = trace.shape[0]
+        if window is None or window >= steps_in:
+            traces[Path(path).stem] = trace
+            continue
+        for a in np.unique(np.round(np.linspace(0, steps_in - window, -(-steps_in // window))).astype(int)):
+            traces[f"{Path(path).stem}[{a}:{a + window}]"] = trace[a:a + window]
     for routing in twins:
         twin, _ = twin_from_settings("scaled", routing, seed, None)
         traces[f"twin-{routing}"] = twin.run(steps, trace_seed).picks
     return traces
+
+
+def parse_policy(text: str) -> tuple[str, TierPolicy]:
+    """``NAME=field:value,...`` (``TierPolicy``'s fields; the others at their defaults) as (name, policy)."""
+    name, _, fields = text.partition("=")
+    try:
+        given = {k.strip(): float(v) for k, v in (item.split(":") for item in fields.split(",") if item.strip())}
+        return name.strip(), TierPolicy(**given)
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(f"--policy {text!r}: {exc} (give NAME=field:value,..., fields of TierPolicy)") from exc
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -209,26 +258,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--trace-seed", type=int, default=0)
     ap.add_argument("--shares", default=",".join(map(str, SHARES)), help="the tier's sizes, %% of the experts")
     ap.add_argument("--vram-slots", type=int, help="the VRAM cache's slots (default: bench.compare's, a 24 GB card's share)")
-    ap.add_argument("--search", action="store_true", help="rank a grid of TierPolicy parameters against the first policy")
+    ap.add_argument("--window", type=int, help="replay each recorded trace as windows of this many decode steps (bench.compare's arm: 97)")
+    ap.add_argument("--vram-decay", type=float, help="the VRAM cache's decay (GLM53_EC_DECAY; default: the engine's)")
+    ap.add_argument("--vram-recency-weight", type=float, help="the VRAM cache's recency weight (GLM53_EC_RECENCY_WEIGHT; default: the engine's)")
+    ap.add_argument("--policy", type=parse_policy, action="append", default=[], metavar="NAME=FIELD:VALUE,...",
+                    help="a TierPolicy to replay beside the first policy and the default (its other fields at their defaults)")
+    ap.add_argument("--search", action="store_true", help="rank a grid of TierPolicy parameters against the first policy and the default")
+    ap.add_argument("--grid", action="append", default=[], metavar="FIELD=V1,V2,...", help="with --search: a field's values instead of the grid's")
+    ap.add_argument("--jobs", type=int, default=1, help="with --search: processes replaying the grid")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
+    grid = dict(SEARCH)
+    for item in args.grid:
+        field, _, values = item.partition("=")
+        if field not in {f.name for f in dataclasses.fields(TierPolicy)}:
+            ap.error(f"--grid {item!r}: {field!r} is not a field of TierPolicy")
+        grid[field] = tuple(float(v) for v in values.split(","))
     if not args.trace and not args.twin:
         args.trace, args.twin = [ENGINE_TRACE], ["trained", "random"]
     profile = synth_profile("scaled")
     layers, experts = profile.shape
     vram_slots = args.vram_slots if args.vram_slots is not None else card_gpu_experts(experts) * layers
     shares = [float(s) for s in args.shares.split(",")]
-    traces = load_traces(args.trace, args.twin, args.steps, args.seed, args.trace_seed)
+    traces = load_traces(args.trace, args.twin, args.steps, args.seed, args.trace_seed, args.window)
     for name, trace in traces.items():
         if trace.shape[1] != layers or trace.max() >= experts:
             raise SystemExit(f"trace {name} is {trace.shape} with experts up to {trace.max()}; the profile is {layers} x {experts}")
-    vram = engine_vram_policy()
+    vram = engine_vram_policy(args.vram_decay, args.vram_recency_weight)
     command = ["python3", "-m", "bench.ram_tier_sim", *(sys.argv[1:] if argv is None else argv)]
     if args.search:
-        ranked = search(traces, profile, vram_slots, shares, vram)
-        emit_json({"schema": SCHEMA, "command": command, "vram_slots": vram_slots, "traces": sorted(traces), "ranked": ranked}, args.out)
+        ranked = search(traces, profile, vram_slots, shares, vram, grid, jobs=args.jobs)
+        emit_json({"schema": SCHEMA, "command": command, "vram_slots": vram_slots, "vram_policy": dataclasses.asdict(vram),
+                   "grid": grid, "traces": sorted(traces), "ranked": ranked}, args.out)
         return 0
-    policies = {"first": first_tier_policy(vram), "default": TierPolicy()}
+    policies = {"first": FIRST_POLICY, "default": TierPolicy(), **dict(args.policy)}
     result = {"schema": SCHEMA, "command": command, "policies": {n: dataclasses.asdict(p) for n, p in policies.items()},
               "vram_policy": dataclasses.asdict(vram),
               "traces": {name: simulate(trace, profile, vram_slots, shares, policies, vram) for name, trace in traces.items()}}

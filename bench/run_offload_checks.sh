@@ -16,6 +16,8 @@
 #   source .gpu/prep.sh && bench/run_offload_checks.sh prefetch-gate  # prefetch with its precision gate, on `trained` and `random`
 #   source .gpu/prep.sh && bench/run_offload_checks.sh policy-ab   # exact mode on `trained` with the two-timescale cache policy
 #                                                                # against the popularity-only one it replaced, A/B/A
+#   source .gpu/prep.sh && bench/run_offload_checks.sh ram-policy-ab  # exact mode at 50 % RAM with the RAM tier's policy
+#                                                                # against RAM_POLICY_OLD_ARGS (default: its first policy), A/B/A
 #   source .gpu/prep.sh && bench/run_offload_checks.sh prefetch-budget  # prefetch with 1 slot, what one layer's attention
 #                                                                # window carries on this host, against 2, on `trained`
 #   source .gpu/prep.sh && bench/run_offload_checks.sh prefetch-threshold  # exact against exact-prefetch with the
@@ -24,7 +26,7 @@
 # ARMS: bench.compare's arms (default exact,exact-prefetch,exact-oracle,fast); GPU_TESTS: the test files of `tests`;
 # SCALED_CHECKPOINT: also run exactness on that scaled checkpoint (with prefetch on).
 cd "$(dirname "$0")/.."
-PHASES="trained random tests scaled-exact prefetch-budget prefetch-threshold policy-ab prefetch-gate ram-tier ram-tier-fast cpu-tier-ring"
+PHASES="trained random tests scaled-exact prefetch-budget prefetch-threshold policy-ab prefetch-gate ram-tier ram-tier-fast ram-policy-ab cpu-tier-ring"
 WORK=${WORK:-/tmp/glm53-offload-checks}
 source bench/device/phases.sh
 ARMS=${ARMS:-exact,exact-prefetch,exact-oracle,fast}
@@ -142,6 +144,24 @@ ram-tier-fast() {  # fast mode at 50 % RAM: exact's decode (the CPU tier is off 
 		--prefill "${RAM_PREFILL:-4096}" --prefill-reps 1 --repeat none --ckpt-root "$CKPT_ROOT" --out-dir "$dir" --arms fast \
 		--project-args "--host-ram-gb $gb" --arm-timeout 220 --budget-s 225 --name compare-ram-50-fast
 	echo "$ckpt" > "$dir/checkpoint.txt"
+}
+
+ram-policy-ab() {  # the RAM tier's policy's share of a difference at 50 % RAM: the same code, the old policy's settings
+	# (RAM_POLICY_OLD_ARGS: GLM53_RAM_TIER_* flags; default the tier's first policy). Prefill 512 so that decode dominates;
+	# a run takes ~100 s on the H200, each is capped at 175 s so that the phase (with the checkpoint's scan) stays in ~560 s
+	local ckpt gb run args
+	ckpt=$(python3 -m bench.ram_tier_decode --checkpoint "$CKPT_ROOT" | tail -1)
+	gb=$(python3 -m bench.ram_tier_decode --budget-gb "$ckpt" 50)
+	for run in new-1 old new-2; do
+		args="--host-ram-gb $gb"
+		[ "$run" = old ] && args="$args ${RAM_POLICY_OLD_ARGS:---ram-tier-decay 0.999 --ram-tier-hysteresis 1.25 --ram-tier-recency-weight 0 --ram-tier-vram-score 0}"
+		step "compare-ram-policy-$run" 175 python3 -m bench.compare --routing trained --arms exact --project-args "$args" \
+			--streams --decode-reps 1 --decode-tokens 64 --prefill 512 --prefill-reps 1 --repeat none --arm-timeout 160 \
+			--budget-s 170 --ckpt-root "$CKPT_ROOT" --out-dir "$dir" --name "compare-ram-policy-$run"
+	done
+	step ram-policy-report 30 python3 -m bench.ram_tier_decode --policy-runs "$dir"/compare-ram-policy-{new-1,old,new-2}.json \
+		--out "$dir/ram-policy-ab.json"
+	cat "$dir/ram-policy-ab.json" 2>/dev/null
 }
 
 cpu-tier-ring() {  # the CPU tier's handoff: the host producer's and the kernel's tests on this host's CPUs, then the GPU producer's twice

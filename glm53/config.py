@@ -284,6 +284,18 @@ class Settings:
                                         "the checkpoint's files, read from disk with O_DIRECT on a miss (unset: MemAvailable, or the "
                                         "cgroup's room, less the process's needs; with enough RAM every expert is held as before)",
                                         show_default="unset (MemAvailable less the process's needs)")
+    ram_tier_decay: float | None = setting(_optional(_number(float, 0.5, 1.0), "the policy's default"), None,
+                                           "the RAM tier's slow (popularity) score decay per decode step", show_default="unset (0.999)")
+    ram_tier_hysteresis: float | None = setting(_optional(_number(float, 1.0, 100.0), "the policy's default"), None,
+                                                "how many times the weakest RAM-tier resident's score an expert that missed the tier "
+                                                "must score to take its slot", show_default="unset (1.25)")
+    ram_tier_recency_weight: float | None = setting(_optional(_number(float, 0, 1e6), "the policy's default"), None,
+                                                    "weight of the RAM tier's fast (recency) score per unit of the reuse lift it measures "
+                                                    "on its own misses; 0: popularity alone", show_default="unset (800)")
+    ram_tier_vram_score: float | None = setting(_optional(_number(float, 0.0, 1.0), "the policy's default"), None,
+                                                "the VRAM cache's residents' starting scores in the RAM tier's policy, as a share of "
+                                                "their warm ones (1: an expert the VRAM cache evicts keeps its popularity; 0: it "
+                                                "earns a RAM slot from scratch)", show_default="unset (1)")
     # --- offload: CPU tier (fast mode)
     ct_cpus: Any = setting(CPUS, "auto", "CPUs of the CPU tier; auto: one per physical core, leaving cores for the GPU-feeding thread")
     ct_threads: int = setting(_number(int, 0, 4096), 0, "CPU-tier threads; 0: one per CPU of GLM53_CT_CPUS")
@@ -314,6 +326,12 @@ class Settings:
                 value = list(value)
             out[f.name] = value
         return out
+
+
+def given(settings: Settings, **fields: str) -> dict[str, Any]:
+    """``{field: settings.<setting>}`` for each ``field=setting`` whose setting is set (not None): what an optional
+    setting overrides of a policy's defaults (``cache.Policy.from_settings``, ``ram_tier.TierPolicy.from_settings``)."""
+    return {name: getattr(settings, key) for name, key in fields.items() if getattr(settings, key) is not None}
 
 
 def setting_fields() -> list[dataclasses.Field]:

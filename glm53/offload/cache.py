@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .. import config
 from .cache_policy import C_ADMITS, C_EVICTS, C_HITS, C_N, C_PICKS, C_STEPS, Recency, placement, popularity_lift, warm_scores
 from .ec_native import MAX_ADMIT, MAX_EXPERTS, EcRecency, EcState, Kernels
 from .host_store import HostStore
@@ -60,8 +61,7 @@ class Policy:
     @classmethod
     def from_settings(cls, settings) -> Policy:
         """The default policy with what ``GLM53_EC_DECAY`` / ``GLM53_EC_RECENCY_WEIGHT`` set (unset: the defaults)."""
-        given = {"decay": settings.ec_decay, "recency_weight": settings.ec_recency_weight}
-        return cls(**{k: v for k, v in given.items() if v is not None})
+        return cls(**config.given(settings, decay="ec_decay", recency_weight="ec_recency_weight"))
 
     @property
     def recency(self) -> Recency:

@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .. import config
 from .cache_policy import Admission, Recency, ReferenceCache, placement, popularity_lift, warm_scores
 from .disk import DiskReader, DiskReadError, Read
 from .host_store import HostStore
@@ -115,6 +116,13 @@ class TierPolicy:
         for name, ok, accepted in checks:
             if not ok:  # a NaN fails every comparison, so it lands here too
                 raise ValueError(f"TierPolicy.{name}={getattr(self, name)!r} is not accepted: it must be {accepted}")
+
+    @classmethod
+    def from_settings(cls, settings) -> TierPolicy:
+        """The default policy with what ``GLM53_RAM_TIER_DECAY`` / ``_HYSTERESIS`` / ``_RECENCY_WEIGHT`` /
+        ``_VRAM_SCORE`` set (unset: the defaults): the GPU's A/B of the tier's policy without a code change."""
+        return cls(**config.given(settings, decay="ram_tier_decay", hysteresis="ram_tier_hysteresis",
+                                  recency_weight="ram_tier_recency_weight", vram_score="ram_tier_vram_score"))
 
     @property
     def recency(self) -> Recency:

@@ -69,3 +69,20 @@ def test_the_budget_for_a_share_is_that_share_of_the_blocks_and_never_below_one_
     assert rt.budget_gb(ckpt, 50) == pytest.approx(store.arena_bytes / 2 / GB)
     layer = 8 * store.layout.block_bytes
     assert rt.budget_gb(ckpt, 1) == pytest.approx((layer + store.layout.block_bytes // 2) / GB)
+
+
+def test_the_policy_runs_side_by_side_say_each_runs_rate_reads_admissions_and_policy(tmp_path):
+    runs = []
+    for name, tok_s, disk, policy in (("new-1", 9.0, 1300, {"decay": 0.995}), ("old", 8.5, 1400, {"decay": 0.999})):
+        a = arm("exact", tok_s, 300.0, misses=5800, steps=100, disk=disk, budget=16.3)
+        a["engine_stats"]["offload"]["ram_tier"].update(policy=policy)
+        a["engine_stats"]["offload"]["ram_tier"]["served"]["admitted"] = 250
+        runs.append(tmp_path / f"compare-ram-policy-{name}.json")
+        runs[-1].write_text(json.dumps({"arms": [a]}))
+    (tmp_path / "compare-ram-policy-new-2.json").write_text(json.dumps({"arms": [arm("exact", 60.0, 1000.0, misses=500, steps=100)]}))
+    out = rt.policy_runs(runs + [tmp_path / "compare-ram-policy-new-2.json", tmp_path / "missing.json"])
+    assert out["runs"]["compare-ram-policy-new-1"] == {"decode_tok_s": 9.0, "disk_reads_per_token": 13.0, "host_reads_per_token": 58.0,
+                                                        "decode_steps": 100, "admissions_per_token": 2.5, "policy": {"decay": 0.995}}
+    assert out["runs"]["compare-ram-policy-old"]["disk_reads_per_token"] == 14.0
+    assert out["runs"]["compare-ram-policy-new-2"]["status"].startswith("not run")  # no RAM tier in that run
+    assert out["runs"]["missing"]["status"].startswith("not run")

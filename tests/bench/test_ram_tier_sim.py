@@ -68,7 +68,7 @@ def test_a_twins_replay_has_belady_below_every_policy_and_fewer_reads_with_more_
     picks = twin.run(150, 0).picks
     vram = sim.engine_vram_policy()
     assert vram == Policy()  # nothing set: the defaults
-    got = sim.simulate(picks, profile, 128, [50, 25], {"first": sim.first_tier_policy(vram), "default": TierPolicy()}, vram)
+    got = sim.simulate(picks, profile, 128, [50, 25], {"first": sim.FIRST_POLICY, "default": TierPolicy()}, vram)
     assert got["steps"] == 150 and 0.0 < got["vram_hit_rate"] < 1.0
     assert got["vram_misses_per_token"] == pytest.approx((1 - got["vram_hit_rate"]) * 4 * twin.top_k, abs=1e-2)
     half, quarter = got["by_share"]["50"], got["by_share"]["25"]
@@ -93,3 +93,52 @@ def test_the_tool_replays_a_recorded_trace_and_writes_its_json(tmp_path):
     with pytest.raises(SystemExit, match="the profile is 12 x 288"):
         np.save(path, np.zeros((3, 4, 8), dtype=np.int64))
         sim.main(["--trace", str(path)])
+
+
+def test_the_tool_takes_the_vram_policy_and_extra_policies_and_keeps_the_first_policy_fixed(tmp_path):
+    rng = np.random.default_rng(1)
+    path = tmp_path / "trace.npy"
+    np.save(path, np.stack([[rng.choice(288, 8, replace=False) for _ in range(12)] for _ in range(12)]))
+    out = tmp_path / "sim.json"
+    argv = ["--trace", str(path), "--shares", "25", "--out", str(out)]
+    assert sim.main(argv + ["--policy", "fast=decay:0.99,vram_score:0.5"]) == 0
+    result = json.loads(out.read_text())
+    assert result["vram_policy"]["decay"] == Policy().decay
+    # the tier's first policy is the VRAM cache's policy of then, not of now
+    assert result["policies"]["first"] == {**TierPolicy().__dict__, "decay": 0.999, "hysteresis": 1.25, "recency_weight": 0.0, "vram_score": 0.0}
+    assert result["policies"]["fast"] == {**TierPolicy().__dict__, "decay": 0.99, "vram_score": 0.5}
+    assert "fast" in result["traces"]["trace"]["by_share"]["25"]
+    assert sim.main(argv + ["--vram-decay", "0.999", "--vram-recency-weight", "800"]) == 0
+    result = json.loads(out.read_text())
+    assert (result["vram_policy"]["decay"], result["vram_policy"]["recency_weight"]) == (0.999, 800.0)
+    with pytest.raises(SystemExit):
+        sim.main(argv + ["--policy", "bad=decay:2"])  # TierPolicy refuses it: an argparse error
+
+
+def test_a_window_splits_a_recorded_trace_into_compare_sized_replays_from_its_start_to_its_end(tmp_path):
+    path = tmp_path / "engine.npy"
+    np.save(path, np.arange(255 * 2 * 3).reshape(255, 2, 3))
+    traces = sim.load_traces([path], [], 0, 0, 0, window=97)
+    assert list(traces) == ["engine[0:97]", "engine[79:176]", "engine[158:255]"]
+    assert all(t.shape == (97, 2, 3) for t in traces.values())
+    np.testing.assert_array_equal(traces["engine[158:255]"][-1], np.load(path)[-1])
+    assert list(sim.load_traces([path], [], 0, 0, 0, window=300)) == ["engine"]  # shorter than the window: whole
+
+
+def test_the_search_ranks_against_both_baselines_and_forked_workers_agree():
+    from bench.routing_stats import twin_from_settings
+
+    profile = sim.synth_profile("scaled", 4)
+    twin, _ = twin_from_settings("scaled", "trained", 0, 4)
+    traces = {"twin": twin.run(60, 0).picks}
+    # both baselines in the grid, and a policy of neither
+    grid = {f: tuple(sorted({getattr(sim.FIRST_POLICY, f), getattr(TierPolicy(), f)})) for f in TierPolicy().__dict__}
+    grid["decay"] += (0.9,)
+    ranked = sim.search(traces, profile, 128, [50], Policy(), grid)
+    assert len(ranked) == np.prod([len(v) for v in grid.values()]) and sorted(ranked, key=lambda r: (r["worst"] > 1.0, r["mean"], r["worst"])) == ranked
+    for baseline in ("first", "default"):  # each baseline is in the grid: its own reads over its own
+        policy = sim.FIRST_POLICY if baseline == "first" else TierPolicy()
+        assert next(r for r in ranked if r["policy"] == policy.__dict__)[f"of_{baseline}"] == {"twin@50": 1.0}
+    for r in ranked:  # over the fewer reads of the two baselines
+        assert r["of_best_baseline"]["twin@50"] == pytest.approx(max(r["of_first"]["twin@50"], r["of_default"]["twin@50"]), rel=1e-3)
+    assert sim.search(traces, profile, 128, [50], Policy(), grid, jobs=2) == ranked

@@ -44,7 +44,7 @@ from ...models import checkpoint
 from ...offload import ram_budget, ram_tier
 from ...offload.disk import DiskReader
 from ...offload.host_store import HostStore, cuda_register, cuda_unregister
-from ...offload.ram_tier import RamTier
+from ...offload.ram_tier import RamTier, TierPolicy
 from ...offload.tiered import TieredHome
 from ...offload.prefetch import Prefetcher
 from ...offload.runtime import STAGE_MIN_ROWS, Offload
@@ -99,7 +99,7 @@ def start_offload(settings: Settings, model, load: Callable[[], None], warmup: C
     warm, profile_source = profile.warm_start(settings.model_dir, settings.root, store.layer_keys)
     if tier is not None:  # its policy slots take the hottest experts after the cache's, read from disk now
         t2 = time.monotonic()
-        tier.start(_profile_or_flat(warm, store), layers.top_k, min(slots, total))  # the tier's own policy (TierPolicy)
+        tier.start(_profile_or_flat(warm, store), layers.top_k, min(slots, total), TierPolicy.from_settings(settings))
         timings["ram_tier_read_s"] = round(time.monotonic() - t2, 2)
     cache = ExpertCache(kernels, store, layers.tables, slots, device, layers.top_k, policy, warm, host_link, ram_tier=tier)  # 6. fill
     home = None if tier is None else TieredHome(tier, cache, device, max_picks=layers.top_k * settings.chunk_size)

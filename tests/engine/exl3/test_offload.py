@@ -14,6 +14,7 @@ from glm53 import config
 from glm53.engine.exl3 import offload as start
 from glm53.engine.exl3.patches import MoeLayers
 from glm53.offload.part import Part
+from glm53.offload.ram_tier import TierPolicy
 from glm53.offload.runtime import Offload
 from glm53.progress import Progress
 
@@ -176,8 +177,9 @@ class FakeTier:
         self.seen.append(("pin tier", register is start.cuda_register, unregister is start.cuda_unregister))
         return torch.zeros(6 * 1000, dtype=torch.uint8)
 
-    def start(self, profile, top_k, vram_slots):  # the tier's policy is its own (TierPolicy's defaults)
+    def start(self, profile, top_k, vram_slots, policy):
         self.seen.append(("tier start", profile.shape, top_k, vram_slots))
+        self.policy = policy
 
 
 @pytest.mark.parametrize("mode", ["exact", "fast"])
@@ -198,3 +200,16 @@ def test_with_a_ram_tier_the_store_is_not_read_the_cpu_tier_is_off_staging_reads
     assert ("staging", 2 * 1000**3, start.STAGE_MIN_ROWS, ("beside", "ram_tier")) in seen and not [s for s in seen if s == "fits" or s[0] == "cpu tier"]
     assert [p.name for p in offload.parts] == ["ram_tier", "cache"] and offload.tier is None
     assert (offload.cpu_tier_off_reason is not None) == (mode == "fast")
+    assert tier.policy == TierPolicy()  # nothing set: the policy's defaults
+
+
+def test_the_ram_tier_settings_reach_the_policy_it_starts_with(steps, monkeypatch):
+    seen, tmp_path = steps
+    tier = FakeTier(seen)
+    monkeypatch.setattr(start, "_ram_tier", lambda settings, store: tier)
+    monkeypatch.setattr(start.HostStore, "alias_window", lambda self, window, host: None, raising=False)
+    monkeypatch.setattr(start, "TieredHome", lambda tier_, cache, device, max_picks: Named("ram_tier"))
+    settings = settings_for(tmp_path, "exact", "--ram-tier-decay", "0.99", "--ram-tier-hysteresis", "1.5",
+                            "--ram-tier-recency-weight", "0", "--ram-tier-vram-score", "0.5")
+    start.start_offload(settings, "the model", lambda: None, lambda: None)
+    assert tier.policy == TierPolicy(decay=0.99, hysteresis=1.5, recency_weight=0.0, vram_score=0.5)
