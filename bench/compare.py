@@ -40,11 +40,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bench import scoreboard
+from glm53.config import GB
 
 REPO = Path(__file__).resolve().parents[1]
 SHIM_DIR = REPO / "bench" / "mcs_shim"
 CUDA_CONTEXT_GB = 1.0  # CUDA context, cuBLAS workspaces: on the card, not in torch's allocation peak
-GB = 1e9
 CARD_GPU_EXPERTS, REAL_EXPERTS = 32, 288  # a 24 GB card holds ~32 of GLM-5.3-Flash's 288 experts per layer
 MCS_ARMS = ("stock-mcs", "stock-mcs-pa")
 NO_BANDWIDTH = {"pcie_h2d_gbs": None, "pcie_zero_copy_read_gbs": None, "dram_read_gbs": None, "hbm_copy_gbs": None}

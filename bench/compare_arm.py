@@ -42,8 +42,8 @@ from pathlib import Path
 
 from bench import procmem
 from bench.scoreboard import ALL_ARMS, PREFETCH_ARMS, PROJECT_ARMS, find_stats
+from glm53.config import GB
 
-GB = 1e9
 STOCK_ARMS = tuple(a for a in ALL_ARMS if a not in PROJECT_ARMS)  # stock-vram, stock-mcs, stock-mcs-pa
 ID_LOW, ID_HIGH = 1000, 150000  # random prompt ids avoid the byte range and GLM's special ids
 

@@ -110,9 +110,9 @@ def run(args: argparse.Namespace) -> dict:
         path.reset()
         out = {"checkpoint": str(args.model), "tokens": args.tokens, "engine_args": args.engine_args,
                "prefetch": {"slots": pf.slots, "extra": pf.extra}, "runs": {}}
-        recorded, ids_of, lead = None, {}, pf.leads
+        recorded, ids_of, lead = None, {}, pf.schedule.leads
         for name in RUNS:
-            pf.leads = name != "off" and not name.endswith("-no-lead")
+            pf.schedule.leads = name != "off" and not name.endswith("-no-lead")
             if name == "router":
                 pf.replay(None)
                 pf.record()
@@ -128,9 +128,9 @@ def run(args: argparse.Namespace) -> dict:
             if name == "router":
                 recorded = pf.recorded()
             ids_of[name] = ids
-            out["runs"][name] = {"decode_tok_s": round((args.tokens - 1) / seconds, 2), "lead": pf.leads and name != "off",
+            out["runs"][name] = {"decode_tok_s": round((args.tokens - 1) / seconds, 2), "lead": pf.schedule.leads and name != "off",
                                  **layer_figures(before[0], after[0], before[1], after[1], args.tokens, offload.cache.block_bytes)}
-        pf.leads = lead
+        pf.schedule.leads = lead
         pf.replay(None)
         out["same_tokens"] = all(ids == ids_of["off"] for ids in ids_of.values())
         base = out["runs"]["off"]["decode_tok_s"]

@@ -45,7 +45,8 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -176,6 +177,116 @@ class CopyBudget:
                 "window_us": [None if w is None else round(w * 1e6, 1) for w in windows]}
 
 
+class Prediction(NamedTuple):
+    """A layer's predicted picks, made on the side stream for its plan."""
+
+    experts: torch.Tensor  # int64 [rows, n], best first
+    scores: torch.Tensor | None  # float32 [rows, n], or None: not thresholded (the lead's, the oracle's, no min_score)
+
+
+class LayerEnd(NamedTuple):
+    """What a layer's end hands :class:`Prefetcher` (:meth:`PredictionSchedule.layer_end`)."""
+
+    picks: torch.Tensor | None  # the layer's picks, for its plan's release (None: its routing was not seen)
+    plan: Prediction | None  # the next layer's prediction, to plan and copy now (None: none)
+
+
+class PredictionSchedule:
+    """Prefetch's host-side decisions in decode, apart from the device work that :class:`Prefetcher` does for them:
+    which routing calls have the next layer predicted (steps of at most ``max_rows`` rows, every layer but the last,
+    while the gate lets it plan), which layers have a plan in flight, the first MoE layer's picks kept for the next
+    step's lead, and the oracle's record and replay of the true picks, aligned by the count of routing calls.
+
+    :param layers: MoE layers (store order).
+    :param predict: the router's prediction of layer ``row`` from the previous layer's router input ``z``
+        (:meth:`Prefetcher._predict_on_side`); the oracle's replay does without it.
+    :param max_rows: the most rows (streams) of a step that is prefetched.
+    :param lead: predict the first MoE layer at each decode step's start (:meth:`lead`).
+    :param gate: stops a layer's plans while its measured precision is low (None: never).
+    """
+
+    def __init__(self, layers: int, predict: Callable[[int, torch.Tensor], Prediction], max_rows: int = PREDICT_MAX_ROWS,
+                 lead: bool = False, gate: PrecisionGate | None = None):
+        self.layers, self.predict, self.max_rows, self.leads, self.gate = layers, predict, max_rows, lead, gate
+        self.planned = [False] * layers  # layer l's plan is copied or being copied, not yet released
+        self.picks: list[torch.Tensor | None] = [None] * layers  # this forward's, per layer
+        self.predictions: list[Prediction | None] = [None] * layers  # this forward's, per layer, for its plan
+        self.calls = 0  # routing calls seen (the position in a recorded run)
+        self._recording: list[torch.Tensor] | None = None
+        self._oracle: list[torch.Tensor] | None = None
+        self.last_first: torch.Tensor | None = None  # the last decode step's picks of the first MoE layer (lead's prediction)
+
+    def forward_start(self) -> list[int]:
+        """A forward begins: the last one's picks and predictions are dropped. Returns the layers whose plans were
+        left in flight by a forward that stopped before their layer (an error), to be waited for and released."""
+        self.picks = [None] * self.layers
+        self.predictions = [None] * self.layers
+        return [row for row, planned in enumerate(self.planned) if planned]
+
+    def lead(self, rows: int) -> torch.Tensor | None:
+        """The first MoE layer's prediction at the start of a decode forward of ``rows`` rows: the previous step's
+        picks of that layer when it had as many rows (the oracle's: this step's true picks); None: no lead."""
+        if not self.leads or rows > self.max_rows or (self.gate is not None and not self.gate.allows(0)):
+            return None
+        predicted = self._oracle_picks() if self._oracle is not None else self.last_first
+        return None if predicted is None or predicted.shape[0] != rows else predicted
+
+    def routed(self, row: int, selected: torch.Tensor, z: torch.Tensor) -> None:
+        """Layer ``row`` picked ``selected`` (int64 [rows, top_k]) from the router input ``z``: the picks are kept for
+        its release, and the next layer is predicted now if this step qualifies."""
+        self.picks[row] = selected
+        if row == 0 and self.leads and self._oracle is None:
+            self.last_first = selected.clone()  # exllamav3 reuses the buffer; the next step's lead reads it on P
+        if self._recording is not None:
+            self._recording.append(selected.clone())
+        self.calls += 1  # the oracle's index of the next routing call: layer row + 1's
+        nxt = row + 1
+        if selected.shape[0] <= self.max_rows and nxt < self.layers and (self.gate is None or self.gate.allows(nxt)):
+            self.predictions[nxt] = self._oracle_prediction() if self._oracle is not None else self.predict(nxt, z)
+
+    def layer_end(self, row: int) -> LayerEnd:
+        """Layer ``row``'s experts are launched: its picks and the next layer's prediction are handed over, once."""
+        picks, self.picks[row] = self.picks[row], None
+        nxt = row + 1
+        if nxt >= self.layers:
+            return LayerEnd(picks, None)
+        predicted, self.predictions[nxt] = self.predictions[nxt], None
+        return LayerEnd(picks, predicted)
+
+    @property
+    def replaying(self) -> bool:
+        """Whether the predictions are a recorded run's true picks (the oracle)."""
+        return self._oracle is not None
+
+    def plan_made(self, row: int) -> None:
+        self.planned[row] = True
+
+    def released(self, row: int) -> None:
+        self.planned[row] = False
+
+    def _oracle_picks(self) -> torch.Tensor | None:
+        """The recorded true picks of the next routing call (None past the recorded run)."""
+        return self._oracle[self.calls] if self.calls < len(self._oracle) else None
+
+    def _oracle_prediction(self) -> Prediction | None:
+        picks = self._oracle_picks()
+        return None if picks is None else Prediction(picks, None)
+
+    def record(self) -> None:
+        """Keep every decode routing call's true picks from now on (the oracle's first pass)."""
+        self._recording, self._oracle, self.calls = [], None, 0
+
+    def replay(self, picks: Sequence[torch.Tensor] | None) -> list[torch.Tensor]:
+        """Predict exactly ``picks`` from now on, in routing-call order; None goes back to the router. Returns the
+        picks it replays."""
+        self._oracle = None if picks is None else list(picks)
+        self._recording, self.calls = None, 0
+        return self._oracle or []
+
+    def recorded(self) -> list[torch.Tensor]:
+        return list(self._recording or [])
+
+
 def measure_copy_gbs(link, store, blocks: int) -> float:
     """The prefetch copy's rate on this machine: ``blocks`` thread blocks (its grid) reading the host store's
     first arena in place, through the offload's link (an emulated one's rate, when it emulates)."""
@@ -184,7 +295,9 @@ def measure_copy_gbs(link, store, blocks: int) -> float:
 
 
 class Prefetcher(Part):
-    """
+    """Prefetch's device side: the pool, the side stream P, the predictions' kernels, the plans' copies and releases,
+    their counters and the events between the streams; what is predicted when is its :class:`PredictionSchedule`'s.
+
     :param routers: per MoE layer (in store order) its router: (gate [hidden, experts] as exllamav3 holds it, the
         selection-only correction bias [experts] or None).
     :param slots: VRAM slots of the pool (the most experts copied ahead of a layer).
@@ -208,9 +321,10 @@ class Prefetcher(Part):
         self.kernels, self.cache, self.device = kernels, cache, device
         self.policy = policy or Policy()
         self.block_bytes = cache.block_bytes
-        self.top_k, self.extra, self.slots, self.max_rows = top_k, extra, slots, max_rows
+        self.top_k, self.extra, self.slots = top_k, extra, slots
         self.min_score, self.budget, self.gate = min_score, budget, gate
         self.routers = [(gate, None if bias is None else bias.float().to(device)) for gate, bias in routers]
+        self.schedule = PredictionSchedule(L, self._predict_on_side, max_rows, lead, gate)
         self.buffer = torch.empty((slots, self.block_bytes), dtype=torch.uint8, device=device)
         i64 = {"dtype": torch.int64, "device": device}
         self.slot_addr = torch.tensor([self.buffer.data_ptr() + i * self.block_bytes for i in range(slots)], **i64)
@@ -221,16 +335,7 @@ class Prefetcher(Part):
                             num=self.num.data_ptr(), counters=self.counters.data_ptr())
         self.stream = torch.cuda.Stream(device)
         self.ready = [torch.cuda.Event() for _ in range(L)]  # layer l's prefetch is in its slots
-        self.planned = [False] * L
-        self._picks: list[torch.Tensor | None] = [None] * L  # this forward's, per layer
-        # per layer, made on P for its plan: (experts int64 [rows, n], their float32 scores or None)
-        self._predictions: list[tuple[torch.Tensor, torch.Tensor | None] | None] = [None] * L
-        self._calls = 0  # routing calls seen (the position in a recorded run)
         self._no_picks = torch.zeros((0,), dtype=torch.int64, device=device)
-        self._recording: list[torch.Tensor] | None = None
-        self._oracle: list[torch.Tensor] | None = None
-        self.leads = lead
-        self._last_first: torch.Tensor | None = None  # the last decode step's picks of the first MoE layer (lead's prediction)
         # the gate's view of the counters: a pinned copy made every WINDOW_SAMPLE_EVERY forwards, read once it has landed
         self._mirror = torch.zeros(self.counters.shape, dtype=torch.int64, pin_memory=torch.cuda.is_available())
         self._mirrored: torch.cuda.Event | None = None
@@ -242,13 +347,10 @@ class Prefetcher(Part):
     def forward_start(self) -> None:
         """Before a forward: a plan left from a forward that stopped before its layer (an error) is waited for and
         released, so that no table points into the pool outside the layer it was planned for."""
-        for row, planned in enumerate(self.planned):
-            if planned:
-                torch.cuda.current_stream().wait_event(self.ready[row])
-                self.kernels.prefetch_release(self.cache.state, self.state, row, self._no_picks)
-                self.planned[row] = False
-        self._picks = [None] * len(self._picks)
-        self._predictions = [None] * len(self._predictions)
+        for row in self.schedule.forward_start():
+            torch.cuda.current_stream().wait_event(self.ready[row])
+            self.kernels.prefetch_release(self.cache.state, self.state, row, self._no_picks)
+            self.schedule.released(row)
         if self.budget is not None:
             self.budget.clock.forward_start()
 
@@ -271,32 +373,21 @@ class Prefetcher(Part):
         self._forwards += 1
 
     def routed(self, row: int, selected: torch.Tensor, weights: torch.Tensor | None, z: torch.Tensor) -> None:
-        """After layer ``row``'s routing, before the cache's step. Only a step of at most ``max_rows`` rows has the
-        next layer predicted (from the router's input ``z``; the weights are not needed)."""
+        """After layer ``row``'s routing, before the cache's step. The schedule has the next layer predicted (from
+        the router's input ``z``; the weights are not needed) in a step of at most ``max_rows`` rows."""
         if self.budget is not None:
             self.budget.clock.end(row)  # before the wait: the window is the compute stream's own time
-        if self.planned[row]:
+        if self.schedule.planned[row]:
             torch.cuda.current_stream().wait_event(self.ready[row])
-        self._picks[row] = selected
-        if row == 0 and self.leads and self._oracle is None:
-            self._last_first = selected.clone()  # exllamav3 reuses the buffer; the next step's lead reads it on P
-        if self._recording is not None:
-            self._recording.append(selected.clone())
-        self._calls += 1  # the oracle's index of the next routing call: layer row + 1's
-        nxt = row + 1
-        if selected.shape[0] <= self.max_rows and nxt < len(self.routers) and (self.gate is None or self.gate.allows(nxt)):
-            self._predictions[nxt] = self._predict_on_side(nxt, z)
+        self.schedule.routed(row, selected, z)
 
     def decode_start(self, rows: int) -> None:
-        """Before a decode forward of ``rows`` rows (after :meth:`forward_start`): the first MoE layer's prefetch, planned and
-        copied on P now, from the previous step's picks of that layer when it had as many rows (the oracle's: this
-        step's true picks)."""
+        """Before a decode forward of ``rows`` rows (after :meth:`forward_start`): the first MoE layer's prefetch,
+        planned and copied on P now, from the schedule's lead."""
         if self.gate is not None:
             self._feed_gate()  # here, not in forward_start: the gate rests a number of decode forwards
-        if not self.leads or rows > self.max_rows or (self.gate is not None and not self.gate.allows(0)):
-            return
-        predicted = self._oracle_picks() if self._oracle is not None else self._last_first
-        if predicted is None or predicted.shape[0] != rows:
+        predicted = self.schedule.lead(rows)
+        if predicted is None:
             return
         if self.budget is not None:
             self.budget.clock.start(0)
@@ -307,14 +398,10 @@ class Prefetcher(Part):
             self.cache.link.units(self.num, self.block_bytes, "prefetch", self.policy.copy_blocks)
             self.ready[0].record(self.stream)
         predicted.record_stream(self.stream)
-        self.planned[0] = True
+        self.schedule.plan_made(0)
 
-    def _predict_on_side(self, row: int, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-        """Layer ``row``'s prediction from the previous layer's router input ``z``, made on P, and its scores (the
-        oracle's: the recorded true picks of this routing call, nothing to compute, no scores)."""
-        if self._oracle is not None:
-            picks = self._oracle_picks()
-            return None if picks is None else (picks, None)
+    def _predict_on_side(self, row: int, z: torch.Tensor) -> Prediction:
+        """Layer ``row``'s prediction by its router from the previous layer's router input ``z``, made on P."""
         main = torch.cuda.current_stream()
         z = z.clone()  # exllamav3 may reuse the router input's buffer in the next layer, while P still reads it
         self.stream.wait_stream(main)  # after z was made
@@ -323,44 +410,36 @@ class Prefetcher(Part):
         z.record_stream(self.stream)  # the compute stream may reuse z's memory only once P has read it
         return predicted
 
-    def _oracle_picks(self) -> torch.Tensor | None:
-        """The recorded true picks of the next routing call (None past the recorded run)."""
-        return self._oracle[self._calls] if self._calls < len(self._oracle) else None
-
     def after_layer(self, row: int) -> None:
         """Once layer ``row``'s experts are launched (any forward: nothing happens where ``routed`` was not called)."""
-        picks = self._picks[row]
-        self._picks[row] = None
-        if self.planned[row]:
-            if picks is None:  # the layer ran without its routing seen (cannot happen within one decode forward)
+        end = self.schedule.layer_end(row)
+        if self.schedule.planned[row]:
+            if end.picks is None:  # the layer ran without its routing seen (cannot happen within one decode forward)
                 torch.cuda.current_stream().wait_event(self.ready[row])
-            self.kernels.prefetch_release(self.cache.state, self.state, row, self._no_picks if picks is None else picks)
-            self.planned[row] = False
-        nxt = row + 1
-        predicted = self._predictions[nxt] if nxt < len(self._predictions) else None
-        if predicted is None:
+            self.kernels.prefetch_release(self.cache.state, self.state, row, self._no_picks if end.picks is None else end.picks)
+            self.schedule.released(row)
+        if end.plan is None:
             return
-        self._predictions[nxt] = None
-        picks, scores = predicted
+        nxt = row + 1
         if self.budget is not None:
             self.budget.clock.start(nxt)
         self.stream.wait_stream(torch.cuda.current_stream())  # after the release above
         with torch.cuda.stream(self.stream):  # the prediction was made on this stream: it is ready in stream order
-            self.kernels.prefetch(self.cache.state, self.state, nxt, picks, self._copies(nxt), self.block_bytes,
-                                  self.policy.copy_blocks, scores, self._min_score(scores))
+            self.kernels.prefetch(self.cache.state, self.state, nxt, end.plan.experts, self._copies(nxt), self.block_bytes,
+                                  self.policy.copy_blocks, end.plan.scores, self._min_score(end.plan.scores))
             self.cache.link.units(self.num, self.block_bytes, "prefetch", self.policy.copy_blocks)
             self.ready[nxt].record(self.stream)
-        self.planned[nxt] = True
+        self.schedule.plan_made(nxt)
 
-    def _router_prediction(self, row: int, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(int64 [rows, top_k + extra] layer ``row``'s likeliest picks by its router, best first; their float32
-        scores, ``prefetch_policy.prediction``'s, or None where no threshold reads them)."""
+    def _router_prediction(self, row: int, z: torch.Tensor) -> Prediction:
+        """Layer ``row``'s likeliest picks by its router (int64 [rows, top_k + extra], best first), with their float32
+        scores, ``prefetch_policy.prediction``'s, where a threshold reads them."""
         gate, bias = self.routers[row]
         scores = torch.matmul(z.view(-1, gate.shape[0]).to(gate.dtype), gate).float().sigmoid()
         if bias is not None:
             scores = scores + bias
         top = torch.topk(scores, min(self.top_k + self.extra, scores.shape[-1]), dim=-1, sorted=True)
-        return top.indices, None if self.min_score is None else top.values.contiguous()
+        return Prediction(top.indices, None if self.min_score is None else top.values.contiguous())
 
     def _copies(self, row: int) -> int:
         return self.slots if self.budget is None else self.budget.copies(row, self.slots)
@@ -372,23 +451,21 @@ class Prefetcher(Part):
 
     def record(self) -> None:
         """Keep every decode routing call's true picks from now on (the oracle's first pass)."""
-        self._recording, self._oracle, self._calls = [], None, 0
+        self.schedule.record()
 
     def replay(self, picks: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
         """Prefetch exactly ``picks`` (a recorded run's, :meth:`recorded`) from now on, in routing-call order; None
         goes back to the predictor. Returns the picks it replays."""
-        self._oracle = None if picks is None else list(picks)
-        self._recording, self._calls = None, 0
-        return self._oracle or []
+        return self.schedule.replay(picks)
 
     def recorded(self) -> list[torch.Tensor]:
-        return list(self._recording or [])
+        return self.schedule.recorded()
 
     def stats(self) -> dict:
         totals = self.counters.sum(dim=0).tolist()
         per_layer = self.counters.tolist()
-        return {"slots": self.slots, "extra": self.extra, "predictor": "oracle" if self._oracle is not None else "router",
-                "lead": self.leads, "min_score": self.min_score,
+        return {"slots": self.slots, "extra": self.extra, "predictor": "oracle" if self.schedule.replaying else "router",
+                "lead": self.schedule.leads, "min_score": self.min_score,
                 **({} if self.budget is None else {"budget": self.budget.stats()}),
                 **({} if self.gate is None else {"gate": self.gate.stats()}),
                 **dict(zip(PF_COUNTERS, totals)),

@@ -131,13 +131,13 @@ def test_the_lead_predicts_the_first_layer_by_its_previous_step_and_skips_a_step
     first = torch.tensor([[3, 5, 7, 9]], device=device)
     pf.forward_start()
     pf.decode_start(1)  # no step before: nothing to predict by
-    assert not pf.planned[0]
+    assert not pf.schedule.planned[0]
     pf.routed(0, first, None, z)
     cache.routed(0, first)
     pf.after_layer(0)
     pf.forward_start()
     pf.decode_start(1)
-    assert pf.planned[0]
+    assert pf.schedule.planned[0]
     pf.routed(0, first, None, z)  # the same picks again: all four come from the pool
     cache.routed(0, first)
     pf.after_layer(0)
@@ -147,7 +147,7 @@ def test_the_lead_predicts_the_first_layer_by_its_previous_step_and_skips_a_step
     assert layer0["plans"] == 1 and layer0["copied"] == layer0["used"] == 4 and cache.verify() == []
     pf.forward_start()
     pf.decode_start(2)  # a step of two rows is not predicted by one of one
-    assert not pf.planned[0]
+    assert not pf.schedule.planned[0]
 
 
 def test_a_threshold_above_every_score_copies_nothing_and_one_below_every_score_copies_as_none(kernels, device):

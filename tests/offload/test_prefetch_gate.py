@@ -1,14 +1,13 @@
 """Prefetch's precision gate (glm53.offload.prefetch.PrecisionGate) on the CPU: a layer whose copies go unused stops
-planning for a while and tries again; one whose copies are used never stops; and the prefetcher asks it before it
-predicts a layer."""
+planning for a while and tries again; one whose copies are used never stops; and the prefetch schedule asks
+it before it predicts or leads a layer."""
 
 from __future__ import annotations
 
 import pytest
-import torch
 
 from glm53.offload.prefetch import PrecisionGate
-from tests.offload.test_prefetcher_hooks import prefetcher, routing
+from tests.offload.test_prefetcher_hooks import routing, schedule
 
 
 def test_a_layer_whose_copies_go_unused_rests_then_tries_again():
@@ -43,12 +42,13 @@ def test_bad_gate_settings_are_refused_with_what_is_accepted(kwargs):
         PrecisionGate(layers=1, **kwargs)
 
 
-def test_the_prefetcher_does_not_predict_a_layer_the_gate_rests():
-    p = prefetcher()
-    p.gate = PrecisionGate(layers=3, min_precision=0.9, window=1, rest=2)
-    p.gate.observe(2, copied=1, used=0)
-    p.routed(0, *routing(1))
-    p.routed(1, *routing(1))
-    assert p.predicted_for == [1]  # layer 2 rests: no prediction, so no plan after layer 1
-    p.after_layer(1)
-    assert p.planned == [False] * 3
+def test_the_schedule_neither_predicts_nor_leads_a_layer_the_gate_rests():
+    gate = PrecisionGate(layers=3, min_precision=0.9, window=1, rest=2)
+    gate.observe(2, copied=1, used=0)
+    gate.observe(0, copied=1, used=0)
+    s, router = schedule(gate=gate)
+    s.routed(0, *routing(1))
+    assert s.lead(1) is None  # layer 0 rests: no lead although the last step's picks are there
+    s.routed(1, *routing(1))
+    assert router.predicted_for == [1]  # layer 2 rests: no prediction, so no plan after layer 1
+    assert s.layer_end(1).plan is None and gate.counts["skipped_plans"] == 2
