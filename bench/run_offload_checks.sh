@@ -147,7 +147,7 @@ ram-tier-fast() {  # fast mode at 50 % RAM: exact's decode (the CPU tier is off 
 }
 
 ram-policy-ab() {  # the RAM tier's policy's share of a difference at 50 % RAM: the same code, the old policy's settings
-	# (RAM_POLICY_OLD_ARGS: GLM53_RAM_TIER_* flags; default the tier's first policy). Prefill 512 so that decode dominates;
+	# (RAM_POLICY_OLD_ARGS: --ram-tier-* flags; default the tier's first policy). Prefill 512 so that decode dominates;
 	# a run takes ~100 s on the H200, each is capped at 175 s so that the phase (with the checkpoint's scan) stays in ~560 s
 	local ckpt gb run args
 	ckpt=$(python3 -m bench.ram_tier_decode --checkpoint "$CKPT_ROOT" | tail -1)
