@@ -12,6 +12,9 @@
 #   source .gpu/prep.sh && bench/run_offload_checks.sh scaled-exact  # exactness (prefetch cases too) on the scaled checkpoint
 #   source .gpu/prep.sh && bench/run_offload_checks.sh ram-tier    # exact decode and prefill 4096 with RAM for 100 / 50 / 25 %
 #                                                                # of the experts (the rest read from disk), against the bound
+#   source .gpu/prep.sh && bench/run_offload_checks.sh ram-tier-reader  # disk_bw in decode's pattern, full RAM and 50 % against
+#                                                                # the bound, and the reader's pieces A/B/A at 50 % (two calls:
+#                                                                # bench/device/background.sh)
 #   source .gpu/prep.sh && bench/run_offload_checks.sh ram-tier-fast  # fast mode at 50 % RAM: its one-pass prefill 4096
 #   source .gpu/prep.sh && bench/run_offload_checks.sh prefetch-gate  # prefetch with its precision gate, on `trained` and `random`
 #   source .gpu/prep.sh && bench/run_offload_checks.sh policy-ab   # exact mode on `trained` with the two-timescale cache policy
@@ -26,7 +29,7 @@
 # ARMS: bench.compare's arms (default exact,exact-prefetch,exact-oracle,fast); GPU_TESTS: the test files of `tests`;
 # SCALED_CHECKPOINT: also run exactness on that scaled checkpoint (with prefetch on).
 cd "$(dirname "$0")/.."
-PHASES="trained random tests scaled-exact prefetch-budget prefetch-threshold policy-ab prefetch-gate ram-tier ram-tier-fast ram-policy-ab cpu-tier-ring"
+PHASES="trained random tests scaled-exact prefetch-budget prefetch-threshold policy-ab prefetch-gate ram-tier ram-tier-reader ram-tier-fast ram-policy-ab cpu-tier-ring"
 WORK=${WORK:-/tmp/glm53-offload-checks}
 source bench/device/phases.sh
 ARMS=${ARMS:-exact,exact-prefetch,exact-oracle,fast}
@@ -134,6 +137,31 @@ ram-tier() {  # issue 32: a RAM tier of 50 % and 25 % of the experts against all
 	done
 	step ram-tier-report 30 python3 -m bench.ram_tier_decode --report "$dir" --out "$dir/ram-tier.json"
 	cat "$dir/ram-tier.json" 2>/dev/null
+}
+
+ram-tier-reader() {  # issue 32: the disk reader's shared pieces. disk_bw with decode's pattern at several piece sizes;
+	# full RAM (stock-vram for the bound's T_fix) and 50 % at prefill RAM_PREFILL (the report against the bound); then at
+	# 50 % and prefill 512 the default pieces against 4096 KiB (one pread a projection: the reader before), A/B/A
+	local ckpt gb run args common="--routing trained --streams --decode-reps 1 --decode-tokens 64 --prefill-reps 1 --repeat none \
+		--ckpt-root $CKPT_ROOT --out-dir $dir"
+	ckpt=$(python3 -m bench.ram_tier_decode --checkpoint "$CKPT_ROOT" | tail -1)
+	step disk-bw 150 python3 bench/disk_bw.py --file "$CKPT_ROOT/disk_bw.scratch" --experts 48 --depths 1,4,8,16 --reps 2 \
+		--decode-pieces-kb 4096,1024,512,256 --decode-per-submit 1,2,4 --out "$dir/disk-bw.json"
+	gb=$(python3 -m bench.ram_tier_decode --budget-gb "$ckpt" 50)
+	step compare-ram-100 200 python3 -m bench.compare $common --prefill "${RAM_PREFILL:-4096}" --arms stock-vram,exact \
+		--arm-timeout 120 --budget-s 190 --name compare-ram-100
+	step compare-ram-50 230 python3 -m bench.compare $common --prefill "${RAM_PREFILL:-4096}" --arms exact \
+		--project-args "--host-ram-gb $gb" --arm-timeout 220 --budget-s 225 --name compare-ram-50
+	step ram-tier-report 30 python3 -m bench.ram_tier_decode --report "$dir" --out "$dir/ram-tier.json"
+	for run in new-1 old new-2; do
+		args="--host-ram-gb $gb"
+		[ "$run" = old ] && args="$args --disk-piece-kb 4096"
+		step "compare-ram-pieces-$run" 175 python3 -m bench.compare $common --prefill 512 --arms exact --project-args "$args" \
+			--arm-timeout 160 --budget-s 170 --name "compare-ram-pieces-$run"
+	done
+	step ram-pieces-report 30 python3 -m bench.ram_tier_decode --policy-runs "$dir"/compare-ram-pieces-{new-1,old,new-2}.json \
+		--out "$dir/ram-pieces-ab.json"
+	cat "$dir/ram-tier.json" "$dir/ram-pieces-ab.json" 2>/dev/null
 }
 
 ram-tier-fast() {  # fast mode at 50 % RAM: exact's decode (the CPU tier is off beside the tier), its one-pass prefill

@@ -284,6 +284,10 @@ class Settings:
                                         "the checkpoint's files, read from disk with O_DIRECT on a miss (unset: MemAvailable, or the "
                                         "cgroup's room, less the process's needs; with enough RAM every expert is held as before)",
                                         show_default="unset (MemAvailable less the process's needs)")
+    disk_threads: int = setting(_number(int, 1, 256), 8, "the RAM tier's disk reader threads: preads in flight on the checkpoint's files")
+    disk_piece_kb: int = setting(_multiple_of(_number(int, 4, 65536, " KiB"), 4), 1024,
+                                 "the RAM tier's disk reads are cut into pieces of this size, each read by any of the reader's "
+                                 "threads, so that one expert's read has several preads in flight")
     ram_tier_decay: float | None = setting(_optional(_number(float, 0.5, 1.0), "the policy's default"), None,
                                            "the RAM tier's slow (popularity) score decay per decode step", show_default="unset (0.999)")
     ram_tier_hysteresis: float | None = setting(_optional(_number(float, 1.0, 100.0), "the policy's default"), None,
@@ -349,6 +353,12 @@ def flag_names(f: dataclasses.Field) -> list[str]:
 def mode_default(f: dataclasses.Field, mode: str) -> Any:
     default = f.metadata["default"]
     return default[mode] if isinstance(default, dict) else default
+
+
+def default_of(name: str, mode: str = "exact") -> Any:
+    """The default of setting ``name`` in ``mode``: for code that also runs without settings (a bench, a test)."""
+    (f,) = [f for f in setting_fields() if f.name == name]
+    return mode_default(f, mode)
 
 
 def _argument_parser() -> argparse.ArgumentParser:

@@ -155,7 +155,8 @@ GLM53_DR_C_BOUNCED_BYTES = 4
 GLM53_DR_C_RETRIES = 5
 GLM53_DR_C_SHORT_READS = 6
 GLM53_DR_C_FALLBACKS = 7
-GLM53_DR_C_N = 8
+GLM53_DR_C_PIECES = 8
+GLM53_DR_C_N = 9
 
 glm53_dr_state = {
     "GLM53_DR_PENDING": 0,
@@ -172,7 +173,8 @@ glm53_dr_counter = {
     "GLM53_DR_C_RETRIES": 5,
     "GLM53_DR_C_SHORT_READS": 6,
     "GLM53_DR_C_FALLBACKS": 7,
-    "GLM53_DR_C_N": 8,
+    "GLM53_DR_C_PIECES": 8,
+    "GLM53_DR_C_N": 9,
 }
 
 
@@ -366,6 +368,7 @@ ABI = {
             "GLM53_DR_C_RETRIES": GLM53_DR_C_RETRIES,
             "GLM53_DR_C_SHORT_READS": GLM53_DR_C_SHORT_READS,
             "GLM53_DR_C_FALLBACKS": GLM53_DR_C_FALLBACKS,
+            "GLM53_DR_C_PIECES": GLM53_DR_C_PIECES,
             "GLM53_DR_C_N": GLM53_DR_C_N,
         },
     ),

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import config
 from ..native import abi
 from ..native.cpu import library
 from ..native.cpu_binding import GLM53_DR_SHORT_READ, glm53_dr_counter, glm53_dr_request, glm53_dr_state
@@ -31,11 +32,12 @@ from ..native.cpu_binding import GLM53_DR_SHORT_READ, glm53_dr_counter, glm53_dr
 log = logging.getLogger(__name__)
 
 ALIGN = 4096  # a multiple of every logical block size in use (512, 4096): O_DIRECT's offset, length and memory
-PIECE_BYTES = 4 << 20  # one pread and each thread's bounce buffer
-THREADS = 8
+# one pread (a unit of work for any thread) and each thread's bounce buffer; the threads: preads in flight
+PIECE_BYTES = config.default_of("disk_piece_kb") * 1024
+THREADS = config.default_of("disk_threads")
 STATES = abi.names(glm53_dr_state, "GLM53_DR_")  # by id: pending, done, failed
 DONE, FAILED = STATES.index("done"), STATES.index("failed")
-COUNTERS = abi.names(glm53_dr_counter, "GLM53_DR_C_", "GLM53_DR_C_N")  # requests, failed, bytes, disk_bytes, bounced_bytes, ...
+COUNTERS = abi.names(glm53_dr_counter, "GLM53_DR_C_", "GLM53_DR_C_N")  # requests, failed, bytes, disk_bytes, ..., pieces
 
 
 @dataclass(frozen=True)
@@ -148,7 +150,8 @@ class DiskReader:
 
     def counters(self) -> dict[str, int]:
         """Requests finished and failed, bytes delivered, bytes read from disk (the aligned supersets), bytes copied
-        through a bounce buffer, retried errors, continued short reads, files fallen back to buffered reads."""
+        through a bounce buffer, retried errors, continued short reads, files fallen back to buffered reads, pieces
+        read (the units the threads share)."""
         self._open()
         out = (ctypes.c_uint64 * len(COUNTERS))()
         library().glm53_dr_counters(self._handle, out)

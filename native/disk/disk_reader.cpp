@@ -1,7 +1,9 @@
-// The disk reader of disk_reader.h: a pread thread pool. io_uring would save a system call per piece, which is
-// nothing beside a piece's megabytes, and liburing would be a new build dependency (and Docker's default seccomp
-// profile refuses io_uring_setup); one blocking pread of several megabytes already keeps many of the device's
-// queue slots busy, and the threads give the rest.
+// The disk reader of disk_reader.h: a pread thread pool whose unit of work is a piece, not a request. A request is
+// cut into its pieces when it is submitted and every thread takes pieces from one queue, so one expert's read (three
+// projections of ~3 MB, what a decode layer's miss asks for) has as many preads in flight as there are threads,
+// instead of one per projection: a drive's rate at one request is far below its rate at several
+// (bench/disk_bw.py). io_uring would save a system call per piece, which is nothing beside a piece's megabyte, and
+// liburing would be a new build dependency (and Docker's default seccomp profile refuses io_uring_setup).
 #include "disk_reader.h"
 
 #include "../abi.h"
@@ -46,12 +48,31 @@ struct Fault {
 
 enum class Read { ok, eof, refused, failed };
 
+// A submitted request's progress: its pieces left, and the failure of the lowest piece that failed (so the error a
+// request reports does not depend on which thread got where first).
+struct Job {
+    glm53_dr_request* q;
+    std::atomic<int64_t> left;
+    std::mutex failure_mutex;
+    bool failed = false;
+    int32_t error = 0;
+    uint64_t error_offset = 0;
+
+    Job(glm53_dr_request* request, int64_t pieces) : q(request), left(pieces) {}
+};
+
+// [p0, p1) of the file on the reader's `align` grid (the request's aligned superset cut every `piece` bytes)
+struct Piece {
+    Job* job;
+    uint64_t p0, p1;
+};
+
 struct Reader {
     std::vector<File> files;
     uint64_t align = 4096, piece = 4 << 20;
     std::mutex queue_mutex, done_mutex, fault_mutex;
     std::condition_variable queued, finished;
-    std::deque<glm53_dr_request*> queue;
+    std::deque<Piece> queue;
     bool stopping = false;
     std::vector<std::thread> threads;
     std::atomic<uint64_t> counters[GLM53_DR_C_N] = {};
@@ -87,13 +108,13 @@ ssize_t read_at(Reader& r, int32_t file, int fd, char* buf, uint64_t n, uint64_t
 }
 
 // Reads [at, at + size) into buf until at least `need` bytes are there (the rest may lie past the end of the file).
-// `step` is the alignment reads keep (1: buffered). A failure other than EINTR is retried once per request.
-Read read_full(Reader& r, const glm53_dr_request* q, int fd, char* buf, uint64_t size, uint64_t at, uint64_t need,
-               uint64_t step, bool& retried, int32_t& error, uint64_t& error_offset)
+// `step` is the alignment reads keep (1: buffered). A failure other than EINTR is retried once per piece.
+Read read_full(Reader& r, int32_t file, int fd, char* buf, uint64_t size, uint64_t at, uint64_t need, uint64_t step,
+               bool& retried, int32_t& error, uint64_t& error_offset)
 {
     uint64_t got = 0;
     while (got < need) {
-        ssize_t n = read_at(r, q->file, fd, buf + got, size - got, at + got, step);
+        ssize_t n = read_at(r, file, fd, buf + got, size - got, at + got, step);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -123,37 +144,54 @@ Read read_full(Reader& r, const glm53_dr_request* q, int fd, char* buf, uint64_t
     return Read::ok;
 }
 
-Read read_buffered(Reader& r, glm53_dr_request* q, File& f, bool& retried)
+// The request's bytes that a piece covers: [want0, want1), at `to` in the destination.
+struct Span {
+    uint64_t want0, want1;
+    char* to;
+};
+
+Span span_of(const Piece& piece)
 {
-    return read_full(r, q, f.buffered_fd, static_cast<char*>(q->dest), q->length, q->offset, q->length, 1, retried,
-                     q->error, q->error_offset);
+    const glm53_dr_request* q = piece.job->q;
+    const uint64_t begin = q->offset, end = q->offset + q->length;
+    const uint64_t want0 = piece.p0 > begin ? piece.p0 : begin, want1 = piece.p1 < end ? piece.p1 : end;
+    return {want0, want1, static_cast<char*>(q->dest) + (want0 - begin)};
 }
 
-Read read_direct(Reader& r, glm53_dr_request* q, File& f, char* bounce, bool& retried)
+Read read_buffered(Reader& r, const Piece& piece, File& f, bool& retried, int32_t& error, uint64_t& error_offset)
 {
-    const uint64_t a = r.align, begin = q->offset, end = q->offset + q->length;
-    char* dest = static_cast<char*>(q->dest);
-    for (uint64_t p0 = down(begin, a), last = up(end, a); p0 < last; p0 += r.piece) {
-        uint64_t p1 = p0 + r.piece < last ? p0 + r.piece : last;
-        uint64_t want0 = p0 > begin ? p0 : begin, want1 = p1 < end ? p1 : end;
-        char* to = dest + (want0 - begin);
-        bool straight = want0 == p0 && want1 == p1 && reinterpret_cast<uintptr_t>(to) % a == 0;
-        Read got = read_full(r, q, f.direct_fd, straight ? to : bounce, p1 - p0, p0, want1 - p0, a, retried, q->error,
-                             q->error_offset);
-        if (got != Read::ok)
-            return got;
-        if (!straight) {
-            memcpy(to, bounce + (want0 - p0), want1 - want0);
-            r.count(GLM53_DR_C_BOUNCED_BYTES, want1 - want0);
-        }
+    const Span s = span_of(piece);
+    return read_full(r, piece.job->q->file, f.buffered_fd, s.to, s.want1 - s.want0, s.want0, s.want1 - s.want0, 1,
+                     retried, error, error_offset);
+}
+
+// Straight into the destination when the piece lies inside the request and the destination is aligned there, else
+// through the thread's bounce buffer.
+Read read_direct(Reader& r, const Piece& piece, File& f, char* bounce, bool& retried, int32_t& error,
+                 uint64_t& error_offset)
+{
+    const Span s = span_of(piece);
+    const uint64_t a = r.align;
+    const bool straight = s.want0 == piece.p0 && s.want1 == piece.p1 && reinterpret_cast<uintptr_t>(s.to) % a == 0;
+    Read got = read_full(r, piece.job->q->file, f.direct_fd, straight ? s.to : bounce, piece.p1 - piece.p0, piece.p0,
+                         s.want1 - piece.p0, a, retried, error, error_offset);
+    if (got == Read::ok && !straight) {
+        memcpy(s.to, bounce + (s.want0 - piece.p0), s.want1 - s.want0);
+        r.count(GLM53_DR_C_BOUNCED_BYTES, s.want1 - s.want0);
     }
-    return Read::ok;
+    return got;
 }
 
-void finish(Reader& r, glm53_dr_request* q, bool ok)
+// The request's outcome, once its last piece is done: its out fields, then its state (a release store).
+void finish(Reader& r, Job* job)
 {
+    glm53_dr_request* q = job->q;
+    const bool ok = !job->failed;
+    q->error = job->error;
+    q->error_offset = job->error_offset;
     r.count(GLM53_DR_C_REQUESTS);
     r.count(ok ? GLM53_DR_C_BYTES : GLM53_DR_C_FAILED, ok ? q->length : 1);
+    delete job;
     {
         std::lock_guard<std::mutex> lock(r.done_mutex);  // a waiter checks the states under it: no lost wake-up
         __atomic_store_n(&q->state, ok ? GLM53_DR_DONE : GLM53_DR_FAILED, __ATOMIC_RELEASE);
@@ -161,44 +199,68 @@ void finish(Reader& r, glm53_dr_request* q, bool ok)
     r.finished.notify_all();
 }
 
-void perform(Reader& r, glm53_dr_request* q, char* bounce)
+void fail(Job* job, int32_t error, uint64_t error_offset)
 {
-    File& f = r.files[static_cast<size_t>(q->file)];
-    bool retried = false;
-    Read got = Read::refused;
-    if (f.direct.load(std::memory_order_acquire))
-        got = read_direct(r, q, f, bounce, retried);
-    if (got == Read::refused) {
-        if (f.direct.exchange(false, std::memory_order_acq_rel)) {
-            f.fallback_errno.store(EINVAL);
-            f.fallback_offset.store(static_cast<int64_t>(q->offset));
-            r.count(GLM53_DR_C_FALLBACKS);
-        }
-        got = read_buffered(r, q, f, retried);
+    std::lock_guard<std::mutex> lock(job->failure_mutex);
+    if (!job->failed || error_offset < job->error_offset) {
+        job->failed = true;
+        job->error = error;
+        job->error_offset = error_offset;
     }
-    finish(r, q, got == Read::ok);
+}
+
+// Whether a piece starting at `p0` need not be read: a lower piece failed, so its failure is the request's. (One that
+// failed above may still be beaten by this piece's, so this one is read: the reported failure is the lowest one
+// whichever thread gets where first.)
+bool failed_below(Job* job, uint64_t p0)
+{
+    std::lock_guard<std::mutex> lock(job->failure_mutex);
+    return job->failed && job->error_offset < p0;
+}
+
+void perform(Reader& r, const Piece& piece, char* bounce)
+{
+    Job* job = piece.job;
+    if (bounce == nullptr) {  // no bounce buffer: this thread's pieces fail rather than read into nothing
+        fail(job, ENOMEM, piece.p0);
+    } else if (!failed_below(job, piece.p0)) {  // else its bytes would not be used and its failure not reported
+        r.count(GLM53_DR_C_PIECES);
+        File& f = r.files[static_cast<size_t>(job->q->file)];
+        bool retried = false;
+        int32_t error = 0;
+        uint64_t error_offset = 0;
+        Read got = Read::refused;
+        if (f.direct.load(std::memory_order_acquire))
+            got = read_direct(r, piece, f, bounce, retried, error, error_offset);
+        if (got == Read::refused) {
+            if (f.direct.exchange(false, std::memory_order_acq_rel)) {
+                f.fallback_errno.store(EINVAL);
+                f.fallback_offset.store(static_cast<int64_t>(span_of(piece).want0));
+                r.count(GLM53_DR_C_FALLBACKS);
+            }
+            got = read_buffered(r, piece, f, retried, error, error_offset);
+        }
+        if (got != Read::ok)
+            fail(job, error, error_offset);
+    }
+    if (job->left.fetch_sub(1, std::memory_order_acq_rel) == 1)
+        finish(r, job);
 }
 
 void work(Reader* r)
 {
     char* bounce = static_cast<char*>(aligned_alloc(r->align, r->piece));
     for (;;) {
-        glm53_dr_request* q;
+        Piece piece;
         {
             std::unique_lock<std::mutex> lock(r->queue_mutex);
             r->queued.wait(lock, [r] { return r->stopping || !r->queue.empty(); });
             if (r->queue.empty())
                 break;
-            q = r->queue.front();
+            piece = r->queue.front();
             r->queue.pop_front();
         }
-        if (bounce == nullptr) {  // no bounce buffer: this thread's requests fail rather than read into nothing
-            q->error = ENOMEM;
-            q->error_offset = q->offset;
-            finish(*r, q, false);
-        } else {
-            perform(*r, q, bounce);
-        }
+        perform(*r, piece, bounce);
     }
     free(bounce);
 }
@@ -307,6 +369,22 @@ int32_t glm53_dr_submit(void* reader, glm53_dr_request* requests, int32_t n)
             return -1;
         }
     }
+    std::vector<Piece> pieces;
+    std::vector<Job*> jobs;
+    try {
+        for (int32_t i = 0; i < n; ++i) {
+            glm53_dr_request& q = requests[i];
+            const uint64_t first = down(q.offset, r->align), last = up(q.offset + q.length, r->align);
+            jobs.push_back(new Job(&q, static_cast<int64_t>((last - first + r->piece - 1) / r->piece)));
+            for (uint64_t p0 = first; p0 < last; p0 += r->piece)
+                pieces.push_back({jobs.back(), p0, p0 + r->piece < last ? p0 + r->piece : last});
+        }
+    } catch (const std::bad_alloc&) {
+        for (Job* job : jobs)
+            delete job;
+        last_error = "submit: out of memory for " + std::to_string(n) + " requests' pieces";
+        return -1;
+    }
     for (int32_t i = 0; i < n; ++i) {
         requests[i].error = 0;
         requests[i].error_offset = 0;
@@ -314,8 +392,7 @@ int32_t glm53_dr_submit(void* reader, glm53_dr_request* requests, int32_t n)
     }
     {
         std::lock_guard<std::mutex> lock(r->queue_mutex);
-        for (int32_t i = 0; i < n; ++i)
-            r->queue.push_back(&requests[i]);
+        r->queue.insert(r->queue.end(), pieces.begin(), pieces.end());
     }
     r->queued.notify_all();
     return 0;

@@ -1,7 +1,10 @@
 /* The disk reader: (file, offset, length) requests read into caller memory by a pool of threads, several in flight.
  *
- * Each file is opened twice, with O_DIRECT and without. A request on a direct file reads the aligned superset of
- * its range, [offset rounded down, offset + length rounded up to `align`), in pieces of at most `piece_bytes`:
+ * A request is cut into pieces when it is submitted: its aligned superset, [offset rounded down, offset + length
+ * rounded up to `align`), every `piece_bytes`. The threads take pieces, not requests, from one queue, so a single
+ * request is read by as many threads as it has pieces; it finishes when its last piece does.
+ *
+ * Each file is opened twice, with O_DIRECT and without. On a direct file
  * a piece that lies inside the range and whose destination is aligned is read straight into the caller's memory;
  * any other piece (the unaligned head and tail, or every piece when the destination and the file offset are not
  * congruent modulo `align`) is read into the thread's aligned bounce buffer and its exact bytes copied out. The
@@ -14,8 +17,10 @@
  *  - a short read is continued where it stopped (after an unaligned short direct read, from the block it stopped
  *    in); the end of the file before the request's last byte fails the request (error 0, error_offset where the
  *    file ended);
- *  - any other errno (EIO) is retried once, then fails the request with the errno and the file offset.
- * A failed request's destination holds no defined bytes; the other requests of a submission are not affected.
+ *  - any other errno (EIO) is retried once per piece, then fails the request with the errno and the file offset.
+ * A request fails when any of its pieces does, with the failure of its lowest failing piece (a piece above a
+ * failure already met is not read). A failed request's destination holds no defined bytes; the other requests of a submission are
+ * not affected.
  *
  * Requests are caller memory: the reader writes each one's out fields, then its state last (a release store), so
  * a poller that sees DONE or FAILED (an acquire load) sees the rest. The caller keeps a request and its destination
@@ -36,7 +41,7 @@ enum glm53_dr_state { GLM53_DR_PENDING = 0, GLM53_DR_DONE = 1, GLM53_DR_FAILED =
 enum { GLM53_DR_SHORT_READ = -1 };  /* an injected fault that returns half the bytes asked (glm53_dr_inject) */
 enum glm53_dr_counter {
     GLM53_DR_C_REQUESTS, GLM53_DR_C_FAILED, GLM53_DR_C_BYTES, GLM53_DR_C_DISK_BYTES, GLM53_DR_C_BOUNCED_BYTES,
-    GLM53_DR_C_RETRIES, GLM53_DR_C_SHORT_READS, GLM53_DR_C_FALLBACKS, GLM53_DR_C_N
+    GLM53_DR_C_RETRIES, GLM53_DR_C_SHORT_READS, GLM53_DR_C_FALLBACKS, GLM53_DR_C_PIECES, GLM53_DR_C_N
 };
 
 typedef struct glm53_dr_request {

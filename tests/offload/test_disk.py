@@ -144,6 +144,38 @@ def test_a_destination_aligned_like_the_file_is_read_straight_into_but_its_head_
     assert c["bounced_bytes"] == (ALIGN - 100) + 100 and c["disk_bytes"] == 8 * ALIGN
 
 
+@pytest.mark.parametrize("direct", [True, False], ids=["o_direct", "buffered"])
+def test_one_request_is_read_as_its_pieces_by_every_thread(tmp_path, direct):
+    path = tmp_path / "f.bin"
+    data = np.random.default_rng(3).integers(0, 256, 40 * ALIGN + 321, dtype=np.uint8)
+    path.write_bytes(data.tobytes())
+    offset, length = 3 * ALIGN + 8, 30 * ALIGN + 100  # 8 bytes past a block, as a safetensors tensor's offset
+    dest = np.full(length, 0xA5, np.uint8)
+    with DiskReader([path], threads=4, direct=direct, piece_bytes=2 * ALIGN) as reader:
+        reader.read([Read(0, offset, length, dest)])
+        c = reader.counters()
+    assert dest.tobytes() == data[offset: offset + length].tobytes()
+    # the aligned superset [3, 34) blocks cut every 2 blocks: 16 preads, one request
+    assert c["pieces"] == 16 and c["requests"] == 1 and c["bytes"] == length
+    assert c["disk_bytes"] == (31 * ALIGN if direct else length)
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["o_direct", "buffered"])
+def test_a_request_whose_pieces_fail_reports_its_lowest_failure_whichever_thread_met_it_first(tmp_path, direct):
+    path = tmp_path / "f.bin"
+    path.write_bytes(np.random.default_rng(4).integers(0, 256, 40 * ALIGN, dtype=np.uint8).tobytes())
+    with DiskReader([path], threads=4, direct=direct, piece_bytes=2 * ALIGN) as reader:
+        reader.inject(0, 30 * ALIGN + 7, errno.EIO, times=2)  # retried once: fails
+        reader.inject(0, 10 * ALIGN + 7, errno.EIO, times=2)
+        other = np.zeros(ALIGN, np.uint8)
+        batch = reader.submit([Read(0, ALIGN, 36 * ALIGN, np.zeros(36 * ALIGN, np.uint8)), Read(0, 0, ALIGN, other)])
+        batch.wait()
+        assert batch.done() == [False, True]
+        (err,) = batch.errors()
+        assert err.errno == errno.EIO and err.failed_at == 9 * ALIGN and err.request == 0  # its piece [9, 11) blocks
+        assert reader.counters()["failed"] == 1
+
+
 def test_concurrent_submitters_and_readers_get_their_own_bytes(tmp_path):
     ckpt, tensors = trellis_checkpoint(tmp_path / "ckpt", layers=(1, 2, 3), experts=6, seed=2)
     store = HostStore.scan(ckpt)
@@ -193,7 +225,8 @@ def test_an_io_error_is_retried_once_then_fails_that_read_alone_naming_file_and_
         (err,) = batch.errors()
         assert isinstance(err, DiskReadError) and err.errno == errno.EIO and err.request == 0 and not err.truncated
         a0 = at // ALIGN * ALIGN
-        assert err.failed_at == (a0 + (at + 5000 - a0) // PIECE * PIECE if direct else at)  # where the failed pread began
+        piece = a0 + (at + 5000 - a0) // PIECE * PIECE  # the piece that covers the fault: where the failed pread began
+        assert err.failed_at == (piece if direct else max(piece, at))  # buffered reads start at the request's first byte
         assert str(err).startswith(f"{f}: reading {n} bytes at byte {at} failed at byte {err.failed_at} with EIO")
         assert "dmesg" in str(err) and "also when retried" in str(err)
         with pytest.raises(DiskReadError, match="with EIO"):

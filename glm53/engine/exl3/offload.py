@@ -138,7 +138,7 @@ def _ram_tier(settings: Settings, store: HostStore) -> RamTier | None:
     if settings.prefetch:
         raise RuntimeError(f"GLM53_PREFETCH=1 needs every routed expert in host RAM; {given} gives {budget / GB:.1f} GB of the "
                            f"{store.arena_bytes / GB:.1f} GB they take: unset GLM53_PREFETCH or give the experts more RAM")
-    reader = DiskReader(store.shard_files())
+    reader = DiskReader(store.shard_files(), threads=settings.disk_threads, piece_bytes=settings.disk_piece_kb * 1024)
     log.info("RAM tier: %s gives %.1f of the %.1f GB of routed experts: %d policy slots (%.0f %%) + one layer's window; the rest "
              "are read from disk (%s) when picked", given, budget / GB, store.arena_bytes / GB, tier_plan.policy_slots,
              100 * tier_plan.policy_slots / (store.num_layers * store.num_experts),
