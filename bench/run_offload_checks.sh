@@ -26,7 +26,8 @@
 #   source .gpu/prep.sh && bench/run_offload_checks.sh prefetch-threshold  # exact against exact-prefetch with the
 #                                                                # threshold and the measured copy budget, on `trained` and `random`
 #
-# ARMS: bench.compare's arms (default exact,exact-prefetch,exact-oracle,fast); GPU_TESTS: the test files of `tests`;
+# ARMS: bench.compare's arms (default exact,exact-prefetch,exact-oracle,fast); GPU_TESTS: the test files of `tests`, GPU_K
+# a pytest -k expression over them;
 # SCALED_CHECKPOINT: also run exactness on that scaled checkpoint (with prefetch on).
 cd "$(dirname "$0")/.."
 PHASES="trained random tests scaled-exact prefetch-budget prefetch-threshold policy-ab prefetch-gate ram-tier ram-tier-reader ram-tier-fast ram-policy-ab cpu-tier-ring"
@@ -62,7 +63,7 @@ tests() {
 	export TEST_CHECKPOINT=/tmp/glm53-ckpt/tiny
 	[ -e "$TEST_CHECKPOINT/config.json" ] || python3 -m glm53 synth --preset tiny --out "$TEST_CHECKPOINT" --seed 1 --force >/dev/null
 	step gpu-tests 540 python3 -m pytest -v -rA -p no:cacheprovider ${GPU_TESTS:-tests/gpu/test_offload_exact.py \
-		tests/gpu/test_cache_policy_kernel.py tests/gpu/test_prefetch.py tests/gpu/test_fast_tier.py}
+		tests/gpu/test_cache_policy_kernel.py tests/gpu/test_prefetch.py tests/gpu/test_fast_tier.py} ${GPU_K:+-k "$GPU_K"}
 }
 
 scaled-exact() {  # test_offload_exact on the 12-MoE-layer checkpoint as well as the tiny one (about 3 minutes more);
