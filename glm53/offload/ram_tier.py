@@ -232,7 +232,8 @@ class RamTier:
         self.parameters = TierPolicy()
         self.stale = np.zeros(tier.policy_slots, dtype=bool)
         self._window: tuple[int, set[int]] = (-1, set())  # the layer and experts the window holds
-        self.reads = {"load": 0, "ram": 0, "disk": 0, "admitted": 0, "fetched": 0}
+        # admitted: into any slot; given_up: of those, into the slot of an expert VRAM held (``TierPolicy.exclusive``)
+        self.reads = {"load": 0, "ram": 0, "disk": 0, "admitted": 0, "given_up": 0, "fetched": 0}
         self._serving = False
         self.timing = {"start_bytes": 0, "start_seconds": 0.0, "bytes": 0, "seconds": 0.0}  # the disk's rate as read
         # where a decode layer's step spends its time on the host: the policy's bookkeeping, and its disk reads
@@ -341,6 +342,7 @@ class RamTier:
         self.reads["ram"] += len(ram)
         self.reads["disk"] += len(disk)
         self.reads["admitted"] += len(admitted)
+        self.reads["given_up"] += sum(1 for a in admitted.values() if vram[a.evicted] >= 0)
         return Served(ram, disk)
 
     def fetch(self, layer: int, experts) -> Served:

@@ -115,6 +115,7 @@ def test_a_trace_through_vram_ram_and_disk_serves_every_pick_from_one_place_with
     assert reader.counters()["requests"] == loaded + 3 * served["disk"] and reader.counters()["failed"] == 0
     assert tier.reads["admitted"] > 0 and tier.verify() == []
     assert h.given_up > 0 or not exclusive  # exclusive: slots of experts VRAM held went to misses (not vacuous)
+    assert tier.reads["given_up"] == h.given_up
     decode = tier.stats()["decode"]  # the decode steps' host time, for bench.ram_tier_decode's breakdown
     assert decode["read_experts"] == served["disk"] and decode["read_seconds"] > 0 and decode["policy_seconds"] > 0
 
@@ -254,7 +255,8 @@ def test_the_slot_of_an_expert_vram_held_for_exclusive_after_steps_goes_first_to
         given = step == 2 and exclusive  # VRAM has held ``held`` for 3 steps of the layer: its slot goes first
         assert (tier.policy.slot_of[layer, cold] == slot) == given and (tier.slot_index(layer, held) < 0) == given
         assert tier.policy.vram_held[layer, held] == step + 1 and tier.policy.vram_held[layer, other] == step
-    assert tier.reads["admitted"] == int(exclusive)  # ``other`` (2 steps) and the rest (not in VRAM) keep theirs: hysteresis 100
+    # ``other`` (2 steps) and the rest (not in VRAM) keep theirs: hysteresis 100
+    assert tier.reads["admitted"] == tier.reads["given_up"] == int(exclusive)
     assert tier.policy.slot_of[layer, other] >= 0
     assert tier.slot_index(layer, held) == (-1 if exclusive else slot)
     assert projections(store, tier.block(layer, cold)) == expected(store, tensors, layer, cold) and tier.verify() == []
