@@ -14,12 +14,17 @@ budget). Reported per trace and share:
 
 - ``disk_reads_per_token``: the tier's misses, the distinct experts a layer's step finds neither in VRAM nor in a
   policy slot (what ``RamTier.step`` reads from disk), summed over the layers, per decode step; ``admissions_per_token``
-  the tier's admissions; both for each policy replayed (``first``: the tier's first policy, the VRAM cache's decay and
-  hysteresis of then, 0.999 and 1.25, no recency, the VRAM residents' scores at zero; ``default``: ``TierPolicy()``;
-  any ``--policy``);
+  the tier's admissions; ``duplicates_mean`` the policy slots holding an expert VRAM holds after a step; each for every
+  policy replayed (``first``: the tier's first policy, the VRAM cache's decay and hysteresis of then, 0.999 and 1.25,
+  no recency, the VRAM residents' scores at zero, slots shared with VRAM; ``default``: ``TierPolicy()``, exclusive
+  of VRAM after ``exclusive_after`` steps; ``shared``: the default not exclusive; ``exclusive-at-once``: exclusive
+  from the first step; any ``--policy``), and for ``default`` and ``exclusive-at-once`` with VRAM's evictions written
+  back into a policy slot (``NAME+write-back``, as a copy back over the link would: the engine has none, so this
+  says what one would add; ``--no-write-back`` leaves them out);
 - ``belady_reads_per_token``: the offline optimum on the same miss stream, with the same slots per layer: the
   resident used again last out, or the missed expert itself when it is (bypass); a step's experts one after another,
-  which may evict one the step already read (the tier cannot), so it is a ceiling no policy of the tier reaches;
+  which may evict one the step already read (the tier cannot), so it is a ceiling no policy of the tier reaches
+  (a write-back fills slots without a read, so it can pass it);
 - the VRAM cache's hit rate and misses per token (the tier's input).
 
 Traces: ``--trace`` a recorded one (``.npy`` int [steps, layers, top_k], ``bench.routing_stats --trace-out``), ``--twin``
@@ -31,7 +36,8 @@ varies with the stretch of routing it sees. ``--search`` replays a grid of ``Tie
 change a field's values) on every trace and share and ranks them against ``first`` and ``default``.
 
     python3 -m bench.ram_tier_sim [--trace T.npy] [--twin trained] [--steps 1000] [--shares 50,25] [--window 97]
-        [--vram-decay 0.999 --vram-recency-weight 800] [--policy NAME=decay:0.995,...] [--out sim.json]
+        [--vram-decay 0.999 --vram-recency-weight 800] [--policy NAME=decay:0.995,exclusive_after:16,...]
+        [--no-write-back] [--out sim.json]
     python3 -m bench.ram_tier_sim --search [--grid decay=0.999,0.995] [--jobs 2] [--out search.json]
 """
 
@@ -72,7 +78,8 @@ SEARCH = {"decay": (0.999, 0.997, 0.995, 0.99), "hysteresis": (1.1, 1.25, 1.5), 
 
 # the tier's first policy: the VRAM cache's decay and hysteresis of then (0.999, 1.25), no recency, the VRAM residents'
 # scores at zero; fixed here, as the VRAM cache's own defaults have moved since
-FIRST_POLICY = TierPolicy(decay=0.999, hysteresis=1.25, recency_weight=0.0, vram_score=0.0)
+FIRST_POLICY = TierPolicy(decay=0.999, hysteresis=1.25, recency_weight=0.0, vram_score=0.0,
+                          exclusive=False)
 
 
 def engine_vram_policy(decay: float | None = None, recency_weight: float | None = None) -> Policy:
@@ -97,11 +104,14 @@ def tier_slots(layers: int, experts: int, share: float) -> int:
 
 @dataclasses.dataclass
 class MissStream:
-    """What reaches the tier: per decode step and layer the picks with -1 where VRAM held the expert."""
+    """What reaches the tier: per decode step and layer the picks with -1 where VRAM held the expert, VRAM's residency
+    then (what ``TieredHome.resolve`` gives the tier's step) and the VRAM cache's step's (admitted, evicted) experts."""
 
     missed: list[list[np.ndarray]]  # [steps][layers] int [top_k]
     vram_hit_rate: float
     vram_admissions: int
+    vram: list[list[np.ndarray]] = dataclasses.field(default_factory=list)  # [steps][layers] int32 [experts]: slot or -1
+    swaps: list[list[list[tuple[int, int]]]] = dataclasses.field(default_factory=list)  # [steps][layers] (admitted, evicted)
 
     @property
     def steps(self) -> int:
@@ -113,28 +123,82 @@ def vram_misses(trace: np.ndarray, profile: np.ndarray, vram_slots: int, policy:
     top_k = trace.shape[2]
     cache = ReferenceCache.warm(profile, vram_slots, top_k, policy.decay, policy.recency)
     admit = policy.max_admit if vram_slots else 0
-    missed = []
+    missed, vram, swaps = [], [], []
     for picks in trace:
-        row = []
+        row, held, moved = [], [], []
         for layer, selected in enumerate(picks):
             row.append(ram_tier.missed(selected, cache.slot_of[layer]))  # the tier's part acts before the cache's step
-            cache.step(layer, selected, policy.decay, policy.hysteresis, admit, policy.recency)
+            held.append(cache.slot_of[layer].copy())
+            admitted = cache.step(layer, selected, policy.decay, policy.hysteresis, admit, policy.recency)
+            moved.append([(a.expert, a.evicted) for a in admitted])
         missed.append(row)
+        vram.append(held)
+        swaps.append(moved)
     counters = cache.counters
-    return MissStream(missed, float(counters[:, C_HITS].sum() / max(counters[:, C_PICKS].sum(), 1)), int(counters[:, C_ADMITS].sum()))
+    return MissStream(missed, float(counters[:, C_HITS].sum() / max(counters[:, C_PICKS].sum(), 1)), int(counters[:, C_ADMITS].sum()),
+                      vram, swaps)
+
+
+@dataclasses.dataclass
+class Replay:
+    """A tier policy's replay over a miss stream."""
+
+    reads: int  # from disk
+    admitted: int  # the policy's admissions (with write-back, the written-back experts too)
+    duplicates: float  # policy slots holding an expert VRAM holds, over the layers, on average after a decode step
+    written_back: int = 0
 
 
 def replay_tier(stream: MissStream, profile: np.ndarray, top_k: int, vram_slots: int, slots: int,
-                policy: TierPolicy) -> tuple[int, int]:
-    """(disk reads, admissions) of the tier's policy slots over ``stream``, started as ``RamTier.start`` starts them."""
+                policy: TierPolicy, write_back: bool = False) -> Replay:
+    """The tier's policy slots over ``stream``, started as ``RamTier.start`` starts them and stepped as
+    ``RamTier.step`` steps them (``TierPolicy.step`` with the layer's VRAM residency). ``write_back``: after the VRAM
+    cache's step, each expert it evicted that no policy slot holds is put back into one (:func:`write_back`), as a
+    copy over the link from VRAM would (the engine has no such copy: an estimate of what one would add)."""
     state = policy.state(profile, top_k, vram_slots, slots)
-    reads = admitted = 0
-    for row in stream.missed:
-        for layer, missed in enumerate(row):
+    reads = admitted = written = duplicates = 0
+    for missed_row, vram_row, swaps_row in zip(stream.missed, stream.vram, stream.swaps):
+        for layer, (missed, vram, swaps) in enumerate(zip(missed_row, vram_row, swaps_row)):
             distinct = np.unique(missed[missed >= 0])
             reads += int((state.slot_of[layer, distinct] < 0).sum())  # read before the step decides (RamTier.step)
-            admitted += len(policy.step(state, layer, missed))
-    return reads, admitted
+            admitted += len(policy.step(state, layer, missed, vram))
+            held = vram >= 0
+            for c, v in swaps:
+                held[c], held[v] = True, False
+            if write_back:
+                written += sum(_write_back(state, policy, layer, v, held, distinct) for _, v in swaps)
+            duplicates += int((held & (state.slot_of[layer] >= 0)).sum())
+    return Replay(reads, admitted + written, duplicates / max(len(stream.missed), 1), written)
+
+
+def _write_back(state: ReferenceCache, policy: TierPolicy, layer: int, expert: int, held: np.ndarray, busy: np.ndarray) -> bool:
+    """Put ``expert``, just evicted from VRAM, into a policy slot of ``layer`` unless one holds it: the slot of an
+    expert VRAM holds (``held``) that the policy gives up first (``TierPolicy.step``), the lowest-scored, else the lowest-scored other resident when the expert's score
+    beats it by the hysteresis; never the slot of one read in this step (``busy``). The score is the step's
+    (``ReferenceCache.step``'s ``s``, of the scores the step left)."""
+    slot_of = state.slot_of[layer]
+    if slot_of[expert] >= 0:
+        return False
+    excess = state.reuse[layer, 0] - state.reuse[layer, 1]
+    s = state.freq[layer] + np.float32(policy.recency_weight) * max(excess, np.float32(0)) * state.recent[layer]
+    victim = slot_of >= 0
+    victim[busy] = False
+    if not victim.any():
+        return False
+    if not policy.exclusive:
+        spare = np.zeros_like(victim)
+    elif policy.exclusive_after > 1:
+        spare = victim & held & (state.vram_held[layer] >= policy.exclusive_after)
+    else:  # given up at once: any VRAM holds now, the expert VRAM admitted in its place too
+        spare = victim & held
+    pool = spare if spare.any() else victim
+    v = int(np.flatnonzero(pool)[np.argmin(s[pool])])
+    if not spare.any() and not s[expert] > np.float32(policy.hysteresis) * s[v]:
+        return False
+    slot = int(slot_of[v])
+    slot_of[v], slot_of[expert] = -1, slot
+    state.owner[slot] = layer * state.num_experts + expert
+    return True
 
 
 def belady_reads(stream: MissStream, profile: np.ndarray, vram_slots: int, slots: int) -> int:
@@ -162,8 +226,9 @@ def belady_reads(stream: MissStream, profile: np.ndarray, vram_slots: int, slots
 
 
 def simulate(trace: np.ndarray, profile: np.ndarray, vram_slots: int, shares: Sequence[float],
-             policies: dict[str, TierPolicy], vram: Policy) -> dict:
-    """Every policy's disk reads and admissions per token and Belady's, per share of the experts."""
+             policies: dict[str, TierPolicy], vram: Policy, write_back: Sequence[str] = ()) -> dict:
+    """Every policy's disk reads and admissions per token and Belady's, per share of the experts; the policies named
+    in ``write_back`` also with the VRAM cache's evictions written back (``NAME+write-back``, :func:`replay_tier`)."""
     layers, experts = profile.shape
     top_k = trace.shape[2]
     stream = vram_misses(trace, profile, vram_slots, vram)
@@ -172,9 +237,13 @@ def simulate(trace: np.ndarray, profile: np.ndarray, vram_slots: int, shares: Se
     for share in shares:
         slots = tier_slots(layers, experts, share)
         row = {"policy_slots": slots, "belady_reads_per_token": per_token(belady_reads(stream, profile, vram_slots, slots))}
-        for name, policy in policies.items():
-            reads, admitted = replay_tier(stream, profile, top_k, vram_slots, slots, policy)
-            row[name] = {"disk_reads_per_token": per_token(reads), "admissions_per_token": per_token(admitted)}
+        runs = [(name, policy, False) for name, policy in policies.items()] + [(f"{n}+write-back", policies[n], True) for n in write_back]
+        for name, policy, back in runs:
+            got = replay_tier(stream, profile, top_k, vram_slots, slots, policy, back)
+            row[name] = {"disk_reads_per_token": per_token(got.reads), "admissions_per_token": per_token(got.admitted),
+                         "duplicates_mean": round(got.duplicates, 1)}
+            if back:
+                row[name]["written_back_per_token"] = per_token(got.written_back)
         rows[f"{share:g}"] = row
     misses = sum(int((m >= 0).sum()) for row in stream.missed for m in row)
     return {"steps": stream.steps, "layers": layers, "experts": experts, "top_k": top_k, "vram_slots": vram_slots,
@@ -214,7 +283,8 @@ _SEARCH_CASES: list[tuple] = []  # the search's replays (stream, profile, top_k,
 
 
 def _search_reads(policy: TierPolicy) -> list[int]:
-    return [replay_tier(stream, profile, top_k, vram_slots, slots, policy)[0] for stream, profile, top_k, vram_slots, slots in _SEARCH_CASES]
+    return [replay_tier(stream, profile, top_k, vram_slots, slots, policy).reads
+            for stream, profile, top_k, vram_slots, slots in _SEARCH_CASES]
 
 
 def load_traces(paths: Sequence[Path], twins: Sequence[str], steps: int, seed: int, trace_seed: int,
@@ -239,11 +309,21 @@ def load_traces(paths: Sequence[Path], twins: Sequence[str], steps: int, seed: i
     return traces
 
 
+def _field_value(field: str, text: str) -> float | int | bool:
+    """A ``TierPolicy`` field's value from text, of the field's type: a bool 0/1/false/true, an int, else a float."""
+    kind = {f.name: f.type for f in dataclasses.fields(TierPolicy)}.get(field)
+    if kind == "bool":
+        if text.strip().lower() not in ("0", "1", "false", "true"):
+            raise ValueError(f"{field}:{text} is not 0, 1, false or true")
+        return text.strip().lower() in ("1", "true")
+    return int(text) if kind == "int" else float(text)
+
+
 def parse_policy(text: str) -> tuple[str, TierPolicy]:
     """``NAME=field:value,...`` (``TierPolicy``'s fields; the others at their defaults) as (name, policy)."""
     name, _, fields = text.partition("=")
     try:
-        given = {k.strip(): float(v) for k, v in (item.split(":") for item in fields.split(",") if item.strip())}
+        given = {k.strip(): _field_value(k.strip(), v) for k, v in (item.split(":") for item in fields.split(",") if item.strip())}
         return name.strip(), TierPolicy(**given)
     except (TypeError, ValueError) as exc:
         raise argparse.ArgumentTypeError(f"--policy {text!r}: {exc} (give NAME=field:value,..., fields of TierPolicy)") from exc
@@ -263,6 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--vram-recency-weight", type=float, help="the VRAM cache's recency weight (GLM53_EC_RECENCY_WEIGHT; default: the engine's)")
     ap.add_argument("--policy", type=parse_policy, action="append", default=[], metavar="NAME=FIELD:VALUE,...",
                     help="a TierPolicy to replay beside the first policy and the default (its other fields at their defaults)")
+    ap.add_argument("--no-write-back", action="store_true", help="leave out the replays with VRAM's evictions written back")
     ap.add_argument("--search", action="store_true", help="rank a grid of TierPolicy parameters against the first policy and the default")
     ap.add_argument("--grid", action="append", default=[], metavar="FIELD=V1,V2,...", help="with --search: a field's values instead of the grid's")
     ap.add_argument("--jobs", type=int, default=1, help="with --search: processes replaying the grid")
@@ -273,7 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         field, _, values = item.partition("=")
         if field not in {f.name for f in dataclasses.fields(TierPolicy)}:
             ap.error(f"--grid {item!r}: {field!r} is not a field of TierPolicy")
-        grid[field] = tuple(float(v) for v in values.split(","))
+        grid[field] = tuple(_field_value(field, v) for v in values.split(","))
     if not args.trace and not args.twin:
         args.trace, args.twin = [ENGINE_TRACE], ["trained", "random"]
     profile = synth_profile("scaled")
@@ -291,10 +372,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         emit_json({"schema": SCHEMA, "command": command, "vram_slots": vram_slots, "vram_policy": dataclasses.asdict(vram),
                    "grid": grid, "traces": sorted(traces), "ranked": ranked}, args.out)
         return 0
-    policies = {"first": FIRST_POLICY, "default": TierPolicy(), **dict(args.policy)}
+    default = TierPolicy()  # exclusive after 32 steps in VRAM
+    policies = {"first": FIRST_POLICY, "default": default, "shared": dataclasses.replace(default, exclusive=False),
+                "exclusive-at-once": dataclasses.replace(default, exclusive_after=1), **dict(args.policy)}
+    back = [] if args.no_write_back else ["default", "exclusive-at-once"]
     result = {"schema": SCHEMA, "command": command, "policies": {n: dataclasses.asdict(p) for n, p in policies.items()},
-              "vram_policy": dataclasses.asdict(vram),
-              "traces": {name: simulate(trace, profile, vram_slots, shares, policies, vram) for name, trace in traces.items()}}
+              "vram_policy": dataclasses.asdict(vram), "write_back": back,
+              "traces": {name: simulate(trace, profile, vram_slots, shares, policies, vram, back) for name, trace in traces.items()}}
     emit_json(result, args.out)
     return 0
 

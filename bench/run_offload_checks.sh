@@ -183,7 +183,7 @@ ram-policy-ab() {  # the RAM tier's policy's share of a difference at 50 % RAM: 
 	gb=$(python3 -m bench.ram_tier_decode --budget-gb "$ckpt" 50)
 	for run in new-1 old new-2; do
 		args="--host-ram-gb $gb"
-		[ "$run" = old ] && args="$args ${RAM_POLICY_OLD_ARGS:---ram-tier-decay 0.999 --ram-tier-hysteresis 1.25 --ram-tier-recency-weight 0 --ram-tier-vram-score 0}"
+		[ "$run" = old ] && args="$args ${RAM_POLICY_OLD_ARGS:---ram-tier-decay 0.999 --ram-tier-hysteresis 1.25 --ram-tier-recency-weight 0 --ram-tier-vram-score 0 --ram-tier-exclusive 0}"
 		step "compare-ram-policy-$run" 175 python3 -m bench.compare --routing trained --arms exact --project-args "$args" \
 			--streams --decode-reps 1 --decode-tokens 64 --prefill 512 --prefill-reps 1 --repeat none --arm-timeout 160 \
 			--budget-s 170 --ckpt-root "$CKPT_ROOT" --out-dir "$dir" --name "compare-ram-policy-$run"

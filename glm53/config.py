@@ -300,6 +300,10 @@ class Settings:
                                                 "the VRAM cache's residents' starting scores in the RAM tier's policy, as a share of "
                                                 "their warm ones (1: an expert the VRAM cache evicts keeps its popularity; 0: it "
                                                 "earns a RAM slot from scratch)", show_default="unset (1)")
+    ram_tier_exclusive: bool | None = setting(_optional(BOOL, "the policy's default"), None,
+                                              "the RAM tier gives up first the slot of an expert the VRAM cache has held for its last "
+                                              "32 decode steps, so its slots hold what VRAM lacks; 0: its slots may duplicate VRAM's",
+                                              show_default="unset (1)")
     # --- offload: CPU tier (fast mode)
     ct_cpus: Any = setting(CPUS, "auto", "CPUs of the CPU tier; auto: one per physical core, leaving cores for the GPU-feeding thread")
     ct_threads: int = setting(_number(int, 0, 4096), 0, "CPU-tier threads; 0: one per CPU of GLM53_CT_CPUS")

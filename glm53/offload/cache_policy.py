@@ -57,6 +57,12 @@ fused):
 With ``Recency.weight`` 0 (``NO_RECENCY``) the score is the slow one alone (``s = f`` exactly), the policy of the
 first cache.
 
+On the host only (the kernel has no such argument), a step may be given ``spare``: residents whose slots are given
+up first (the RAM tier's, for the experts the VRAM cache holds: ``ram_tier.TierPolicy.exclusive``). In step 5, while
+a victim is spare, the victim is the spare one with the lowest score ``s`` (ties to the lower expert id) and the
+candidate takes its slot without the hysteresis test (a spare's score counts as 0; a candidate's is at least its
+count); the other victims are taken as above once no spare one is left.
+
 The admitted experts are copied into their slots, in admission order, by the next kernel (``ec_copy_kernel``),
 before the layer's experts run, which then read them from VRAM: an admission replaces that step's read of the
 expert over the link, it does not add to it. The evicted ones are read from the host store again.
@@ -162,13 +168,15 @@ class ReferenceCache:
                    popularity_lift(profile, top_k))
 
     def step(self, layer: int, selected, decay: float, hysteresis: float, max_admit: int,
-             recency: Recency = NO_RECENCY) -> list[Admission]:
+             recency: Recency = NO_RECENCY, spare: np.ndarray | None = None) -> list[Admission]:
         """One decode step of one layer, ``ec_step_kernel``'s: count, score, admit. Updates the state and returns
         the admissions in order (the kernel's copy jobs).
 
         :param selected: int, any shape: the experts the routing picked, one entry per (row, pick); the last axis
             is a row (the first row measures the reuse lift).
         :param decay, hysteresis, recency: rounded to float32, as the kernel takes them.
+        :param spare: bool [experts], the residents whose slots are given up first (module docstring; host only);
+            None: none.
         """
         experts = self.num_experts
         rows = np.asarray(selected, dtype=np.int64)
@@ -193,17 +201,21 @@ class ReferenceCache:
         s = f + w * r
         candidate = picked & ~resident
         victim = ~picked & resident
+        given_up = victim & (np.zeros(experts, dtype=bool) if spare is None else np.asarray(spare, dtype=bool))
         admitted: list[Admission] = []
         for _ in range(max_admit):
             if not candidate.any() or not victim.any():
                 break
             c = _lowest_arg(s, candidate, np.argmax)
-            v = _lowest_arg(s, victim, np.argmin)
-            if not s[c] > np.float32(hysteresis) * s[v]:
-                break
+            if given_up.any():  # a spare slot: its score counts as 0, which every candidate beats
+                v = _lowest_arg(s, given_up, np.argmin)
+            else:
+                v = _lowest_arg(s, victim, np.argmin)
+                if not s[c] > np.float32(hysteresis) * s[v]:
+                    break
             slot = int(slot_of[v])
             slot_of[v], slot_of[c] = -1, slot
-            candidate[c] = victim[v] = False
+            candidate[c] = victim[v] = given_up[v] = False
             self.owner[slot] = layer * experts + c
             admitted.append(Admission(c, slot, v))
         self.freq[layer] = f

@@ -13,7 +13,9 @@ place as it reads the host store) has two parts, each slot one expert block in t
   (``vram_score``), so an expert the VRAM cache evicts reaches this tier with its popularity and takes a slot at its
   first miss. The fast score (recency) is on, weighted by the reuse the tier measures on its own misses above what
   popularity alone gives them: misses that recur over tokens (a trained router's) stay in RAM, and misses that do not
-  are ranked by popularity alone, as the placement ranks them;
+  are ranked by popularity alone, as the placement ranks them. The slots are exclusive of VRAM's, after a delay: the
+  slot of an expert the VRAM cache has held for the layer's last ``exclusive_after`` decode steps is the first given
+  up (a VRAM admission copies the expert from its RAM slot, which would otherwise duplicate it);
 - **the window**, one block per expert of a layer (block ``e`` for expert ``e``): where a layer's step reads the
   experts it needs that no policy slot holds. A layer's forward can pick every expert (a prefill's does), so the
   window holds a whole layer; it is the current layer's only, and the next layer's step overwrites it (the engine
@@ -97,6 +99,11 @@ class TierPolicy:
     engine's trace and both presets' CPU twins at 50 % and 25 % they rank third, within 0.2 % of the best mean, and
     unlike the two above them they read no more from disk than the first policy on held-out twins either
     (bench/results/2026-12-02-ram-tier-policy.md).
+
+    Beside the VRAM cache's retuned policy (0.995 / 200) those slots duplicated up to 144 of 1440 VRAM residents;
+    ``exclusive`` (after 32 steps in VRAM) reads 4-13 % less from disk than sharing on the engine's trace and every
+    twin, held-out ones too, and 1-2.4 % less in 97-step windows of the engine's trace (bench.compare's arm), whose
+    first 32 steps it cannot change (bench/results/2026-12-04-ram-tier-exclusive.md).
     """
 
     decay: float = 0.999  # of the slow score (popularity)
@@ -105,6 +112,8 @@ class TierPolicy:
     recency_weight: float = 800.0  # the fast score's weight per unit of reuse lift above popularity's (0: none)
     recency_keep: float = 0.99  # of the running reuse lift, per step
     vram_score: float = 1.0  # the VRAM cache's residents' starting scores, as a share of their warm ones
+    exclusive: bool = True  # a policy slot whose expert VRAM has held for ``exclusive_after`` steps goes first
+    exclusive_after: int = 32  # decode steps of the layer in a row VRAM must hold an expert before its slot goes first
 
     def __post_init__(self):
         checks = (("decay", 0.0 < self.decay <= 1.0, "in (0, 1]"),
@@ -112,7 +121,9 @@ class TierPolicy:
                   ("recency_decay", 0.0 < self.recency_decay < 1.0, "in (0, 1)"),
                   ("recency_weight", 0.0 <= self.recency_weight < math.inf, "at least 0 and finite"),
                   ("recency_keep", 0.0 <= self.recency_keep < 1.0, "in [0, 1)"),
-                  ("vram_score", 0.0 <= self.vram_score <= 1.0, "in [0, 1]"))
+                  ("vram_score", 0.0 <= self.vram_score <= 1.0, "in [0, 1]"),
+                  ("exclusive", isinstance(self.exclusive, bool), "True or False"),
+                  ("exclusive_after", isinstance(self.exclusive_after, int) and self.exclusive_after >= 1, "an int, at least 1"))
         for name, ok, accepted in checks:
             if not ok:  # a NaN fails every comparison, so it lands here too
                 raise ValueError(f"TierPolicy.{name}={getattr(self, name)!r} is not accepted: it must be {accepted}")
@@ -120,15 +131,17 @@ class TierPolicy:
     @classmethod
     def from_settings(cls, settings) -> TierPolicy:
         """The default policy with what ``GLM53_RAM_TIER_DECAY`` / ``_HYSTERESIS`` / ``_RECENCY_WEIGHT`` /
-        ``_VRAM_SCORE`` set (unset: the defaults): the GPU's A/B of the tier's policy without a code change."""
+        ``_VRAM_SCORE`` / ``_EXCLUSIVE`` set (unset: the defaults): the GPU's A/B of the tier's policy without a code
+        change."""
         return cls(**config.given(settings, decay="ram_tier_decay", hysteresis="ram_tier_hysteresis",
-                                  recency_weight="ram_tier_recency_weight", vram_score="ram_tier_vram_score"))
+                                  recency_weight="ram_tier_recency_weight", vram_score="ram_tier_vram_score",
+                                  exclusive="ram_tier_exclusive"))
 
     @property
     def recency(self) -> Recency:
         return Recency(self.recency_decay, self.recency_weight, self.recency_keep)
 
-    def state(self, profile: np.ndarray, top_k: int, vram_slots: int, policy_slots: int) -> ReferenceCache:
+    def state(self, profile: np.ndarray, top_k: int, vram_slots: int, policy_slots: int) -> TierState:
         """The policy slots' starting state: after the ``vram_slots`` experts the VRAM cache takes from ``profile``
         (float [layers, experts]), the next ``policy_slots`` by ``placement``; the scores at the profile's steady
         state, the VRAM residents' times ``vram_score`` (0: as the picks that reach the tier would leave them; 1: as
@@ -141,15 +154,35 @@ class TierPolicy:
         for layer, expert in vram:
             freq[layer, expert] *= np.float32(self.vram_score)
             recent[layer, expert] *= np.float32(self.vram_score)
-        return ReferenceCache(freq, ours, recent, _missed_popularity_lift(profile, top_k, vram))
+        return TierState(freq, ours, recent, _missed_popularity_lift(profile, top_k, vram))
 
-    def step(self, state: ReferenceCache, layer: int, missed: np.ndarray) -> list[Admission]:
-        """A decode step of ``layer`` on the picks the VRAM cache missed (:func:`missed`): the cache policy's step,
-        admitting up to every distinct miss (an admission costs no extra read: the bytes are read anyway)."""
+    def step(self, state: TierState, layer: int, missed: np.ndarray, vram: np.ndarray) -> list[Admission]:
+        """A decode step of ``layer`` on the picks the VRAM cache missed (:func:`missed`) with the layer's VRAM
+        residency when they were missed (``vram`` int [experts], each expert's VRAM slot or -1): the cache policy's
+        step, admitting up to every distinct miss (an admission costs no extra read: the bytes are read anyway).
+
+        With ``exclusive``, the slot of an expert VRAM has held for the last ``exclusive_after`` decode steps of the
+        layer (``TierState.vram_held``, counted here) is given up first (``ReferenceCache.step``'s ``spare``), so
+        the slots hold what VRAM lacks. The cost: such an expert, once VRAM evicts it, is read from disk when next
+        missed unless it took a slot again. Not at once: the VRAM cache admits experts its recency favours and
+        evicts many of them again within a few steps; their RAM slots are kept (on the trained twins, giving up at
+        once read 3-12 % more from disk than sharing, bench/results/2026-12-04-ram-tier-exclusive.md)."""
         sel = np.asarray(missed, dtype=np.int64)
         flat = sel.reshape(-1)
         distinct = np.unique(flat[(flat >= 0) & (flat < state.num_experts)]).size
-        return state.step(layer, sel, self.decay, self.hysteresis, distinct, self.recency)
+        held = state.vram_held[layer]
+        held[:] = np.where(np.asarray(vram) >= 0, held + 1, 0)
+        spare = held >= self.exclusive_after if self.exclusive else None
+        return state.step(layer, sel, self.decay, self.hysteresis, distinct, self.recency, spare)
+
+
+class TierState(ReferenceCache):
+    """The policy slots' state: the cache policy's, and ``vram_held`` int32 [layers, experts], the decode steps of
+    the layer in a row (to the last) at whose start the VRAM cache held each expert (0 at start)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.vram_held = np.zeros(self.freq.shape, dtype=np.int32)
 
 
 def missed(picks: np.ndarray, vram_slot_of: np.ndarray) -> np.ndarray:
@@ -195,11 +228,12 @@ class RamTier:
         if hasattr(self._map, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
             self._map.madvise(mmap.MADV_HUGEPAGE)
         self.arena = np.frombuffer(self._map, dtype=np.uint8)  # [policy slots + window] blocks
-        self.policy: ReferenceCache | None = None  # the policy slots' state
+        self.policy: TierState | None = None  # the policy slots' state
         self.parameters = TierPolicy()
         self.stale = np.zeros(tier.policy_slots, dtype=bool)
         self._window: tuple[int, set[int]] = (-1, set())  # the layer and experts the window holds
-        self.reads = {"load": 0, "ram": 0, "disk": 0, "admitted": 0, "fetched": 0}
+        # admitted: into any slot; given_up: of those, into the slot of an expert VRAM held (``TierPolicy.exclusive``)
+        self.reads = {"load": 0, "ram": 0, "disk": 0, "admitted": 0, "given_up": 0, "fetched": 0}
         self._serving = False
         self.timing = {"start_bytes": 0, "start_seconds": 0.0, "bytes": 0, "seconds": 0.0}  # the disk's rate as read
         # where a decode layer's step spends its time on the host: the policy's bookkeeping, and its disk reads
@@ -272,10 +306,13 @@ class RamTier:
 
     # ---- a layer's step
 
-    def step(self, layer: int, missed) -> Served:
+    def step(self, layer: int, missed, vram: np.ndarray) -> Served:
         """A decode step of ``layer`` for the picks the VRAM cache missed (int, any shape, the last axis a row, as
-        :func:`missed` gives them: -1 for none, repeats allowed): the policy's step, then every missed expert not in a
-        policy slot read from disk. When this returns, each missed expert's bytes are at :meth:`block`.
+        :func:`missed` gives them: -1 for none, repeats allowed) with the layer's VRAM residency (``vram`` int
+        [experts], slot or -1; :meth:`TierPolicy.step`): the policy's step, then every missed expert not in a policy
+        slot read from disk. When this returns, each missed expert's bytes are at :meth:`block`; a slot given up by
+        an expert VRAM holds holds another's, and that expert has no block here (:meth:`address` -1) until it is
+        missed again.
 
         :raise DiskReadError: a read failed: the expert it was for is in no slot, and nothing was served.
         """
@@ -285,7 +322,7 @@ class RamTier:
         slot_of = self.policy.slot_of[layer]
         ram = [e for e in picked if slot_of[e] >= 0 and not self.stale[slot_of[e]]]
         stale = {e for e in picked if slot_of[e] >= 0 and self.stale[slot_of[e]]}
-        admitted = {a.expert: a for a in self.parameters.step(self.policy, layer, sel)}
+        admitted = {a.expert: a for a in self.parameters.step(self.policy, layer, sel, vram)}
         disk = [e for e in picked if e not in ram]
         window = self.plan.policy_slots
         targets = [(layer, e, int(slot_of[e]) if e in admitted or e in stale else window + e) for e in disk]
@@ -305,6 +342,7 @@ class RamTier:
         self.reads["ram"] += len(ram)
         self.reads["disk"] += len(disk)
         self.reads["admitted"] += len(admitted)
+        self.reads["given_up"] += sum(1 for a in admitted.values() if vram[a.evicted] >= 0)
         return Served(ram, disk)
 
     def fetch(self, layer: int, experts) -> Served:

@@ -7,7 +7,12 @@ host address is wherever the tier holds it now, and one the tier does not hold h
 keeps: when a layer's experts run, each of its picks that is not in VRAM has ``home`` (and so its table entry) at a
 block holding its bytes. The cache's admissions copy from ``home`` in the same step, after this part, so they read
 valid bytes too. An expert whose ``home`` goes stale (its window block reused by the next layer, its policy slot
-evicted) is not picked in that step, and is re-resolved here the next time it is picked.
+evicted) is not picked in that step, and is re-resolved here the next time it is picked. That includes an expert VRAM
+holds whose policy slot the tier gives up (``TierPolicy.exclusive``): it is not missed, so the tier's step does not
+read it; when the VRAM cache evicts it (in that step or later, never in a step that picks it) its table entry goes to
+the stale ``home``, another expert's bytes, and at its next pick this part finds it in no slot, reads it, and
+re-points ``home`` and the table before its layer runs (``home`` is compared with where its bytes are now: equal only
+when it took that slot again, whose bytes the step has just read).
 
 The tier sees only what the host sees, so this part synchronises at each MoE layer's routing (its picks and the
 layer's VRAM residency, two small copies): with a RAM tier, decode pays one host round trip a layer, and the disk
@@ -71,7 +76,7 @@ class TieredHome(Part):
         repeats allowed) against ``vram`` (int32 [experts], the layer's VRAM slot of each expert, -1 if none)."""
         tier_picks = missed(picks, vram)  # the rows kept: the tier's policy measures reuse on the first
         if decode:
-            self.tier.step(row, tier_picks)
+            self.tier.step(row, tier_picks, vram)
             self.counters["decode_layers"] += 1
         else:
             self.tier.fetch(row, tier_picks)

@@ -43,21 +43,25 @@ def test_the_replay_reads_and_admits_what_a_ram_tier_on_files_does(tmp_path):
     store = HostStore.scan(ckpt)
     profile, rng = skewed(5)
     picks = trace(profile, rng, 60)[:, :, 0]  # [steps, layers, top_k]: one row a step, as the traces are
-    vram_slots, policy = 6, TierPolicy(decay=0.9, hysteresis=1.1)  # fast: the trace is short
+    vram_slots, policy = 6, TierPolicy(decay=0.9, hysteresis=1.1, exclusive_after=4)  # fast: the trace is short
     vram = Policy(decay=0.9)
     stream = sim.vram_misses(picks, profile, vram_slots, vram)
     slots = plan(store, 24 * store.layout.block_bytes).policy_slots
-    reads, admitted = sim.replay_tier(stream, profile, TOP_K, vram_slots, slots, policy)
+    got = sim.replay_tier(stream, profile, TOP_K, vram_slots, slots, policy)
+    given_up = 0
     with DiskReader(store.shard_files(), threads=2) as reader:
         tier = RamTier(store, reader, plan(store, 24 * store.layout.block_bytes))
         tier.start(profile, TOP_K, vram_slots, policy)
         cache = ReferenceCache.warm(profile, vram_slots, TOP_K, vram.decay, vram.recency)
         for step in picks:
             for layer, selected in enumerate(step):
-                tier.step(layer, missed(selected, cache.slot_of[layer]))
+                vram_held = cache.slot_of[layer].copy()
+                in_ram = tier.policy.slot_of[layer] >= 0
+                tier.step(layer, missed(selected, vram_held), vram_held)
+                given_up += int((in_ram & (vram_held >= 0) & (tier.policy.slot_of[layer] < 0)).sum())
                 cache.step(layer, selected, vram.decay, vram.hysteresis, vram.max_admit, vram.recency)
-    assert admitted > 0 and reads > 0  # not vacuous
-    assert (tier.reads["disk"], tier.reads["admitted"]) == (reads, admitted)
+    assert got.admitted > 0 and got.reads > 0 and given_up > 0  # not vacuous: the tier gave up slots VRAM duplicated
+    assert (tier.reads["disk"], tier.reads["admitted"]) == (got.reads, got.admitted)
 
 
 def test_a_twins_replay_has_belady_below_every_policy_and_fewer_reads_with_more_slots():
@@ -80,6 +84,21 @@ def test_a_twins_replay_has_belady_below_every_policy_and_fewer_reads_with_more_
     assert half["first"]["disk_reads_per_token"] < quarter["first"]["disk_reads_per_token"]
 
 
+def test_a_write_back_takes_a_slot_given_up_first_else_beats_the_weakest_by_the_hysteresis_else_is_dropped():
+    policy = TierPolicy(hysteresis=2.0, recency_weight=0.0, exclusive_after=2)
+    state = policy.state(np.array([[5.0, 4.0, 3.0, 2.0, 1.0]]), 1, 0, 2)  # slots 0, 1: experts 0, 1
+    state.freq[0] = [5.0, 4.0, 3.0, 2.0, 1.0]
+    held, busy = np.array([True, False, False, False, False]), np.zeros(5, dtype=bool)
+    state.vram_held[0, 0] = 1  # VRAM holds 0, but not for 2 steps yet: no slot given up; 3 <= 2 x 4
+    assert not sim._write_back(state, policy, 0, 2, held, busy) and state.residents(0) == [0, 1]
+    state.vram_held[0, 0] = 2  # now 0's slot goes first, to any expert
+    assert sim._write_back(state, policy, 0, 4, held, busy) and state.owner.tolist() == [4, 1]
+    # then by the hysteresis: 3 <= 2 x 4 (expert 1) while 4, the weakest, was read in the step; then 3 > 2 x 1 (expert 4)
+    assert not sim._write_back(state, policy, 0, 2, held, np.array([False, False, False, False, True]))
+    assert sim._write_back(state, policy, 0, 2, held, busy) and state.owner.tolist() == [2, 1]
+    assert not sim._write_back(state, policy, 0, 2, held, busy)  # a slot holds it already
+
+
 def test_the_tool_replays_a_recorded_trace_and_writes_its_json(tmp_path):
     rng = np.random.default_rng(0)
     path = tmp_path / "trace.npy"
@@ -90,6 +109,10 @@ def test_the_tool_replays_a_recorded_trace_and_writes_its_json(tmp_path):
     assert result["schema"] == sim.SCHEMA and result["policies"]["default"] == json.loads(json.dumps(TierPolicy().__dict__))
     row = result["traces"]["trace"]["by_share"]["50"]
     assert row["policy_slots"] == 1440 and result["traces"]["trace"]["vram_slots"] == 12 * 32
+    assert set(row) == {"policy_slots", "belady_reads_per_token", "first", "default", "shared", "exclusive-at-once",
+                        "default+write-back", "exclusive-at-once+write-back"}
+    assert result["policies"]["shared"] == {**result["policies"]["default"], "exclusive": False}
+    assert result["policies"]["exclusive-at-once"] == {**result["policies"]["default"], "exclusive_after": 1}
     with pytest.raises(SystemExit, match="the profile is 12 x 288"):
         np.save(path, np.zeros((3, 4, 8), dtype=np.int64))
         sim.main(["--trace", str(path)])
@@ -105,7 +128,8 @@ def test_the_tool_takes_the_vram_policy_and_extra_policies_and_keeps_the_first_p
     result = json.loads(out.read_text())
     assert result["vram_policy"]["decay"] == Policy().decay
     # the tier's first policy is the VRAM cache's policy of then, not of now
-    assert result["policies"]["first"] == {**TierPolicy().__dict__, "decay": 0.999, "hysteresis": 1.25, "recency_weight": 0.0, "vram_score": 0.0}
+    assert result["policies"]["first"] == {**TierPolicy().__dict__, "decay": 0.999, "hysteresis": 1.25, "recency_weight": 0.0, "vram_score": 0.0,
+                                           "exclusive": False}
     assert result["policies"]["fast"] == {**TierPolicy().__dict__, "decay": 0.99, "vram_score": 0.5}
     assert "fast" in result["traces"]["trace"]["by_share"]["25"]
     assert sim.main(argv + ["--vram-decay", "0.999", "--vram-recency-weight", "800"]) == 0

@@ -115,6 +115,25 @@ def test_equal_scores_go_to_the_lower_expert_id_for_both_the_admitted_and_the_ev
     assert cache.residents(0) == [0, 3, 4]
 
 
+def test_spare_slots_go_first_the_lowest_scored_spare_first_and_without_the_hysteresis():
+    cache = _one_layer([8.0, 2.0, 6.0, 1.0, 4.0, 12.0], residents=[0, 1, 3, 5])  # slots 0, 1, 2, 3
+    spare = np.array([True, False, False, False, False, True])  # experts 0 and 5 (in VRAM, say)
+    # decayed and picked: 4 1 5 0.5 3 6. Candidates 2 (5), 4 (3); spare victims 0 (4), 5 (6): 2 takes 0's slot, then
+    # 4 takes 5's though 3 <= 10 * 6; then no spare victim is left, and 1 (1) and 3 (0.5) keep theirs under the hysteresis
+    got = cache.step(0, [2, 4, 2], decay=0.5, hysteresis=10.0, max_admit=4, spare=spare)
+    assert got == [Admission(expert=2, slot=0, evicted=0), Admission(expert=4, slot=3, evicted=5)]
+    assert cache.slot_of.tolist() == [[-1, 1, 0, 2, 3, -1]]
+    shared = _one_layer([8.0, 2.0, 6.0, 1.0, 4.0, 12.0], residents=[0, 1, 3, 5])
+    assert shared.step(0, [2, 4, 2], decay=0.5, hysteresis=10.0, max_admit=4) == []  # without spare: nothing beats 10 x 0.5
+
+
+def test_a_spare_expert_picked_in_the_step_keeps_its_slot_and_the_other_victims_follow_the_hysteresis():
+    cache = _one_layer([8.0, 2.0, 6.0, 1.0], residents=[0, 3])
+    spare = np.array([True, False, False, False])
+    # 0 is spare but picked: not a victim. 2 (4) against 3 (0.5) at 1.25: admitted into slot 1
+    assert cache.step(0, [0, 2], decay=0.5, hysteresis=1.25, max_admit=2, spare=spare) == [Admission(2, 1, 3)]
+
+
 def test_an_expert_picked_in_the_step_is_never_evicted_however_low_its_score():
     cache = _one_layer([0.0, 10.0, 10.0], residents=[0])
     assert cache.step(0, [0, 1], decay=0.5, hysteresis=1.0, max_admit=2) == []

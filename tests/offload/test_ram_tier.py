@@ -4,6 +4,7 @@ nothing; and a budget that holds every expert changing nothing."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 
 import numpy as np
@@ -17,7 +18,8 @@ from tests.offload.test_disk import trellis_checkpoint
 
 LAYERS, EXPERTS, TOP_K, ROWS = (1, 2, 3), 16, 2, 2
 DECAY, HYSTERESIS, VRAM_MAX_ADMIT = 0.9, 1.25, 2
-TIER = TierPolicy(decay=DECAY, hysteresis=HYSTERESIS)  # a fast decay: these traces are short
+TIER = TierPolicy(decay=DECAY, hysteresis=HYSTERESIS, exclusive_after=2)  # fast: these traces are short
+NO_VRAM = np.full(EXPERTS, -1, dtype=np.int32)  # a layer's VRAM residency with nothing in VRAM
 
 
 def skewed(seed: int) -> tuple[np.ndarray, np.random.Generator]:
@@ -46,6 +48,7 @@ class Hierarchy:
 
     def __init__(self, store, tier: RamTier, profile, vram_slots: int):
         self.store, self.tier = store, tier
+        self.given_up = 0  # policy slots the tier gave up while VRAM held their expert
         self.vram = ReferenceCache.warm(profile, vram_slots, TOP_K, DECAY)
         self.vram_bytes = [np.zeros(store.layout.block_bytes, np.uint8) for _ in range(vram_slots)]
         E = store.num_experts
@@ -54,12 +57,15 @@ class Hierarchy:
 
     def step(self, layer: int, selected: np.ndarray) -> dict[int, tuple[str, np.ndarray]]:
         """One layer's decode step: where each picked expert is served from, and the bytes there."""
-        resident = self.vram.slot_of[layer] >= 0
+        vram = self.vram.slot_of[layer].copy()
+        resident = vram >= 0
         picked = [int(e) for e in np.unique(selected)]
         hits = {e: int(self.vram.slot_of[layer, e]) for e in picked if resident[e]}
         admitted = self.vram.step(layer, selected, DECAY, HYSTERESIS, VRAM_MAX_ADMIT)
         missed = np.array([e for e in selected.reshape(-1) if not resident[e]], dtype=np.int64)
-        served = self.tier.step(layer, missed)
+        in_ram = self.tier.policy.slot_of[layer] >= 0
+        served = self.tier.step(layer, missed, vram)
+        self.given_up += int((in_ram & resident & (self.tier.policy.slot_of[layer] < 0)).sum())
         out = {e: ("vram", self.vram_bytes[slot]) for e, slot in hits.items()}
         for where, experts in (("ram", served.ram), ("disk", served.disk)):
             for e in experts:
@@ -82,8 +88,8 @@ def checkpoint(tmp_path):
     reader.close()
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_a_trace_through_vram_ram_and_disk_serves_every_pick_from_one_place_with_its_bytes(checkpoint, seed):
+@pytest.mark.parametrize("seed, exclusive", [(0, True), (1, True), (0, False)])
+def test_a_trace_through_vram_ram_and_disk_serves_every_pick_from_one_place_with_its_bytes(checkpoint, seed, exclusive):
     store, tensors, reader = checkpoint
     profile, rng = skewed(seed)
     block = store.layout.block_bytes
@@ -91,7 +97,7 @@ def test_a_trace_through_vram_ram_and_disk_serves_every_pick_from_one_place_with
     tier_plan = plan(store, 24 * block)  # half of the 48 experts
     assert (tier_plan.policy_slots, tier_plan.window_slots) == (8, EXPERTS)
     tier = RamTier(store, reader, tier_plan)
-    tier.start(profile, TOP_K, vram_slots, TIER)
+    tier.start(profile, TOP_K, vram_slots, dataclasses.replace(TIER, exclusive=exclusive))
     assert reader.counters()["requests"] == 3 * 8  # three projections a block
     vram_placed = {(int(o) // EXPERTS, int(o) % EXPERTS) for o in ReferenceCache.warm(profile, vram_slots, TOP_K, DECAY).owner}
     ram_placed = {(int(o) // EXPERTS, int(o) % EXPERTS) for o in tier.policy.owner}
@@ -108,6 +114,8 @@ def test_a_trace_through_vram_ram_and_disk_serves_every_pick_from_one_place_with
     assert tier.reads["disk"] == served["disk"] and tier.reads["ram"] == served["ram"]
     assert reader.counters()["requests"] == loaded + 3 * served["disk"] and reader.counters()["failed"] == 0
     assert tier.reads["admitted"] > 0 and tier.verify() == []
+    assert h.given_up > 0 or not exclusive  # exclusive: slots of experts VRAM held went to misses (not vacuous)
+    assert tier.reads["given_up"] == h.given_up
     decode = tier.stats()["decode"]  # the decode steps' host time, for bench.ram_tier_decode's breakdown
     assert decode["read_experts"] == served["disk"] and decode["read_seconds"] > 0 and decode["policy_seconds"] > 0
 
@@ -129,7 +137,7 @@ def test_with_ram_for_every_expert_there_is_no_tier_and_no_disk_read_after_load(
     after_load = reader.counters()
     for step in trace(profile, rng, 10):
         for layer, selected in enumerate(step):
-            served = full.step(layer, selected)
+            served = full.step(layer, selected, NO_VRAM)
             assert served.disk == [] and len(served.ram) == len(np.unique(selected))
     assert reader.counters() == after_load
 
@@ -158,10 +166,10 @@ def test_a_failed_read_serves_nothing_and_the_expert_is_read_again_next_time(che
     reader.inject(store.shard_files().index(f), at + n // 2, errno.EIO, times=2)  # past the one retry
     picks = np.array([cold] * 8)  # picked often enough to be admitted
     with pytest.raises(DiskReadError, match=f"{f}: reading {n} bytes at byte {at} failed at byte .* with EIO"):
-        tier.step(layer, picks)
+        tier.step(layer, picks, NO_VRAM)
     assert tier.block(layer, cold) is None and tier.policy.slot_of[layer, cold] < 0
     assert tier.verify() == []  # no slot claims bytes it does not hold (a victim overwritten is stale)
-    served = tier.step(layer, picks)
+    served = tier.step(layer, picks, NO_VRAM)
     assert served.disk == [cold]
     assert projections(store, tier.block(layer, cold)) == expected(store, tensors, layer, cold)
     assert tier.verify() == []
@@ -187,7 +195,8 @@ def test_a_prefill_fetch_reads_what_no_policy_slot_holds_into_the_window_and_lea
     assert np.array_equal(policy[0], tier.policy.slot_of) and np.array_equal(policy[1], tier.policy.freq)
 
 
-FIRST_POLICY = TierPolicy(decay=0.999, hysteresis=1.25, recency_weight=0.0, vram_score=0.0)  # the tier's first: never admitted
+# the tier's first: never admitted
+FIRST_POLICY = TierPolicy(decay=0.999, hysteresis=1.25, recency_weight=0.0, vram_score=0.0, exclusive=False)
 
 
 @pytest.mark.parametrize("policy, admitted_by", [(TierPolicy(), 20), (FIRST_POLICY, None)])
@@ -204,7 +213,7 @@ def test_an_expert_that_recurs_among_the_misses_is_admitted(checkpoint, policy, 
     first_ram = None
     for t in range(60):  # the cold expert in every step, beside another miss drawn by the profile
         other = int(rng.choice([e for e in outside if e != coldest]))
-        served = tier.step(layer, np.array([coldest, other]))
+        served = tier.step(layer, np.array([coldest, other]), NO_VRAM)
         if coldest in served.ram and first_ram is None:
             first_ram = t
     if admitted_by is None:
@@ -221,8 +230,40 @@ def test_an_expert_the_vram_cache_evicted_comes_with_its_popularity(checkpoint, 
     tier = RamTier(store, reader, plan(store, 24 * store.layout.block_bytes))
     tier.start(profile, TOP_K, 6, TierPolicy(vram_score=vram_score))
     layer, hot = placement(profile, 1)[0]  # the VRAM cache's hottest: it reaches the tier only once evicted from VRAM
-    assert tier.step(layer, np.array([hot])).disk == [hot]
+    assert tier.step(layer, np.array([hot]), NO_VRAM).disk == [hot]
     assert (tier.policy.slot_of[layer, hot] >= 0) == admitted and tier.reads["admitted"] == int(admitted)  # a policy slot
+
+
+@pytest.mark.parametrize("exclusive", [True, False])
+def test_the_slot_of_an_expert_vram_held_for_exclusive_after_steps_goes_first_to_a_miss(checkpoint, exclusive):
+    store, tensors, reader = checkpoint
+    profile, _ = skewed(4)
+    tier = RamTier(store, reader, plan(store, 24 * store.layout.block_bytes))
+    tier.start(profile, TOP_K, 0, TierPolicy(decay=DECAY, hysteresis=100.0, exclusive=exclusive, exclusive_after=3))
+    layer = 1
+    ours = tier.policy.residents(layer)
+    held, other = ours[0], ours[1]  # VRAM holds both (copied from here, say); ``other`` only since the second step
+    slot = int(tier.policy.slot_of[layer, held])
+    cold = next(e for e in range(EXPERTS) if tier.policy.slot_of[layer, e] < 0)
+    vram = NO_VRAM.copy()
+    vram[held] = 0
+    for step in range(3):
+        if step == 1:
+            vram[other] = 1
+        served = tier.step(layer, np.array([cold]), vram)
+        assert served.disk == [cold] and served.ram == []
+        given = step == 2 and exclusive  # VRAM has held ``held`` for 3 steps of the layer: its slot goes first
+        assert (tier.policy.slot_of[layer, cold] == slot) == given and (tier.slot_index(layer, held) < 0) == given
+        assert tier.policy.vram_held[layer, held] == step + 1 and tier.policy.vram_held[layer, other] == step
+    # ``other`` (2 steps) and the rest (not in VRAM) keep theirs: hysteresis 100
+    assert tier.reads["admitted"] == tier.reads["given_up"] == int(exclusive)
+    assert tier.policy.slot_of[layer, other] >= 0
+    assert tier.slot_index(layer, held) == (-1 if exclusive else slot)
+    assert projections(store, tier.block(layer, cold)) == expected(store, tensors, layer, cold) and tier.verify() == []
+    vram[held] = -1  # VRAM evicted it: the count starts again, and it is read from disk when missed (exclusive: no slot)
+    served = tier.step(layer, np.array([held]), vram)
+    assert (served.disk, served.ram) == (([held], []) if exclusive else ([], [held]))
+    assert tier.policy.vram_held[layer, held] == 0
 
 
 @pytest.mark.parametrize("field, value, accepted", [
@@ -230,6 +271,7 @@ def test_an_expert_the_vram_cache_evicted_comes_with_its_popularity(checkpoint, 
     ("hysteresis", 0.9, "at least 1 and finite"), ("hysteresis", float("inf"), "at least 1 and finite"),
     ("recency_decay", 1.0, "in (0, 1)"), ("recency_weight", -1.0, "at least 0 and finite"),
     ("recency_keep", 1.0, "in [0, 1)"), ("vram_score", 1.5, "in [0, 1]"), ("vram_score", -0.1, "in [0, 1]"),
+    ("exclusive", 1.0, "True or False"), ("exclusive_after", 0, "an int, at least 1"), ("exclusive_after", 2.0, "an int, at least 1"),
 ])
 def test_a_tier_policy_out_of_range_is_refused_naming_the_field_and_the_value(field, value, accepted):
     with pytest.raises(ValueError) as info:

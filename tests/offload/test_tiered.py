@@ -12,7 +12,7 @@ import torch
 from glm53.offload.cache_policy import ReferenceCache
 from glm53.offload.disk import DiskReader
 from glm53.offload.host_store import HostStore
-from glm53.offload.ram_tier import RamTier, plan
+from glm53.offload.ram_tier import RamTier, TierPolicy, plan
 from glm53.offload.tiered import TieredHome
 from tests.offload.test_disk import trellis_checkpoint
 from tests.offload.test_ram_tier import EXPERTS, LAYERS, ROWS, TIER, TOP_K, expected, projections, skewed, trace
@@ -99,3 +99,39 @@ def test_a_step_whose_picks_are_all_in_vram_reads_nothing(hierarchy):
     before = tier.reader.counters()["requests"]
     home.resolve(layer, resident.astype(np.int64), cache.policy.slot_of[layer].copy(), decode=True)
     assert tier.reader.counters()["requests"] == before and cache.assigned == 0
+
+
+def test_a_slot_given_up_while_vram_holds_its_expert_is_never_read_for_it_and_it_is_re_pointed_when_next_picked(hierarchy):
+    """The tier gives up the slot of an expert VRAM holds, and VRAM evicts that expert in the same step: its table goes
+    to its stale ``home`` (the slot, now another expert's), which nothing reads before its next pick re-points it."""
+    store, tensors, tier, cache, home, profile, rng, arena = hierarchy
+    E = store.num_experts
+    tier.start(profile, TOP_K, VRAM_SLOTS, TierPolicy(decay=DECAY, hysteresis=100.0, exclusive_after=2))  # no other admission
+    layer = int(cache.policy.owner[0]) // E  # a layer with a VRAM slot
+    e = tier.policy.residents(layer)[0]
+    slot = int(tier.policy.slot_of[layer, e])
+    x = next(c for c in range(E) if tier.policy.slot_of[layer, c] < 0 and cache.policy.slot_of[layer, c] < 0)
+    home.resolve(layer, np.array([e]), cache.policy.slot_of[layer].copy(), decode=True)  # served from its slot
+    assert cache.home_host[layer, e] == cache.table[layer, e] == tier.block_address(slot)
+    # the VRAM cache admits e in place of one of its residents, copied from home, as its copy kernel does
+    v = cache.policy.residents(layer)[0]
+    vslot = int(cache.policy.slot_of[layer, v])
+    cache.slots[vslot][:] = arena.numpy()[cache.home_host[layer, e] - arena.data_ptr():][:store.layout.block_bytes]
+    cache.policy.slot_of[layer, v], cache.policy.slot_of[layer, e] = -1, vslot
+    cache.table[layer, v], cache.table[layer, e] = cache.home_host[layer, v], -1
+    for step in range(2):  # x is missed twice; at the second VRAM has held e for 2 steps and x takes e's slot
+        home.resolve(layer, np.array([x]), cache.policy.slot_of[layer].copy(), decode=True)
+        assert (tier.policy.slot_of[layer, x] == slot) == (step == 1)
+    assert tier.address(layer, e) == -1 and cache.home_host[layer, x] == cache.table[layer, x] == tier.block_address(slot)
+    assert bytes_at(arena, int(cache.table[layer, x]), store) == expected(store, tensors, layer, x)
+    assert cache.home_host[layer, e] == tier.block_address(slot)  # stale, but e is read from its VRAM slot
+    assert projections(store, cache.slots[vslot]) == expected(store, tensors, layer, e)
+    # the VRAM cache evicts e in the same step (it was not picked): its table goes home, to x's bytes, and nothing reads it
+    cache.policy.slot_of[layer, e] = -1
+    cache.table[layer, e] = cache.home_host[layer, e]
+    assert bytes_at(arena, int(cache.table[layer, e]), store) == expected(store, tensors, layer, x)
+    disk = tier.reads["disk"]
+    home.resolve(layer, np.array([e, x]), cache.policy.slot_of[layer].copy(), decode=True)  # e picked again
+    assert tier.reads["disk"] == disk + 1 and cache.table[layer, e] == cache.home_host[layer, e] != tier.block_address(slot)
+    assert bytes_at(arena, int(cache.table[layer, e]), store) == expected(store, tensors, layer, e)
+    assert bytes_at(arena, int(cache.table[layer, x]), store) == expected(store, tensors, layer, x)

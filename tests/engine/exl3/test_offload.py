@@ -210,6 +210,6 @@ def test_the_ram_tier_settings_reach_the_policy_it_starts_with(steps, monkeypatc
     monkeypatch.setattr(start.HostStore, "alias_window", lambda self, window, host: None, raising=False)
     monkeypatch.setattr(start, "TieredHome", lambda tier_, cache, device, max_picks: Named("ram_tier"))
     settings = settings_for(tmp_path, "exact", "--ram-tier-decay", "0.99", "--ram-tier-hysteresis", "1.5",
-                            "--ram-tier-recency-weight", "0", "--ram-tier-vram-score", "0.5")
+                            "--ram-tier-recency-weight", "0", "--ram-tier-vram-score", "0.5", "--ram-tier-exclusive", "0")
     start.start_offload(settings, "the model", lambda: None, lambda: None)
-    assert tier.policy == TierPolicy(decay=0.99, hysteresis=1.5, recency_weight=0.0, vram_score=0.5)
+    assert tier.policy == TierPolicy(decay=0.99, hysteresis=1.5, recency_weight=0.0, vram_score=0.5, exclusive=False)
