@@ -261,6 +261,9 @@ class Settings:
     ec_recency_weight: float | None = setting(_optional(_number(float, 0, 1e6), "the policy's default"), None,
                                               "weight of the expert cache's fast (recency) score per unit of measured reuse lift; 0: "
                                               "popularity alone (the policy before 2026-12-02)", show_default="unset (200)")
+    ec_warm_horizon: float | None = setting(_optional(_number(float, 1, 1e6, " steps"), "the policy's default"), None,
+                                            "the expert cache's warm start counts the routing profile as at most this many decode steps "
+                                            "of picks (1e6: no cap, the 1 / (1 - decay) steps of the profile's steady state)", show_default="unset (no cap)")
     prefetch: bool = setting(BOOL, False, "exact mode's single-stream decode steps: after each MoE layer, predict the next layer's picks (its router on "
                              "this layer's input) and copy the predicted experts that are not in VRAM into a pool of VRAM slots while the next layer's "
                              "attention runs; bit-identical output. Refused beside the CPU tier, whose split would count a prefetched expert "

@@ -26,3 +26,11 @@ def test_the_shown_default_is_the_policys(name, field):
 def test_a_decay_out_of_range_is_refused_naming_the_setting():
     with pytest.raises(config.ConfigError, match="GLM53_EC_DECAY"):
         config.load([], {"GLM53_EC_DECAY": "1.5"})
+
+
+def test_the_warm_horizon_setting_caps_the_warm_start_and_is_checked():
+    assert Policy.from_settings(config.load([], {"GLM53_EC_WARM_HORIZON": "200"})).warm_horizon == 200.0
+    with pytest.raises(config.ConfigError, match="GLM53_EC_WARM_HORIZON"):
+        config.load([], {"GLM53_EC_WARM_HORIZON": "0.5"})
+    with pytest.raises(ValueError, match="warm_horizon"):
+        Policy(warm_horizon=0.0)
