@@ -38,17 +38,17 @@ CHUNK_SLOTS = 32  # slots per VRAM allocation; the elastic loan frees and reallo
 class Policy:
     """The cache's settings. ``decay``, ``hysteresis``, ``max_admit`` and the ``recency_*`` fields are the
     replacement policy's parameters, defined by ``cache_policy.ReferenceCache.step`` (which ``ec_step_kernel`` runs
-    on the device). The defaults are the replay's choice on the real engine's routing trace, where a profile that
-    differs from the routing seen needs the faster slow decay, and on the twins
-    (bench/results/2026-12-02-cache-policy-engine-trace.md)."""
+    on the device). The defaults are the replay's choice on the real engine's routing trace and on the twins
+    (bench/results/2026-12-04-cache-policy-online-bound.md): the slow decay keeps a long memory of the picks served,
+    and the warm horizon lets a shipped profile that the routing does not follow fade as fast as 0.995's would."""
 
-    decay: float = 0.995  # of the slow score (popularity): half-life ~140 decode steps, so a wrong warm start fades
-    hysteresis: float = 1.25
+    decay: float = 0.999  # of the slow score (popularity): half-life ~700 decode steps
+    hysteresis: float = 1.1
     max_admit: int = 8  # per layer and decode step; an admission replaces the step's read of the expert over the link
     recency_decay: float = 0.5  # of the fast score: a trained router's picks recur over the next few tokens
-    recency_weight: float = 200.0  # the fast score's weight per unit of measured reuse lift above popularity's
+    recency_weight: float = 400.0  # the fast score's weight per unit of measured reuse lift above popularity's
     recency_keep: float = 0.99  # of the running reuse lift: ~100 decode steps
-    warm_horizon: float | None = None  # decode steps of picks the profile's warm start counts as at most (None: 1 / (1 - decay))
+    warm_horizon: float | None = 200.0  # decode steps of picks the profile's warm start counts as at most (None: 1 / (1 - decay))
     decode_rows: int = 8  # routing calls of at most this many rows are decode steps (admission on)
     copy_blocks: int = 32  # thread blocks of the admission copy (16 already saturate a PCIe 5 link)
 

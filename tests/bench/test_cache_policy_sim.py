@@ -99,7 +99,7 @@ def test_a_policy_out_of_range_is_refused():
                 {"recency_keep": 1.0}, {"max_admit": 17}, {"hysteresis": 0.9}):
         with pytest.raises(ValueError, match="bad cache policy"):
             Policy(**bad)
-    assert Policy(recency_weight=0.0).recency.weight == 0.0 and Policy().recency == (0.5, 200.0, 0.99)
+    assert Policy(recency_weight=0.0).recency.weight == 0.0 and Policy().recency == (0.5, 400.0, 0.99)
 
 
 def test_a_synth_checkpoints_profile_is_the_one_its_router_was_fitted_to():
