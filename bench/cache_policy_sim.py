@@ -14,7 +14,10 @@ alternatives on the same trace, all with the same per-layer slot counts (the pro
   weakest resident not picked in this step by ``hysteresis``, at most ``max_admit`` per layer and step);
 - ``belady``: the offline optimum with bypass (on a miss, keep whichever of the missed expert and the residents is
   used again last out), the ceiling any online policy can reach; ``belady_no_bypass``: the same but every miss is
-  admitted (evicting the resident not in the step used again last), as the kernel's admissions are.
+  admitted (evicting the resident not in the step used again last), as the kernel's admissions are;
+- ``static_true`` (generated traces: ``twin``, ``iid``): each layer's most likely experts by the routing's true
+  pick probabilities. On i.i.d. picks no online policy beats it on average (``online_bound``), so each policy is
+  reported as a share of Belady (``of_belady``) and of that bound (``of_online_bound``).
 
 Link traffic: an admitted expert is copied into its slot before its layer's experts run, which then read it from
 VRAM, so an admission replaces that step's read of the expert over the link (``ec_copy_kernel`` runs between
