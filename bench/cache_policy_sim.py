@@ -14,7 +14,10 @@ alternatives on the same trace, all with the same per-layer slot counts (the pro
   weakest resident not picked in this step by ``hysteresis``, at most ``max_admit`` per layer and step);
 - ``belady``: the offline optimum with bypass (on a miss, keep whichever of the missed expert and the residents is
   used again last out), the ceiling any online policy can reach; ``belady_no_bypass``: the same but every miss is
-  admitted (evicting the resident not in the step used again last), as the kernel's admissions are.
+  admitted (evicting the resident not in the step used again last), as the kernel's admissions are;
+- ``static_true`` (generated traces: ``twin``, ``iid``): each layer's most likely experts by the routing's true
+  pick probabilities. On i.i.d. picks no online policy beats it on average (``online_bound``), so each policy is
+  reported as a share of Belady (``of_belady``) and of that bound (``of_online_bound``).
 
 Link traffic: an admitted expert is copied into its slot before its layer's experts run, which then read it from
 VRAM, so an admission replaces that step's read of the expert over the link (``ec_copy_kernel`` runs between
@@ -109,6 +112,20 @@ def run_static_hindsight(trace, start):
     return hits
 
 
+def run_static_by(trace, start, probabilities: np.ndarray):
+    """Static, each layer's slots (as many as ``start`` gives it) holding its most likely experts by
+    ``probabilities`` (float [layers, experts], each expert's chance to be picked in a step; ties to the lower id)."""
+    best = [[int(e) for e in np.argsort(-probabilities[layer], kind="stable")[: len(resident)]] for layer, resident in enumerate(start)]
+    return run_static(trace, best)
+
+
+def expected_static_hit_rate(start, probabilities: np.ndarray, top_k: int) -> float:
+    """The hit rate ``run_static_by`` has on average over traces of ``probabilities``: per step, the chances of each
+    layer's most likely experts (as many as ``start`` gives it), over the ``top_k`` picks of every layer."""
+    top = sum(float(np.sort(probabilities[layer])[::-1][: len(resident)].sum()) for layer, resident in enumerate(start))
+    return top / (len(start) * top_k)
+
+
 def run_lru(trace, start):
     hits = 0
     for layer, resident in enumerate(start):
@@ -178,8 +195,8 @@ def replay_decayed(trace, start, profile: np.ndarray, policy: Policy) -> Referen
     the cache after the replay (its counters)."""
     residents = [(layer, expert) for layer, experts in enumerate(start) for expert in experts]
     top_k = trace.shape[2]
-    cache = ReferenceCache(warm_scores(profile, top_k, policy.decay), residents, warm_scores(profile, top_k, policy.recency_decay),
-                           popularity_lift(profile, top_k))
+    cache = ReferenceCache(warm_scores(profile, top_k, policy.decay, policy.warm_horizon), residents,
+                           warm_scores(profile, top_k, policy.recency_decay, policy.warm_horizon), popularity_lift(profile, top_k))
     for t in range(trace.shape[0]):
         for layer in range(trace.shape[1]):
             cache.step(layer, trace[t, layer], policy.decay, policy.hysteresis, policy.max_admit, policy.recency)
@@ -226,8 +243,41 @@ def run_belady(trace, start, bypass: bool = True):
 POLICIES = ("static", "static_hindsight", "lru", "clock", "decayed", "belady", "belady_no_bypass")
 
 
-def simulate(profile: np.ndarray, trace: np.ndarray, slots: int, policy: Policy | None = None) -> dict:
-    """Every policy's hit rate; the decayed policy's admissions per layer and step (each one expert over the link)."""
+def online_bound(hit_rate: dict, iid: bool, expected: float | None = None) -> dict:
+    """The best hit rate an online policy can be held to on this trace, beside Belady's (which knows the future).
+
+    With the cache's slots partitioned between layers (each layer's ``len(start[layer])``), a step's hits are the
+    picks of the experts resident when the step begins, chosen from the past alone. When the picks are independent
+    of the past, with each expert picked in a step with probability ``p`` (i.i.d. routing: the ``random`` twin,
+    ``--mode iid``), the expected hits of a step are the sum of ``p`` over the residents, at most that of each
+    layer's ``q`` most likely experts. So no online policy's expected hit rate beats the static set chosen by the
+    true ``p`` (``static_true``), whose hit rate on the trace estimates it without bias (a policy may beat it on
+    a finite trace by chance, by about the trace's noise). ``static_hindsight``, the best static set for the trace
+    itself, is at least ``static_true`` on it: an upper estimate when ``p`` is not known. With slots moved between
+    layers the bound would be the global top of ``p``; the cache does not move them.
+
+    Where the picks depend on the past (a trained router's recur over tokens; ``drift``; the real engine's), an
+    online policy can beat every static set (the ``trained`` twin: 0.59 against 0.39), and Belady is the only
+    ceiling; the static figure is then only a reference, the best fixed placement.
+
+    :param hit_rate: ``simulate``'s hit rates, with ``static_true`` when the true probabilities are known.
+    :param iid: the trace's picks are independent over steps, so the figure is a bound.
+    :param expected: ``static_true``'s expected hit rate (``expected_static_hit_rate``), the bound itself.
+    """
+    name = "static_true" if "static_true" in hit_rate else "static_hindsight"
+    return {"policy": name, "hit_rate": hit_rate[name], "is_bound": bool(iid),
+            "of_belady": round(hit_rate[name] / hit_rate["belady"], 3), **({"expected": expected} if expected is not None else {})}
+
+
+def simulate(profile: np.ndarray, trace: np.ndarray, slots: int, policy: Policy | None = None,
+             probabilities: np.ndarray | None = None, iid: bool = False) -> dict:
+    """Every policy's hit rate, each as a share of Belady's and of the online bound (``online_bound``); the decayed
+    policy's admissions per layer and step (each one expert over the link).
+
+    :param probabilities: float [layers, experts] each expert's true chance to be picked in a step (the routing that
+        generated the trace), for ``static_true``; None: not known.
+    :param iid: the picks are independent over steps (``online_bound`` is then a bound, else a reference).
+    """
     policy = policy or Policy()
     start = starting_residents(profile, slots)
     picks = trace.shape[0] * trace.shape[2] * trace.shape[1]
@@ -241,21 +291,46 @@ def simulate(profile: np.ndarray, trace: np.ndarray, slots: int, policy: Policy 
         "belady": lambda: run_belady(trace, start),
         "belady_no_bypass": lambda: run_belady(trace, start, bypass=False),
     }
-    hit_rate = {name: round(runs[name]() / picks, 4) for name in POLICIES}
+    if probabilities is not None:
+        runs["static_true"] = lambda: run_static_by(trace, start, probabilities)
+    hit_rate = {name: round(runs[name]() / picks, 4) for name in runs}
+    expected = None if probabilities is None else round(expected_static_hit_rate(start, probabilities, trace.shape[2]), 4)
+    bound = online_bound(hit_rate, iid, expected)
     layer_steps = trace.shape[0] * trace.shape[1]
-    fields = ("decay", "hysteresis", "max_admit", "recency_decay", "recency_weight", "recency_keep")
+    fields = ("decay", "hysteresis", "max_admit", "recency_decay", "recency_weight", "recency_keep", "warm_horizon")
     return {"picks": picks, "slots": slots, "policy": {name: getattr(policy, name) for name in fields},
-            "hit_rate": hit_rate, "of_belady": {name: round(hit_rate[name] / hit_rate["belady"], 3) for name in POLICIES},
+            "hit_rate": hit_rate, "of_belady": {name: round(hit_rate[name] / hit_rate["belady"], 3) for name in runs},
+            "online_bound": bound, "of_online_bound": {name: round(hit_rate[name] / bound["hit_rate"], 3) for name in runs},
             "admits_per_layer_step": round(float(decayed[:, C_ADMITS].sum()) / layer_steps, 3),
             "link_experts_per_layer_step": round((picks - int(decayed[:, C_HITS].sum())) / layer_steps, 3)}
 
 
-def twin_trace(routing: str, steps: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """(profile float [42, 288] the twin's target shares, picks int [steps, 42, 8]) of the full checkpoint's twin."""
+def twin_trace(routing: str, steps: int, seed: int, samples: int = 50_000) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(profile float [42, 288] the twin's target shares, picks int [steps, 42, 8], the twin's true pick
+    probabilities float [42, 288] from ``samples`` independent tokens) of the full checkpoint's twin."""
     from bench.routing_stats import twin_from_settings
 
     twin, shares = twin_from_settings("full", routing, seed, None)
-    return shares, twin.run(steps, seed).picks
+    return shares, twin.run(steps, seed).picks, pick_probabilities(twin, samples, seed)
+
+
+def pick_probabilities(twin, samples: int, seed: int) -> np.ndarray:
+    """float [layers, experts]: each expert's chance to be picked in a step by the twin's routing at its stationary
+    law (every routing state ``N(0, I)``; for ``random`` the logits themselves ``N(0, sigma^2)``), estimated from
+    ``samples`` tokens drawn apart from any trace (standard error ``sqrt(p (1 - p) / samples)``: 0.0008 at
+    ``p`` 0.03 and 50,000 samples), so choosing by it does not fit the trace."""
+    from glm53.tools.synth.routing import top_picks
+
+    rng = np.random.default_rng([seed, 33])
+    out = np.zeros((len(twin.layers), twin.experts))
+    for i in range(len(twin.layers)):
+        if twin.dynamics is None:
+            logits = twin.sigma * rng.standard_normal((samples, twin.experts), dtype=np.float32)
+        else:
+            states = rng.standard_normal((samples, twin.dynamics.rank), dtype=np.float32)
+            logits = states @ (np.float32(twin.sigma) * twin.directions[i]).T
+        out[i] = np.bincount(top_picks(logits, twin.biases[i], twin.top_k).reshape(-1), minlength=twin.experts) / samples
+    return out
 
 
 def main(argv=None) -> int:
@@ -273,6 +348,7 @@ def main(argv=None) -> int:
     ap.add_argument("--recency-decay", type=float, default=Policy.recency_decay)
     ap.add_argument("--recency-weight", type=float, default=Policy.recency_weight)
     ap.add_argument("--recency-keep", type=float, default=Policy.recency_keep)
+    ap.add_argument("--warm-horizon", type=float, default=Policy.warm_horizon, help="decode steps the warm start counts the profile as at most")
     ap.add_argument("--trace", type=Path, help="replay this recorded trace (.npy int [steps, layers, top_k]) instead")
     ap.add_argument("--synth-preset", help="with --trace: the profile is the one a glm53 synth checkpoint of this preset ships")
     ap.add_argument("--seed", type=int, default=0)
@@ -281,20 +357,23 @@ def main(argv=None) -> int:
     if args.synth_preset and not args.trace:
         ap.error("--synth-preset goes with --trace")
     profile = synth_profile(args.synth_preset) if args.synth_preset else load_profile(args.profile)
+    probabilities = None  # known for the generated traces: the static set they give bounds online policies on i.i.d. picks
     if args.trace:
         trace = np.load(args.trace)
         if trace.ndim != 3 or trace.shape[1] != profile.shape[0]:
             ap.error(f"--trace {args.trace}: shape {trace.shape}, expected [steps, {profile.shape[0]} layers, top_k] for the profile")
     elif args.mode == "twin":
-        profile, trace = twin_trace(args.routing, args.steps, args.seed)
+        profile, trace, probabilities = twin_trace(args.routing, args.steps, args.seed)
     else:
         trace = make_trace(profile, args.steps, args.top_k, args.mode, args.seed)
+        probabilities = shares(profile) if args.mode == "iid" else None  # Gumbel top-k: more likely with a larger share
     slots = args.slots if args.slots is not None else round(args.share * profile.size)
     policy = Policy(decay=args.decay, hysteresis=args.hysteresis, max_admit=args.max_admit, recency_decay=args.recency_decay,
-                    recency_weight=args.recency_weight, recency_keep=args.recency_keep)
+                    recency_weight=args.recency_weight, recency_keep=args.recency_keep, warm_horizon=args.warm_horizon)
+    iid = not args.trace and (args.mode == "iid" or (args.mode == "twin" and args.routing == "random"))
     result = {"profile": f"glm53 synth --preset {args.synth_preset}" if args.synth_preset else str(args.profile), "mode": "trace" if args.trace else args.mode, "steps": int(trace.shape[0]),
               "seed": args.seed, **({"routing": args.routing} if args.mode == "twin" and not args.trace else {}),
-              **simulate(profile, trace, slots, policy)}
+              **simulate(profile, trace, slots, policy, probabilities, iid)}
     print(json.dumps(result, indent=1))
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")

@@ -108,7 +108,7 @@ def run_config(trace, profile, split: Split, pred, consts: dict, policy: Policy)
     """One replay and its modelled step time. ``pred``: int [steps, layers, n] or None (no prefetch)."""
     predict = None if pred is None else (lambda t, layer: pred[t, layer][None, :])
     run = replay(trace, profile, split, predict, consts["budget_bytes"], consts["expert_bytes"],
-                 policy.decay, policy.hysteresis, policy.max_admit, policy.recency)
+                 policy.decay, policy.hysteresis, policy.max_admit, policy.recency, warm_horizon=policy.warm_horizon)
     c = run.counters.sum(axis=0)
     steps, layers = trace.shape[:2]
     mb = consts["expert_bytes"] / 1e6 / steps  # MB per step of one expert per replay
@@ -207,7 +207,7 @@ def modelled_gain(profile, trace, pred, scores, min_score, consts: dict, total: 
     be = break_even(consts)
     split = Split(total, be["copies"], 1)
     top_k = trace.shape[2]
-    cache = ReferenceCache.warm(profile, split.cache_slots, top_k, policy.decay, policy.recency)
+    cache = ReferenceCache.warm(profile, split.cache_slots, top_k, policy.decay, policy.recency, policy.warm_horizon)
     run = PrefetchReplay(cache, split.pool, be["copies"] * consts["expert_bytes"], consts["expert_bytes"], policy.decay,
                          policy.hysteresis, policy.max_admit, policy.recency, min_score)
     stall_us = 0.0

@@ -121,7 +121,7 @@ class MissStream:
 def vram_misses(trace: np.ndarray, profile: np.ndarray, vram_slots: int, policy: Policy) -> MissStream:
     """The VRAM cache's replay on ``trace`` (int [steps, layers, top_k]): the picks it misses, before each step."""
     top_k = trace.shape[2]
-    cache = ReferenceCache.warm(profile, vram_slots, top_k, policy.decay, policy.recency)
+    cache = ReferenceCache.warm(profile, vram_slots, top_k, policy.decay, policy.recency, policy.warm_horizon)
     admit = policy.max_admit if vram_slots else 0
     missed, vram, swaps = [], [], []
     for picks in trace:

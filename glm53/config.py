@@ -257,10 +257,13 @@ class Settings:
     ec_elastic_gb: float = setting(_number(float, 0, None, " GB"), 10.0, "expert-cache VRAM lent to activations and staging during a long prefill")
     ec_stage_gb: float = setting(_number(float, 0, None, " GB"), 2.6, "size of each of the two prefill staging buffers")
     ec_decay: float | None = setting(_optional(_number(float, 0.5, 1.0), "the policy's default"), None,
-                                     "the expert cache's slow (popularity) score decay per decode step", show_default="unset (0.995)")
+                                     "the expert cache's slow (popularity) score decay per decode step", show_default="unset (0.999)")
     ec_recency_weight: float | None = setting(_optional(_number(float, 0, 1e6), "the policy's default"), None,
                                               "weight of the expert cache's fast (recency) score per unit of measured reuse lift; 0: "
-                                              "popularity alone (the policy before 2026-12-02)", show_default="unset (200)")
+                                              "popularity alone (the policy before 2026-12-02)", show_default="unset (400)")
+    ec_warm_horizon: float | None = setting(_optional(_number(float, 1, 1e6, " steps"), "the policy's default"), None,
+                                            "the expert cache's warm start counts the routing profile as at most this many decode steps "
+                                            "of picks (1e6: no cap, the 1 / (1 - decay) steps of the profile's steady state)", show_default="unset (200)")
     prefetch: bool = setting(BOOL, False, "exact mode's single-stream decode steps: after each MoE layer, predict the next layer's picks (its router on "
                              "this layer's input) and copy the predicted experts that are not in VRAM into a pool of VRAM slots while the next layer's "
                              "attention runs; bit-identical output. Refused beside the CPU tier, whose split would count a prefetched expert "

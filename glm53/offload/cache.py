@@ -38,16 +38,17 @@ CHUNK_SLOTS = 32  # slots per VRAM allocation; the elastic loan frees and reallo
 class Policy:
     """The cache's settings. ``decay``, ``hysteresis``, ``max_admit`` and the ``recency_*`` fields are the
     replacement policy's parameters, defined by ``cache_policy.ReferenceCache.step`` (which ``ec_step_kernel`` runs
-    on the device). The defaults are the replay's choice on the real engine's routing trace, where a profile that
-    differs from the routing seen needs the faster slow decay, and on the twins
-    (bench/results/2026-12-02-cache-policy-engine-trace.md)."""
+    on the device). The defaults are the replay's choice on the real engine's routing trace and on the twins
+    (bench/results/2026-12-04-cache-policy-online-bound.md): the slow decay keeps a long memory of the picks served,
+    and the warm horizon lets a shipped profile that the routing does not follow fade as fast as 0.995's would."""
 
-    decay: float = 0.995  # of the slow score (popularity): half-life ~140 decode steps, so a wrong warm start fades
-    hysteresis: float = 1.25
+    decay: float = 0.999  # of the slow score (popularity): half-life ~700 decode steps
+    hysteresis: float = 1.1
     max_admit: int = 8  # per layer and decode step; an admission replaces the step's read of the expert over the link
     recency_decay: float = 0.5  # of the fast score: a trained router's picks recur over the next few tokens
-    recency_weight: float = 200.0  # the fast score's weight per unit of measured reuse lift above popularity's
+    recency_weight: float = 400.0  # the fast score's weight per unit of measured reuse lift above popularity's
     recency_keep: float = 0.99  # of the running reuse lift: ~100 decode steps
+    warm_horizon: float | None = 200.0  # decode steps of picks the profile's warm start counts as at most (None: 1 / (1 - decay))
     decode_rows: int = 8  # routing calls of at most this many rows are decode steps (admission on)
     copy_blocks: int = 32  # thread blocks of the admission copy (16 already saturate a PCIe 5 link)
 
@@ -57,11 +58,14 @@ class Policy:
         weight_ok = self.recency_weight >= 0.0 and math.isfinite(self.recency_weight)
         if not 0.0 < self.recency_decay < 1.0 or not weight_ok or not 0.0 <= self.recency_keep < 1.0:
             raise ValueError(f"bad cache policy {self}: recency_decay in (0, 1), recency_weight >= 0, recency_keep in [0, 1)")
+        if self.warm_horizon is not None and not (self.warm_horizon >= 1.0 and math.isfinite(self.warm_horizon)):
+            raise ValueError(f"bad cache policy {self}: warm_horizon at least 1 decode step, or None")
 
     @classmethod
     def from_settings(cls, settings) -> Policy:
-        """The default policy with what ``GLM53_EC_DECAY`` / ``GLM53_EC_RECENCY_WEIGHT`` set (unset: the defaults)."""
-        return cls(**config.given(settings, decay="ec_decay", recency_weight="ec_recency_weight"))
+        """The default policy with what ``GLM53_EC_DECAY`` / ``GLM53_EC_RECENCY_WEIGHT`` / ``GLM53_EC_WARM_HORIZON``
+        set (unset: the defaults)."""
+        return cls(**config.given(settings, decay="ec_decay", recency_weight="ec_recency_weight", warm_horizon="ec_warm_horizon"))
 
     @property
     def recency(self) -> Recency:
@@ -165,8 +169,8 @@ class ExpertCache(Part):
             self.quota[l] += 1
         self.assign(entries)
         self.copy_in([(l, e, slot) for l, e, slot in entries])
-        self.freq.copy_(torch.from_numpy(warm_scores(profile, self.top_k, self.policy.decay)))
-        self.recent.copy_(torch.from_numpy(warm_scores(profile, self.top_k, self.policy.recency_decay)))
+        self.freq.copy_(torch.from_numpy(warm_scores(profile, self.top_k, self.policy.decay, self.policy.warm_horizon)))
+        self.recent.copy_(torch.from_numpy(warm_scores(profile, self.top_k, self.policy.recency_decay, self.policy.warm_horizon)))
         self.reuse.copy_(torch.from_numpy(np.repeat(popularity_lift(profile, self.top_k)[:, None], 2, axis=1)))
         torch.cuda.synchronize(self.device)
 

@@ -22,9 +22,10 @@ The state (the same arrays as ``ExpertCache`` keeps on the device):
 
 At start the slots are partitioned between layers, once, by the routing profile (``placement``: the slots go to
 the (layer, expert) pairs with the largest share of their layer's picks, so a layer with skewed routing gets more
-slots), both scores start at the profile's steady state (``warm_scores``), ``prev`` empty and both columns of
-``reuse`` at ``popularity_lift``, so decode starts warm with no recency weight. A step admits an expert of a layer
-only by evicting one of the same layer, so each layer keeps its share of the slots.
+slots), both scores start at the profile's steady state (``warm_scores``, the profile counted as at most
+``warm_horizon`` steps of picks), ``prev`` empty and both columns of ``reuse`` at ``popularity_lift``, so decode
+starts warm with no recency weight. A step admits an expert of a layer only by evicting one of the same layer, so
+each layer keeps its share of the slots.
 
 One decode step of one layer, given the experts its routing picked (``ReferenceCache.step``). Every operation is
 one float32 operation, rounded to nearest, in this order (the kernel uses the ``__f*_rn`` intrinsics, so none is
@@ -93,10 +94,17 @@ def placement(profile: np.ndarray, slots: int) -> list[tuple[int, int]]:
     return [(int(i) // num_experts, int(i) % num_experts) for i in order[: max(0, min(slots, profile.size))]]
 
 
-def warm_scores(profile: np.ndarray, top_k: int, decay: float) -> np.ndarray:
+def warm_scores(profile: np.ndarray, top_k: int, decay: float, horizon: float | None = None) -> np.ndarray:
     """float32 [layers, experts]: the scores at the steady state of the profile, ``share * top_k / (1 - decay)``
-    (what ``f <- f * decay + picks`` converges to when every step picks ``top_k`` experts by the shares)."""
-    return (shares(profile) * top_k / max(1.0 - decay, 1e-6)).astype(np.float32)
+    (what ``f <- f * decay + picks`` converges to when every step picks ``top_k`` experts by the shares), with the
+    profile counted as at most ``horizon`` steps of picks: ``share * top_k * horizon`` when ``horizon`` is below
+    ``1 / (1 - decay)``. A slow decay then keeps its long memory of the picks served without holding on to a
+    shipped profile that the routing does not follow as long (a profile weighs ``1 / (1 - decay)`` steps, 1,000
+    at 0.999). None: no cap (the same values, bit for bit, as a horizon at or beyond ``1 / (1 - decay)``)."""
+    steady = 1.0 / max(1.0 - decay, 1e-6)
+    if horizon is None or horizon >= steady:
+        return (shares(profile) * top_k / max(1.0 - decay, 1e-6)).astype(np.float32)
+    return (shares(profile) * top_k * float(horizon)).astype(np.float32)
 
 
 def popularity_lift(profile: np.ndarray, top_k: int) -> np.ndarray:
@@ -158,14 +166,16 @@ class ReferenceCache:
         self.counters = np.zeros((layers, C_N), dtype=np.int64)
 
     @classmethod
-    def warm(cls, profile: np.ndarray, slots: int, top_k: int, decay: float, recency: Recency = NO_RECENCY) -> ReferenceCache:
+    def warm(cls, profile: np.ndarray, slots: int, top_k: int, decay: float, recency: Recency = NO_RECENCY,
+             warm_horizon: float | None = None) -> ReferenceCache:
         """The state ``ExpertCache`` starts from: ``placement`` fills the slots (at most every expert), the scores
-        are ``warm_scores`` (of ``decay`` and of ``recency.decay``), ``reuse`` is ``popularity_lift``.
+        are ``warm_scores`` (of ``decay`` and of ``recency.decay``, both capped at ``warm_horizon`` steps),
+        ``reuse`` is ``popularity_lift``.
 
         :param profile: float [layers, experts] picks per expert (zeros: no profile, a cold start).
         """
-        return cls(warm_scores(profile, top_k, decay), placement(profile, slots), warm_scores(profile, top_k, recency.decay),
-                   popularity_lift(profile, top_k))
+        return cls(warm_scores(profile, top_k, decay, warm_horizon), placement(profile, slots),
+                   warm_scores(profile, top_k, recency.decay, warm_horizon), popularity_lift(profile, top_k))
 
     def step(self, layer: int, selected, decay: float, hysteresis: float, max_admit: int,
              recency: Recency = NO_RECENCY, spare: np.ndarray | None = None) -> list[Admission]:

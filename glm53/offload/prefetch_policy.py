@@ -217,9 +217,9 @@ class PrefetchReplay:
 
 def replay(trace, profile: np.ndarray, split: Split, predict, budget_bytes: int, expert_bytes: int,
            decay: float, hysteresis: float, max_admit: int, recency: Recency = NO_RECENCY,
-           min_score: float | None = None) -> PrefetchReplay:
+           min_score: float | None = None, warm_horizon: float | None = None) -> PrefetchReplay:
     """Replay a routing trace step by step, every layer in order, from the cache's warm start
-    (``ReferenceCache.warm`` with the split's cache slots) and a pool of ``split.pool`` slots.
+    (``ReferenceCache.warm`` with the split's cache slots and ``warm_horizon``) and a pool of ``split.pool`` slots.
 
     :param trace: int [steps, layers, ..., top_k], or a sequence of int [layers, rows, top_k] (steps of different
         row counts): each layer's true picks per step.
@@ -230,7 +230,7 @@ def replay(trace, profile: np.ndarray, split: Split, predict, budget_bytes: int,
     :param min_score: the threshold on scored predictions (``fill_pool``).
     """
     top_k = np.asarray(trace[0]).shape[-1]
-    cache = ReferenceCache.warm(profile, split.cache_slots, top_k, decay, recency)
+    cache = ReferenceCache.warm(profile, split.cache_slots, top_k, decay, recency, warm_horizon)
     run = PrefetchReplay(cache, split.pool, budget_bytes, expert_bytes, decay, hysteresis, max_admit, recency, min_score)
     for t, step in enumerate(trace):
         for layer, selected in enumerate(step):

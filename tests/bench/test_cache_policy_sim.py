@@ -34,6 +34,43 @@ def test_the_hindsight_placement_holds_each_layers_most_picked_experts_of_the_tr
     assert sim.run_static_hindsight(trace, start) == 3 + 4  # layer 0: expert 3 every step
 
 
+def test_the_static_set_by_the_true_probabilities_holds_each_layers_most_likely_experts():
+    trace = np.array([[[3, 1], [0, 2]], [[3, 2], [0, 1]], [[3, 0], [1, 2]]])  # [steps 3, layers 2, top-k 2]
+    start = [[0], [0, 1]]
+    probabilities = np.array([[0.1, 0.5, 0.2, 0.2], [0.3, 0.3, 0.3, 0.1]])
+    assert sim.run_static_by(trace, start, probabilities) == 1 + 4  # layer 0: expert 1 once; layer 1: 0 and 1 (ties: lower id)
+    assert sim.expected_static_hit_rate(start, probabilities, top_k=2) == (0.5 + 0.6) / (2 * 2)
+
+
+def test_on_iid_picks_the_online_bound_is_the_static_set_by_the_true_probabilities():
+    profile = sim.load_profile(sim.PROFILE)[:4]
+    trace = sim.make_trace(profile, steps=300, top_k=8, mode="iid", seed=3)
+    result = sim.simulate(profile, trace, slots=round(0.11 * profile.size), probabilities=sim.shares(profile), iid=True)
+    rates, bound = result["hit_rate"], result["online_bound"]
+    expected = sim.expected_static_hit_rate(sim.starting_residents(profile, round(0.11 * profile.size)), sim.shares(profile), 8)
+    assert bound == {"policy": "static_true", "hit_rate": rates["static_true"], "is_bound": True,
+                     "of_belady": round(rates["static_true"] / rates["belady"], 3), "expected": round(expected, 4)}
+    assert rates["static_true"] == rates["static"]  # the profile generated the trace, so its placement is the true one
+    assert rates["static_true"] <= rates["static_hindsight"] and result["of_online_bound"]["static_true"] == 1.0
+    assert result["of_online_bound"]["decayed"] == round(rates["decayed"] / rates["static_true"], 3)
+    # without the probabilities: the hindsight set, an upper estimate, and no bound where picks recur
+    drift = sim.simulate(profile, sim.make_trace(profile, steps=300, top_k=8, mode="drift", seed=3), slots=round(0.11 * profile.size))
+    assert drift["online_bound"]["policy"] == "static_hindsight" and not drift["online_bound"]["is_bound"]
+
+
+def test_a_twins_pick_probabilities_are_its_routings_and_sum_to_top_k():
+    from glm53.tools.synth import routing
+
+    twin = routing.Twin(0, [1, 2], [np.zeros(16, dtype=np.float32), np.linspace(0, 0.5, 16, dtype=np.float32)], 2, None)
+    p = sim.pick_probabilities(twin, samples=20_000, seed=0)
+    assert p.shape == (2, 16) and np.allclose(p.sum(axis=1), 2.0)
+    assert abs(p[0] - 2 / 16).max() < 0.01  # no bias: every expert alike
+    assert p[1, -1] > 2 * p[1, 0]  # a larger selection bias, more picks
+    picks = twin.run(4000, trace_seed=1).picks
+    seen = np.stack([np.bincount(picks[:, i].reshape(-1), minlength=16) / 4000 for i in range(2)])
+    assert abs(seen - p).max() < 0.03
+
+
 def test_the_kernels_policy_admits_only_what_beats_the_weakest_resident():
     profile = np.array([[10.0, 1.0, 1.0, 1.0]])  # expert 0 is hot
     start = [[0, 1]]
@@ -62,7 +99,7 @@ def test_a_policy_out_of_range_is_refused():
                 {"recency_keep": 1.0}, {"max_admit": 17}, {"hysteresis": 0.9}):
         with pytest.raises(ValueError, match="bad cache policy"):
             Policy(**bad)
-    assert Policy(recency_weight=0.0).recency.weight == 0.0 and Policy().recency == (0.5, 200.0, 0.99)
+    assert Policy(recency_weight=0.0).recency.weight == 0.0 and Policy().recency == (0.5, 400.0, 0.99)
 
 
 def test_a_synth_checkpoints_profile_is_the_one_its_router_was_fitted_to():

@@ -52,7 +52,7 @@ def test_the_replay_reads_and_admits_what_a_ram_tier_on_files_does(tmp_path):
     with DiskReader(store.shard_files(), threads=2) as reader:
         tier = RamTier(store, reader, plan(store, 24 * store.layout.block_bytes))
         tier.start(profile, TOP_K, vram_slots, policy)
-        cache = ReferenceCache.warm(profile, vram_slots, TOP_K, vram.decay, vram.recency)
+        cache = ReferenceCache.warm(profile, vram_slots, TOP_K, vram.decay, vram.recency, vram.warm_horizon)
         for step in picks:
             for layer, selected in enumerate(step):
                 vram_held = cache.slot_of[layer].copy()

@@ -76,7 +76,7 @@ def _pair(kernels, device, seed, layers, experts, top_k, slots, policy, profile)
               for _ in range(layers)]
     cache = ExpertCache(kernels, store, tables, slots, device, top_k, policy, profile)
     warm = np.zeros((layers, experts)) if profile is None else profile
-    return cache, ReferenceCache.warm(warm, slots, top_k, policy.decay, policy.recency)
+    return cache, ReferenceCache.warm(warm, slots, top_k, policy.decay, policy.recency, policy.warm_horizon)
 
 
 def _assert_same(cache: ExpertCache, ref: ReferenceCache, where: str, jobs=None) -> None:

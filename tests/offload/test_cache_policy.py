@@ -298,6 +298,22 @@ def test_the_warm_start_fills_the_slots_by_the_placement_with_the_profiles_stead
     assert len(ReferenceCache.warm(profile, slots=100, top_k=8, decay=0.995).owner) == 8
 
 
+def test_a_warm_horizon_caps_the_warm_start_at_that_many_steps_of_the_profiles_picks():
+    profile = np.array([[70.0, 20.0, 5.0, 5.0], [10.0, 10.0, 10.0, 10.0]])
+    # share * top_k * horizon: 0.7 * 8 * 200 = 1120 at decay 0.999 (uncapped: 0.7 * 8 / 0.001 = 5600)
+    capped = warm_scores(profile, 8, 0.999, horizon=200)
+    assert capped.dtype == np.float32
+    assert capped.tolist() == np.float32([[1120.0, 320.0, 80.0, 80.0], [400.0, 400.0, 400.0, 400.0]]).tolist()
+    assert warm_scores(profile, 8, 0.999)[0, 0] == np.float32(0.7 * 8 / (1 - 0.999))
+    # a horizon at or beyond 1 / (1 - decay) changes nothing, bit for bit: 200 steps is decay 0.995's own
+    for horizon in (None, 200, 1e6):
+        assert warm_scores(profile, 8, 0.995, horizon).tobytes() == (profile / profile.sum(1, keepdims=True) * 8 / (1 - 0.995)).astype(np.float32).tobytes()
+    # the fast score's own horizon (2 steps at 0.5) is below any cap the policy takes, so it stays
+    assert np.array_equal(warm_scores(profile, 8, 0.5, horizon=200), warm_scores(profile, 8, 0.5))
+    warm = ReferenceCache.warm(profile, slots=3, top_k=8, decay=0.999, recency=Recency(0.5, 200.0, 0.99), warm_horizon=200)
+    assert np.array_equal(warm.freq, capped) and np.array_equal(warm.recent, warm_scores(profile, 8, 0.5))
+
+
 def test_a_resident_list_that_names_an_expert_twice_or_outside_the_layers_is_refused():
     with pytest.raises(ValueError, match="slot 1"):
         ReferenceCache(np.zeros((1, 4)), [(0, 2), (0, 2)])
