@@ -94,9 +94,12 @@ def decode_layer_ms(tier: dict) -> dict | None:
     if not n or decode is None or "decode_wait_seconds" not in layers:
         return None
     per = lambda seconds: round(seconds / n * 1e3, 3)
-    rest = layers["decode_tier_seconds"] - decode["policy_seconds"] - decode["read_seconds"]
+    # disk_read: what the reads add to a layer's step. Since 2026-12-04 the policy runs while they are in flight and
+    # wait_seconds is the rest of their time; before, they followed the policy and read_seconds was all of it
+    disk = decode.get("wait_seconds", decode["read_seconds"])
+    rest = layers["decode_tier_seconds"] - decode["policy_seconds"] - disk
     return {"sync_wait": per(layers["decode_wait_seconds"]), "policy": per(decode["policy_seconds"]),
-            "disk_read": per(decode["read_seconds"]), "rest_of_step": per(rest),
+            "disk_read": per(disk), "rest_of_step": per(rest),
             "rehome_all_layers": round(layers["rehome_seconds"] / (n + layers.get("other_layers", 0)) * 1e3, 3),
             "disk_read_gbs": decode.get("read_gbs")}
 

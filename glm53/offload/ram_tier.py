@@ -28,9 +28,16 @@ hysteresis alone keeps one-off picks from evicting warmer experts. The tier's fi
 and hysteresis, no recency, the VRAM residents' scores at zero) practically never replaced anything (2 admissions in
 ~100 decode steps on the H200); ``bench/ram_tier_sim.py`` replays both on traces against Belady's optimum
 (bench/results/2026-12-02-ram-tier-policy.md). Any other forward (:meth:`RamTier.fetch`) reads
-into the window only and leaves the policy alone, as the VRAM cache does. A read that fails fails the step
-(:class:`~glm53.offload.disk.DiskReadError`); the expert it was for is in no slot afterwards, and a victim whose
-slot it was read into is marked stale and read again when next picked, so nothing is served from a failed read.
+into the window only and leaves the policy alone, as the VRAM cache does.
+
+Slots and window entries are roles, not places: ``RamTier.blocks`` maps each (policy slot ``s``, or window entry
+``policy_slots + e``) to the arena block that plays it. A decode step reads every missed expert into its window
+entry, submitted before the policy's step, which runs on the host while the disk works; an expert the policy admits
+(or one whose slot a failed read left without bytes) then takes its window entry's block into its slot, and the
+slot's old block becomes that window entry's, by exchanging the two in the map: no byte is copied, and nothing is
+read into a slot. A read that fails fails the step (:class:`~glm53.offload.disk.DiskReadError`): the step's
+admissions are undone, every slot keeps its block and its bytes, and the expert it was for is in no slot, so nothing
+is served from a failed read.
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ import torch
 
 from .. import config
 from .cache_policy import Admission, Recency, ReferenceCache, placement, popularity_lift, warm_scores
-from .disk import DiskReader, DiskReadError, Read
+from .disk import Batch, DiskReader, DiskReadError, Read
 from .host_store import HostStore
 
 
@@ -228,16 +235,18 @@ class RamTier:
         if hasattr(self._map, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
             self._map.madvise(mmap.MADV_HUGEPAGE)
         self.arena = np.frombuffer(self._map, dtype=np.uint8)  # [policy slots + window] blocks
+        # the arena block playing each role: policy slot s at [s], window entry e at [policy_slots + e] (a permutation)
+        self.blocks = np.arange(tier.slots, dtype=np.int64)
         self.policy: TierState | None = None  # the policy slots' state
         self.parameters = TierPolicy()
-        self.stale = np.zeros(tier.policy_slots, dtype=bool)
         self._window: tuple[int, set[int]] = (-1, set())  # the layer and experts the window holds
         # admitted: into any slot; given_up: of those, into the slot of an expert VRAM held (``TierPolicy.exclusive``)
         self.reads = {"load": 0, "ram": 0, "disk": 0, "admitted": 0, "given_up": 0, "fetched": 0}
         self._serving = False
         self.timing = {"start_bytes": 0, "start_seconds": 0.0, "bytes": 0, "seconds": 0.0}  # the disk's rate as read
-        # where a decode layer's step spends its time on the host: the policy's bookkeeping, and its disk reads
-        self.decode_timing = {"policy_seconds": 0.0, "read_seconds": 0.0, "read_experts": 0}
+        # where a decode layer's step spends its time on the host: the policy's bookkeeping, which runs while the disk
+        # reads, then the wait for the reads left; read_seconds: submitted to done, over the steps that read
+        self.decode_timing = {"policy_seconds": 0.0, "wait_seconds": 0.0, "read_seconds": 0.0, "read_experts": 0}
         self._device_base = 0  # the arena's device address, once pinned
         self._unpin: Callable[[], None] | None = None
 
@@ -251,7 +260,6 @@ class RamTier:
         """
         self.parameters = policy
         self.policy = policy.state(profile, top_k, vram_slots, self.plan.policy_slots)
-        self.stale = np.zeros(len(self.policy.owner), dtype=bool)
         E = self.store.num_experts
         t0 = time.perf_counter()
         self._read([(int(o) // E, int(o) % E, s) for s, o in enumerate(self.policy.owner)])
@@ -309,36 +317,44 @@ class RamTier:
     def step(self, layer: int, missed, vram: np.ndarray) -> Served:
         """A decode step of ``layer`` for the picks the VRAM cache missed (int, any shape, the last axis a row, as
         :func:`missed` gives them: -1 for none, repeats allowed) with the layer's VRAM residency (``vram`` int
-        [experts], slot or -1; :meth:`TierPolicy.step`): the policy's step, then every missed expert not in a policy
-        slot read from disk. When this returns, each missed expert's bytes are at :meth:`block`; a slot given up by
-        an expert VRAM holds holds another's, and that expert has no block here (:meth:`address` -1) until it is
-        missed again.
+        [experts], slot or -1; :meth:`TierPolicy.step`): every missed expert no policy slot holds is read from disk
+        into its window entry while the policy's step runs, and those the policy admitted then take their window
+        entry's block into their slot (module docstring). When this returns, each missed expert's bytes are at
+        :meth:`block`; a slot given up by an expert VRAM holds holds another's, and that expert has no block here
+        (:meth:`address` -1) until it is missed again.
 
-        :raise DiskReadError: a read failed: the expert it was for is in no slot, and nothing was served.
+        :raise DiskReadError: a read failed: the step's admissions are undone, the slots keep their bytes, the
+            expert it was for is in no slot, and nothing was served.
         """
-        t0 = time.perf_counter()
         sel = np.asarray(missed, dtype=np.int64)
         picked = self._distinct(sel.reshape(-1))
         slot_of = self.policy.slot_of[layer]
-        ram = [e for e in picked if slot_of[e] >= 0 and not self.stale[slot_of[e]]]
-        stale = {e for e in picked if slot_of[e] >= 0 and self.stale[slot_of[e]]}
-        admitted = {a.expert: a for a in self.parameters.step(self.policy, layer, sel, vram)}
-        disk = [e for e in picked if e not in ram]
+        ram = [e for e in picked if slot_of[e] >= 0]
+        disk = [e for e in picked if slot_of[e] < 0]
         window = self.plan.policy_slots
-        targets = [(layer, e, int(slot_of[e]) if e in admitted or e in stale else window + e) for e in disk]
-        self._window = (layer, {e for _, e, slot in targets if slot >= window})
+        self._window = (-1, set())  # until the reads are in: the window's last layer is overwritten now
+        t0 = time.perf_counter()
+        batch = self._submit([(layer, e, window + e) for e in disk])
+        try:
+            admitted = {a.expert: a for a in self.parameters.step(self.policy, layer, sel, vram)}  # while the disk reads
+        except BaseException:
+            self._finish(batch, len(disk))  # no read is left in flight into the window
+            raise
         t1 = time.perf_counter()
         try:
-            self._read(targets)
+            self._finish(batch, len(disk))
         except DiskReadError:
-            self._undo(layer, admitted, targets)
+            self._undo(layer, admitted)
             raise
+        for e in admitted:  # every admitted expert is a disk one: the policy admits only picks no slot holds
+            self._exchange(int(slot_of[e]), window + e)
+        self._window = (layer, {e for e in disk if e not in admitted})
+        t2 = time.perf_counter()
         self.decode_timing["policy_seconds"] += t1 - t0
-        self.decode_timing["read_seconds"] += time.perf_counter() - t1
-        self.decode_timing["read_experts"] += len(targets)
-        for _, _, slot in targets:
-            if slot < window:
-                self.stale[slot] = False
+        self.decode_timing["wait_seconds"] += t2 - t1
+        if disk:
+            self.decode_timing["read_seconds"] += t2 - t0
+            self.decode_timing["read_experts"] += len(disk)
         self.reads["ram"] += len(ram)
         self.reads["disk"] += len(disk)
         self.reads["admitted"] += len(admitted)
@@ -353,7 +369,7 @@ class RamTier:
         """
         picked = self._distinct(np.asarray(experts, dtype=np.int64).reshape(-1))
         slot_of = self.policy.slot_of[layer]
-        ram = [e for e in picked if slot_of[e] >= 0 and not self.stale[slot_of[e]]]
+        ram = [e for e in picked if slot_of[e] >= 0]
         have = self._window[1] if self._window[0] == layer else set()
         disk = [e for e in picked if e not in ram and e not in have]
         self._window = (layer, have)
@@ -367,23 +383,22 @@ class RamTier:
         return Served(ram, disk)
 
     def slot_index(self, layer: int, expert: int) -> int:
-        """The arena block holding the expert (a policy slot, or its window block when the window holds the layer's),
-        or -1."""
+        """The arena block holding the expert (its policy slot's, or its window entry's when the window holds the
+        layer's), or -1."""
         slot = int(self.policy.slot_of[layer, expert])
-        if slot >= 0 and not self.stale[slot]:
-            return slot
+        if slot >= 0:
+            return int(self.blocks[slot])
         if self._window[0] == layer and expert in self._window[1]:
-            return self.plan.policy_slots + expert
+            return int(self.blocks[self.plan.policy_slots + expert])
         return -1
 
     def prefill_blocks(self, layer: int, experts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Where prefill staging copies ``experts`` (int ids) of ``layer`` from: whether a policy slot holds each
-        (bool), and its arena block: that slot, else its window block, where :meth:`fetch` reads it."""
+        (bool), and its arena block: that slot's, else its window entry's, where :meth:`fetch` reads it."""
         experts = np.asarray(experts, dtype=np.int64)
         slot = self.policy.slot_of[layer, experts].astype(np.int64)
         held = slot >= 0
-        held[held] = ~self.stale[slot[held]]
-        return held, np.where(held, slot, self.plan.policy_slots + experts)
+        return held, self.blocks[np.where(held, slot, self.plan.policy_slots + experts)]
 
     def block_address(self, index) -> np.ndarray:
         """The device address of arena block(s) ``index`` (after :meth:`pin`)."""
@@ -397,20 +412,18 @@ class RamTier:
     def policy_block(self, layer: int, expert: int) -> np.ndarray | None:
         """The expert's block when a policy slot holds it (not the window, which the next layer's reads reuse)."""
         slot = int(self.policy.slot_of[layer, expert])
-        return self._slot(slot) if slot >= 0 and not self.stale[slot] else None
+        return self._slot(slot) if slot >= 0 else None
 
     def block(self, layer: int, expert: int) -> np.ndarray | None:
         """The expert's block in this tier, or None when the tier does not hold it."""
         index = self.slot_index(layer, expert)
-        return None if index < 0 else self._slot(index)
+        return None if index < 0 else self._view(index)
 
     def verify(self) -> list[str]:
-        """Every policy slot that is not stale holds its expert's bytes (read again from disk to compare)."""
+        """Every policy slot holds its expert's bytes (read again from disk to compare)."""
         problems = []
         E, b = self.store.num_experts, self.plan.block_bytes
         for slot, owner in enumerate(self.policy.owner):
-            if self.stale[slot]:
-                continue
             layer, expert = int(owner) // E, int(owner) % E
             fresh = np.zeros(b, dtype=np.uint8)
             self.read_into([(layer, expert)], [fresh])
@@ -429,6 +442,7 @@ class RamTier:
                 "disk_gbs": {"start": rate(t["start_bytes"], t["start_seconds"]), "serving": rate(t["bytes"], t["seconds"])},
                 "read_seconds": round(t["seconds"], 3),
                 "decode": {"policy_seconds": round(self.decode_timing["policy_seconds"], 3),
+                           "wait_seconds": round(self.decode_timing["wait_seconds"], 3),
                            "read_seconds": round(self.decode_timing["read_seconds"], 3),
                            "read_experts": self.decode_timing["read_experts"],
                            "read_gbs": rate(self.decode_timing["read_experts"] * self.plan.block_bytes, self.decode_timing["read_seconds"])}}
@@ -438,31 +452,50 @@ class RamTier:
     def _distinct(self, sel: np.ndarray) -> list[int]:
         return [int(e) for e in np.unique(sel[(sel >= 0) & (sel < self.store.num_experts)])]
 
-    def _slot(self, slot: int) -> np.ndarray:
+    def _view(self, block: int) -> np.ndarray:
         b = self.plan.block_bytes
-        return self.arena[slot * b:(slot + 1) * b]
+        return self.arena[block * b:(block + 1) * b]
+
+    def _slot(self, role: int) -> np.ndarray:
+        """The block playing ``role`` (policy slot ``s``, or window entry ``policy_slots + e``)."""
+        return self._view(int(self.blocks[role]))
+
+    def _exchange(self, a: int, b: int) -> None:
+        self.blocks[[a, b]] = self.blocks[[b, a]]
 
     def _block_reads(self, layer: int, expert: int, dest: np.ndarray) -> list[Read]:
         return [Read(self._file[Path(f)], at, n, dest[off:off + n]) for f, at, n, off in self.store.block_sources(layer, expert)]
 
-    def _read(self, targets: list[tuple[int, int, int]]) -> None:
-        if not targets:
+    def _submit(self, targets: list[tuple[int, int, int]]) -> tuple[Batch | None, float]:
+        """Start reading ``targets`` ((layer, expert, role)); :meth:`_finish` waits for them."""
+        reads = [r for layer, e, role in targets for r in self._block_reads(layer, e, self._slot(role))]
+        return (self.reader.submit(reads) if reads else None), time.perf_counter()
+
+    def _finish(self, submitted: tuple[Batch | None, float], experts: int) -> None:
+        """Wait for :meth:`_submit`'s reads of ``experts`` expert blocks.
+
+        :raise DiskReadError: the first that failed (all have finished).
+        """
+        batch, t0 = submitted
+        if batch is None:
             return
-        t0 = time.perf_counter()
-        self.reader.read([r for layer, e, slot in targets for r in self._block_reads(layer, e, self._slot(slot))])
+        batch.wait()
         if self._serving:  # the start's reads are timed apart
             self.timing["seconds"] += time.perf_counter() - t0
-            self.timing["bytes"] += len(targets) * self.plan.block_bytes
+            self.timing["bytes"] += experts * self.plan.block_bytes
+        errors = batch.errors()
+        if errors:
+            raise errors[0]
 
-    def _undo(self, layer: int, admitted: dict, targets: list[tuple[int, int, int]]) -> None:
+    def _read(self, targets: list[tuple[int, int, int]]) -> None:
+        self._finish(self._submit(targets), len(targets))
+
+    def _undo(self, layer: int, admitted: dict) -> None:
         """After a failed read: the step's admitted experts leave their slots, which go back to the experts they
-        evicted, marked stale (their bytes were overwritten or may have been); the window holds nothing."""
+        evicted (nothing was read into a slot: their bytes are intact); the window holds nothing."""
         E = self.store.num_experts
         for a in admitted.values():
             self.policy.slot_of[layer, a.expert] = -1
             self.policy.slot_of[layer, a.evicted] = a.slot
             self.policy.owner[a.slot] = layer * E + a.evicted
-        for _, _, slot in targets:
-            if slot < self.plan.policy_slots:
-                self.stale[slot] = True
         self._window = (-1, set())

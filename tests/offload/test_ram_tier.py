@@ -165,14 +165,39 @@ def test_a_failed_read_serves_nothing_and_the_expert_is_read_again_next_time(che
     f, at, n, _ = store.block_sources(layer, cold)[2]
     reader.inject(store.shard_files().index(f), at + n // 2, errno.EIO, times=2)  # past the one retry
     picks = np.array([cold] * 8)  # picked often enough to be admitted
+    owners, blocks = tier.policy.owner.copy(), tier.blocks.copy()
     with pytest.raises(DiskReadError, match=f"{f}: reading {n} bytes at byte {at} failed at byte .* with EIO"):
         tier.step(layer, picks, NO_VRAM)
     assert tier.block(layer, cold) is None and tier.policy.slot_of[layer, cold] < 0
-    assert tier.verify() == []  # no slot claims bytes it does not hold (a victim overwritten is stale)
+    # the admission is undone: every slot keeps its expert, its block and its bytes (nothing was read into a slot)
+    assert np.array_equal(tier.policy.owner, owners) and np.array_equal(tier.blocks, blocks) and tier.verify() == []
+    victims = [int(o) % EXPERTS for o in owners if int(o) // EXPERTS == layer]
+    served = tier.step(layer, np.array(victims), NO_VRAM)  # served from RAM: nothing read
+    assert served.disk == [] and sorted(served.ram) == sorted(victims)
     served = tier.step(layer, picks, NO_VRAM)
-    assert served.disk == [cold]
+    assert served.disk == [cold] and tier.policy.slot_of[layer, cold] >= 0  # admitted this time: its block took the slot
     assert projections(store, tier.block(layer, cold)) == expected(store, tensors, layer, cold)
     assert tier.verify() == []
+
+
+def test_an_admitted_expert_takes_its_window_block_into_its_slot_and_the_slot_s_block_joins_the_window(checkpoint):
+    store, tensors, reader = checkpoint
+    profile, _ = skewed(5)
+    tier = RamTier(store, reader, plan(store, 20 * store.layout.block_bytes))
+    tier.start(profile, TOP_K, 0, TIER)
+    layer, P = 0, tier.plan.policy_slots
+    cold = next(e for e in range(EXPERTS) if tier.policy.slot_of[layer, e] < 0)
+    window_block = int(tier.blocks[P + cold])
+    requests = reader.counters()["requests"]
+    tier.step(layer, np.array([cold] * 8), NO_VRAM)
+    slot = int(tier.policy.slot_of[layer, cold])
+    assert slot >= 0  # admitted
+    victim_block = int(tier.blocks[P + cold])
+    assert int(tier.blocks[slot]) == window_block and victim_block != window_block  # exchanged, not copied
+    assert sorted(tier.blocks) == list(range(tier.plan.slots))  # still one role a block
+    assert reader.counters()["requests"] == requests + 3  # its three projections, read once, into the window
+    assert projections(store, tier.block(layer, cold)) == expected(store, tensors, layer, cold)
+    assert tier.slot_index(layer, cold) == window_block and tier.verify() == []
 
 
 def test_a_prefill_fetch_reads_what_no_policy_slot_holds_into_the_window_and_leaves_the_policy_alone(checkpoint):

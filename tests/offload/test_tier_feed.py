@@ -64,7 +64,7 @@ def test_a_staged_forward_reads_from_disk_only_what_no_policy_slot_holds_and_sta
         window = tier.plan.policy_slots
         for e, source in zip(r.staged, r.sources):
             assert source == (window + e if e in r.disk else tier.policy.slot_of[row, e])
-        assert list(r.homes) == [tier.block_address(window + e if e in r.disk else tier.policy.slot_of[row, e]) for e in r.missing]
+        assert list(r.homes) == [tier.block_address(tier.blocks[window + e if e in r.disk else tier.policy.slot_of[row, e]]) for e in r.missing]
     assert any(len(r.overflow) for r in rows)  # the capacity binds somewhere (not vacuous)
     assert layer_staging(resident, capacity=tightest, tier=tier) is not None
     assert layer_staging(resident, capacity=tightest - 1, tier=tier) is None  # a layer's disk reads would not fit

@@ -103,7 +103,8 @@ def test_a_step_whose_picks_are_all_in_vram_reads_nothing(hierarchy):
 
 def test_a_slot_given_up_while_vram_holds_its_expert_is_never_read_for_it_and_it_is_re_pointed_when_next_picked(hierarchy):
     """The tier gives up the slot of an expert VRAM holds, and VRAM evicts that expert in the same step: its table goes
-    to its stale ``home`` (the slot, now another expert's), which nothing reads before its next pick re-points it."""
+    to its stale ``home`` (the slot's old block, which now plays the admitted expert's window entry), which nothing
+    reads before its next pick re-points it."""
     store, tensors, tier, cache, home, profile, rng, arena = hierarchy
     E = store.num_experts
     tier.start(profile, TOP_K, VRAM_SLOTS, TierPolicy(decay=DECAY, hysteresis=100.0, exclusive_after=2))  # no other admission
@@ -112,7 +113,8 @@ def test_a_slot_given_up_while_vram_holds_its_expert_is_never_read_for_it_and_it
     slot = int(tier.policy.slot_of[layer, e])
     x = next(c for c in range(E) if tier.policy.slot_of[layer, c] < 0 and cache.policy.slot_of[layer, c] < 0)
     home.resolve(layer, np.array([e]), cache.policy.slot_of[layer].copy(), decode=True)  # served from its slot
-    assert cache.home_host[layer, e] == cache.table[layer, e] == tier.block_address(slot)
+    e_block = int(tier.blocks[slot])
+    assert cache.home_host[layer, e] == cache.table[layer, e] == tier.block_address(e_block)
     # the VRAM cache admits e in place of one of its residents, copied from home, as its copy kernel does
     v = cache.policy.residents(layer)[0]
     vslot = int(cache.policy.slot_of[layer, v])
@@ -122,16 +124,18 @@ def test_a_slot_given_up_while_vram_holds_its_expert_is_never_read_for_it_and_it
     for step in range(2):  # x is missed twice; at the second VRAM has held e for 2 steps and x takes e's slot
         home.resolve(layer, np.array([x]), cache.policy.slot_of[layer].copy(), decode=True)
         assert (tier.policy.slot_of[layer, x] == slot) == (step == 1)
-    assert tier.address(layer, e) == -1 and cache.home_host[layer, x] == cache.table[layer, x] == tier.block_address(slot)
+    # x was read into its window entry's block, which its slot then took: the slot's old block plays x's window entry
+    assert int(tier.blocks[slot]) != e_block and int(tier.blocks[tier.plan.policy_slots + x]) == e_block
+    assert tier.address(layer, e) == -1 and cache.home_host[layer, x] == cache.table[layer, x] == tier.address(layer, x)
     assert bytes_at(arena, int(cache.table[layer, x]), store) == expected(store, tensors, layer, x)
-    assert cache.home_host[layer, e] == tier.block_address(slot)  # stale, but e is read from its VRAM slot
+    assert cache.home_host[layer, e] == tier.block_address(e_block)  # stale, but e is read from its VRAM slot
     assert projections(store, cache.slots[vslot]) == expected(store, tensors, layer, e)
-    # the VRAM cache evicts e in the same step (it was not picked): its table goes home, to x's bytes, and nothing reads it
+    # the VRAM cache evicts e in the same step (it was not picked): its table goes home, to the block of a window entry
+    # (e's bytes until that entry is read into), and nothing reads it
     cache.policy.slot_of[layer, e] = -1
     cache.table[layer, e] = cache.home_host[layer, e]
-    assert bytes_at(arena, int(cache.table[layer, e]), store) == expected(store, tensors, layer, x)
     disk = tier.reads["disk"]
     home.resolve(layer, np.array([e, x]), cache.policy.slot_of[layer].copy(), decode=True)  # e picked again
-    assert tier.reads["disk"] == disk + 1 and cache.table[layer, e] == cache.home_host[layer, e] != tier.block_address(slot)
+    assert tier.reads["disk"] == disk + 1 and cache.table[layer, e] == cache.home_host[layer, e] == tier.address(layer, e)
     assert bytes_at(arena, int(cache.table[layer, e]), store) == expected(store, tensors, layer, e)
     assert bytes_at(arena, int(cache.table[layer, x]), store) == expected(store, tensors, layer, x)
