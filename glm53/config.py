@@ -257,10 +257,13 @@ class Settings:
     ec_elastic_gb: float = setting(_number(float, 0, None, " GB"), 10.0, "expert-cache VRAM lent to activations and staging during a long prefill")
     ec_stage_gb: float = setting(_number(float, 0, None, " GB"), 2.6, "size of each of the two prefill staging buffers")
     ec_decay: float | None = setting(_optional(_number(float, 0.5, 1.0), "the policy's default"), None,
-                                     "the expert cache's slow (popularity) score decay per decode step", show_default="unset (0.999)")
+                                     "the expert cache's slow (popularity) score decay per decode step", show_default="unset (0.995)")
+    ec_hysteresis: float | None = setting(_optional(_number(float, 1.0, 100.0), "the policy's default"), None,
+                                          "how many times the weakest VRAM resident's score a missed expert must score to take its "
+                                          "slot", show_default="unset (1.25)")
     ec_recency_weight: float | None = setting(_optional(_number(float, 0, 1e6), "the policy's default"), None,
                                               "weight of the expert cache's fast (recency) score per unit of measured reuse lift; 0: "
-                                              "popularity alone (the policy before 2026-12-02)", show_default="unset (400)")
+                                              "popularity alone (the policy before 2026-12-02)", show_default="unset (200)")
     ec_warm_horizon: float | None = setting(_optional(_number(float, 1, 1e6, " steps"), "the policy's default"), None,
                                             "the expert cache's warm start counts the routing profile as at most this many decode steps "
                                             "of picks (1e6: no cap, the 1 / (1 - decay) steps of the profile's steady state)", show_default="unset (200)")

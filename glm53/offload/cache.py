@@ -38,15 +38,20 @@ CHUNK_SLOTS = 32  # slots per VRAM allocation; the elastic loan frees and reallo
 class Policy:
     """The cache's settings. ``decay``, ``hysteresis``, ``max_admit`` and the ``recency_*`` fields are the
     replacement policy's parameters, defined by ``cache_policy.ReferenceCache.step`` (which ``ec_step_kernel`` runs
-    on the device). The defaults are the replay's choice on the real engine's routing trace and on the twins
-    (bench/results/2026-12-04-cache-policy-online-bound.md): the slow decay keeps a long memory of the picks served,
-    and the warm horizon lets a shipped profile that the routing does not follow fade as fast as 0.995's would."""
+    on the device). The defaults are the replay's choice on the real engine's routing trace
+    (bench/results/2026-12-02-cache-policy-engine-trace.md), confirmed on the GPU (+3.3 % decode against the policy
+    before, 2026-12-02-offload-session5-h200.md). The warm horizon caps how many steps of picks the shipped profile
+    counts as: at decay 0.995 its 200 steps are the profile's steady state (no cap), and with a slower decay it lets a
+    profile the routing does not follow fade as fast as 0.995's would. The replays' candidate on the engine trace and
+    both presets' twins, decay 0.999 / recency weight 400 / hysteresis 1.1 / horizon 200
+    (bench/results/2026-12-04-cache-policy-online-bound.md: +0.06, +0.37 and +0.50 points of hit rate), is not the
+    default until a GPU A/B confirms it (``--ec-decay 0.999 --ec-recency-weight 400 --ec-hysteresis 1.1``)."""
 
-    decay: float = 0.999  # of the slow score (popularity): half-life ~700 decode steps
-    hysteresis: float = 1.1
+    decay: float = 0.995  # of the slow score (popularity): half-life ~140 decode steps
+    hysteresis: float = 1.25
     max_admit: int = 8  # per layer and decode step; an admission replaces the step's read of the expert over the link
     recency_decay: float = 0.5  # of the fast score: a trained router's picks recur over the next few tokens
-    recency_weight: float = 400.0  # the fast score's weight per unit of measured reuse lift above popularity's
+    recency_weight: float = 200.0  # the fast score's weight per unit of measured reuse lift above popularity's
     recency_keep: float = 0.99  # of the running reuse lift: ~100 decode steps
     warm_horizon: float | None = 200.0  # decode steps of picks the profile's warm start counts as at most (None: 1 / (1 - decay))
     decode_rows: int = 8  # routing calls of at most this many rows are decode steps (admission on)
@@ -63,9 +68,10 @@ class Policy:
 
     @classmethod
     def from_settings(cls, settings) -> Policy:
-        """The default policy with what ``GLM53_EC_DECAY`` / ``GLM53_EC_RECENCY_WEIGHT`` / ``GLM53_EC_WARM_HORIZON``
-        set (unset: the defaults)."""
-        return cls(**config.given(settings, decay="ec_decay", recency_weight="ec_recency_weight", warm_horizon="ec_warm_horizon"))
+        """The default policy with what ``GLM53_EC_DECAY`` / ``GLM53_EC_HYSTERESIS`` / ``GLM53_EC_RECENCY_WEIGHT`` /
+        ``GLM53_EC_WARM_HORIZON`` set (unset: the defaults)."""
+        return cls(**config.given(settings, decay="ec_decay", hysteresis="ec_hysteresis", recency_weight="ec_recency_weight",
+                                  warm_horizon="ec_warm_horizon"))
 
     @property
     def recency(self) -> Recency:

@@ -75,7 +75,7 @@ def test_the_kernels_policy_admits_only_what_beats_the_weakest_resident():
     profile = np.array([[10.0, 1.0, 1.0, 1.0]])  # expert 0 is hot
     start = [[0, 1]]
     trace = np.array([[[2]], [[2]], [[2]], [[1]]])  # expert 2 is picked three times, then 1
-    policy = Policy(decay=1.0, hysteresis=1.25, max_admit=2)
+    policy = Policy(decay=1.0, hysteresis=1.25, max_admit=2, warm_horizon=None)
     # warm scores (top-k 1, decay 1: infinite horizon -> 1e6 scale) keep 0 and 1; one pick of 2 cannot beat 1
     assert sim.run_decayed(trace, start, profile, policy) == 1  # only the last pick (expert 1) hits
     assert sim.run_decayed(trace, start, profile, Policy(max_admit=0)) == sim.run_static(trace, start)
@@ -99,7 +99,7 @@ def test_a_policy_out_of_range_is_refused():
                 {"recency_keep": 1.0}, {"max_admit": 17}, {"hysteresis": 0.9}):
         with pytest.raises(ValueError, match="bad cache policy"):
             Policy(**bad)
-    assert Policy(recency_weight=0.0).recency.weight == 0.0 and Policy().recency == (0.5, 400.0, 0.99)
+    assert Policy(recency_weight=0.0).recency.weight == 0.0 and Policy().recency == (0.5, 200.0, 0.99)
 
 
 def test_a_synth_checkpoints_profile_is_the_one_its_router_was_fitted_to():

@@ -16,7 +16,8 @@ def test_settings_override_decay_and_recency_weight():
     assert policy.recency_decay == Policy().recency_decay
 
 
-@pytest.mark.parametrize("name, field", [("ec_decay", "decay"), ("ec_recency_weight", "recency_weight"), ("ec_warm_horizon", "warm_horizon")])
+@pytest.mark.parametrize("name, field", [("ec_decay", "decay"), ("ec_hysteresis", "hysteresis"), ("ec_recency_weight", "recency_weight"),
+                                         ("ec_warm_horizon", "warm_horizon")])
 def test_the_shown_default_is_the_policys(name, field):
     shown = config.Settings.__dataclass_fields__[name].metadata
     text = next(v for v in shown.values() if isinstance(v, str) and v.startswith("unset ("))
