@@ -147,6 +147,8 @@ GLM53_DR_PENDING = 0
 GLM53_DR_DONE = 1
 GLM53_DR_FAILED = 2
 GLM53_DR_SHORT_READ = -1
+GLM53_DR_SLOW_READ = -2
+GLM53_DR_SLOW_READ_MS = 300
 GLM53_DR_C_REQUESTS = 0
 GLM53_DR_C_FAILED = 1
 GLM53_DR_C_BYTES = 2
@@ -284,6 +286,8 @@ FUNCTIONS = {
     "glm53_dr_stop": (None, [ctypes.c_void_p]),
     # int32_t glm53_dr_submit(void* reader, glm53_dr_request* requests, int32_t n)
     "glm53_dr_submit": (ctypes.c_int32, [ctypes.c_void_p, ctypes.POINTER(glm53_dr_request), ctypes.c_int32]),
+    # void glm53_dr_cancel(void* reader, glm53_dr_request* requests, int32_t n)
+    "glm53_dr_cancel": (None, [ctypes.c_void_p, ctypes.POINTER(glm53_dr_request), ctypes.c_int32]),
     # int32_t glm53_dr_wait(void* reader, const glm53_dr_request* requests, int32_t n, int64_t timeout_us)
     "glm53_dr_wait": (ctypes.c_int32, [
         ctypes.c_void_p, ctypes.POINTER(glm53_dr_request), ctypes.c_int32, ctypes.c_int64
@@ -360,6 +364,8 @@ ABI = {
             "GLM53_DR_DONE": GLM53_DR_DONE,
             "GLM53_DR_FAILED": GLM53_DR_FAILED,
             "GLM53_DR_SHORT_READ": GLM53_DR_SHORT_READ,
+            "GLM53_DR_SLOW_READ": GLM53_DR_SLOW_READ,
+            "GLM53_DR_SLOW_READ_MS": GLM53_DR_SLOW_READ_MS,
             "GLM53_DR_C_REQUESTS": GLM53_DR_C_REQUESTS,
             "GLM53_DR_C_FAILED": GLM53_DR_C_FAILED,
             "GLM53_DR_C_BYTES": GLM53_DR_C_BYTES,

@@ -27,7 +27,8 @@ import numpy as np
 from .. import config
 from ..native import abi
 from ..native.cpu import library
-from ..native.cpu_binding import GLM53_DR_SHORT_READ, glm53_dr_counter, glm53_dr_request, glm53_dr_state
+from ..native.cpu_binding import (GLM53_DR_SHORT_READ, GLM53_DR_SLOW_READ, GLM53_DR_SLOW_READ_MS, glm53_dr_counter,
+                                  glm53_dr_request, glm53_dr_state)
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ ALIGN = 4096  # a multiple of every logical block size in use (512, 4096): O_DIR
 # one pread (a unit of work for any thread) and each thread's bounce buffer; the threads: preads in flight
 PIECE_BYTES = config.default_of("disk_piece_kb") * 1024
 THREADS = config.default_of("disk_threads")
+SLOW, SLOW_READ_MS = "slow", GLM53_DR_SLOW_READ_MS  # an injected fault: a read that waits, then reads
 STATES = abi.names(glm53_dr_state, "GLM53_DR_")  # by id: pending, done, failed
 DONE, FAILED = STATES.index("done"), STATES.index("failed")
 COUNTERS = abi.names(glm53_dr_counter, "GLM53_DR_C_", "GLM53_DR_C_N")  # requests, failed, bytes, disk_bytes, ..., pieces
@@ -83,6 +85,15 @@ class Batch:
     def done(self) -> list[bool]:
         """Per read, whether its bytes are all in its destination."""
         return [self._requests[i].state == DONE for i in range(len(self.reads))]
+
+    def cancel(self, which: Sequence[int] | None = None) -> None:
+        """Drop the pieces no thread has begun of the reads ``which`` (indices; None: all). Those reads fail with
+        ECANCELED once their pieces in flight are done, unless none was left to drop (they finish as they would have):
+        :meth:`wait`, then :meth:`done` says which hold their bytes."""
+        size = ctypes.sizeof(glm53_dr_request)
+        base = ctypes.addressof(self._requests)
+        for i in range(len(self.reads)) if which is None else which:
+            library().glm53_dr_cancel(self.reader._handle, ctypes.cast(base + i * size, ctypes.POINTER(glm53_dr_request)), 1)
 
 
 class DiskReader:
@@ -157,11 +168,12 @@ class DiskReader:
         library().glm53_dr_counters(self._handle, out)
         return dict(zip(COUNTERS, (int(v) for v in out)))
 
-    def inject(self, file: int, offset: int, error: int | None, times: int = 1) -> None:
-        """Tests' faults: the next ``times`` reads of ``file`` covering ``offset`` fail with errno ``error``
-        (None: they return half the bytes asked)."""
+    def inject(self, file: int, offset: int, error: int | str | None, times: int = 1) -> None:
+        """Tests' faults: the next ``times`` reads of ``file`` covering ``offset`` fail with errno ``error`` (None:
+        they return half the bytes asked; :data:`SLOW`: they wait ``SLOW_READ_MS`` first, keeping a thread busy)."""
         self._open()
-        if library().glm53_dr_inject(self._handle, file, offset, GLM53_DR_SHORT_READ if error is None else error, times) != 0:
+        code = GLM53_DR_SHORT_READ if error is None else GLM53_DR_SLOW_READ if error == SLOW else error
+        if library().glm53_dr_inject(self._handle, file, offset, code, times) != 0:
             raise ValueError(library().glm53_dr_error().decode())
 
     def close(self) -> None:
@@ -191,6 +203,8 @@ class DiskReader:
                        f"before the read's last byte {read.offset + read.length - 1}: the file is truncated or was changed "
                        "while being served; fetch the checkpoint again and restart")
             return DiskReadError(message, errno.EIO, path, index, read.offset, at, True)
+        if request.error == errno.ECANCELED:
+            return DiskReadError(f"{what} was cancelled (Batch.cancel) at byte {at}", errno.ECANCELED, path, index, read.offset, at, False)
         name = errno.errorcode.get(request.error, str(request.error))
         message = (f"{what} failed at byte {at} with {name} ({os.strerror(request.error)}), also when retried: the disk or "
                    "its filesystem failed there; check the kernel log (dmesg) and the drive's health (smartctl -a), or move "

@@ -53,6 +53,7 @@ enum class Read { ok, eof, refused, failed };
 struct Job {
     glm53_dr_request* q;
     std::atomic<int64_t> left;
+    std::atomic<bool> cancelled{false};  // its pieces not yet begun are not read (glm53_dr_cancel)
     std::mutex failure_mutex;
     bool failed = false;
     int32_t error = 0;
@@ -89,21 +90,26 @@ uint64_t up(uint64_t n, uint64_t a) { return (n + a - 1) & ~(a - 1); }
 // pread, or the fault armed for a read covering this offset (a short one stays a multiple of `step`)
 ssize_t read_at(Reader& r, int32_t file, int fd, char* buf, uint64_t n, uint64_t at, uint64_t step)
 {
+    bool slow = false;
     if (r.fault_count.load(std::memory_order_acquire) > 0) {
         std::lock_guard<std::mutex> lock(r.fault_mutex);
         for (Fault& f : r.faults)
             if (f.times > 0 && f.file == file && at <= f.offset && f.offset < at + n) {
                 if (--f.times == 0)
                     r.fault_count.fetch_sub(1, std::memory_order_release);
-                if (f.error != GLM53_DR_SHORT_READ) {
+                if (f.error == GLM53_DR_SLOW_READ) {
+                    slow = true;
+                } else if (f.error != GLM53_DR_SHORT_READ) {
                     errno = f.error;
                     return -1;
-                }
-                if (down(n / 2, step) > 0)
+                } else if (down(n / 2, step) > 0) {
                     n = down(n / 2, step);
+                }
                 break;
             }
     }
+    if (slow)
+        std::this_thread::sleep_for(std::chrono::milliseconds(GLM53_DR_SLOW_READ_MS));
     return pread(fd, buf, n, static_cast<off_t>(at));
 }
 
@@ -223,6 +229,8 @@ void perform(Reader& r, const Piece& piece, char* bounce)
     Job* job = piece.job;
     if (bounce == nullptr) {  // no bounce buffer: this thread's pieces fail rather than read into nothing
         fail(job, ENOMEM, piece.p0);
+    } else if (job->cancelled.load(std::memory_order_acquire)) {
+        fail(job, ECANCELED, piece.p0);
     } else if (!failed_below(job, piece.p0)) {  // else its bytes would not be used and its failure not reported
         r.count(GLM53_DR_C_PIECES);
         File& f = r.files[static_cast<size_t>(job->q->file)];
@@ -396,6 +404,30 @@ int32_t glm53_dr_submit(void* reader, glm53_dr_request* requests, int32_t n)
     }
     r->queued.notify_all();
     return 0;
+}
+
+void glm53_dr_cancel(void* reader, glm53_dr_request* requests, int32_t n)
+{
+    Reader* r = static_cast<Reader*>(reader);
+    std::vector<Job*> emptied;  // jobs whose every piece left was still queued: finished here
+    {
+        std::lock_guard<std::mutex> lock(r->queue_mutex);
+        std::deque<Piece> kept;
+        for (const Piece& piece : r->queue) {
+            const glm53_dr_request* q = piece.job->q;
+            if (q < requests || q >= requests + n) {
+                kept.push_back(piece);
+                continue;
+            }
+            piece.job->cancelled.store(true, std::memory_order_release);
+            fail(piece.job, ECANCELED, piece.p0);
+            if (piece.job->left.fetch_sub(1, std::memory_order_acq_rel) == 1)
+                emptied.push_back(piece.job);
+        }
+        r->queue.swap(kept);
+    }
+    for (Job* job : emptied)
+        finish(*r, job);
 }
 
 int32_t glm53_dr_wait(void* reader, const glm53_dr_request* requests, int32_t n, int64_t timeout_us)

@@ -38,7 +38,9 @@ extern "C" {
 #define GLM53_DR_API __attribute__((visibility("default")))
 
 enum glm53_dr_state { GLM53_DR_PENDING = 0, GLM53_DR_DONE = 1, GLM53_DR_FAILED = 2 };
-enum { GLM53_DR_SHORT_READ = -1 };  /* an injected fault that returns half the bytes asked (glm53_dr_inject) */
+/* injected faults other than an errno (glm53_dr_inject): a read that returns half the bytes asked; one that waits
+ * GLM53_DR_SLOW_READ_MS first, then reads (a test's way to keep a thread busy) */
+enum { GLM53_DR_SHORT_READ = -1, GLM53_DR_SLOW_READ = -2, GLM53_DR_SLOW_READ_MS = 300 };
 enum glm53_dr_counter {
     GLM53_DR_C_REQUESTS, GLM53_DR_C_FAILED, GLM53_DR_C_BYTES, GLM53_DR_C_DISK_BYTES, GLM53_DR_C_BOUNCED_BYTES,
     GLM53_DR_C_RETRIES, GLM53_DR_C_SHORT_READS, GLM53_DR_C_FALLBACKS, GLM53_DR_C_PIECES, GLM53_DR_C_N
@@ -67,6 +69,9 @@ GLM53_DR_API void glm53_dr_stop(void* reader);  /* waits for the requests in fli
 /* Queues n requests (their states set PENDING first); 0, or -1 for a request the reader cannot take (no file of
  * that index, length 0: nothing is queued). */
 GLM53_DR_API int32_t glm53_dr_submit(void* reader, glm53_dr_request* requests, int32_t n);
+/* Drops the pieces of the n requests that no thread has begun; a request with pieces dropped fails with ECANCELED once
+ * its pieces in flight are done (glm53_dr_wait), and one that had finished is left as it is. */
+GLM53_DR_API void glm53_dr_cancel(void* reader, glm53_dr_request* requests, int32_t n);
 /* Waits until none of the n requests is PENDING: 0, or 1 when timeout_us (>= 0) passed first (-1: no limit). */
 GLM53_DR_API int32_t glm53_dr_wait(void* reader, const glm53_dr_request* requests, int32_t n, int64_t timeout_us);
 
@@ -77,7 +82,7 @@ GLM53_DR_API int32_t glm53_dr_file_fallback(void* reader, int32_t file, int64_t*
 GLM53_DR_API void glm53_dr_counters(void* reader, uint64_t* out);  /* GLM53_DR_C_N values */
 
 /* Fault injection for tests: the next `times` reads of `file` whose range covers `offset` fail with errno `error`
- * (GLM53_DR_SHORT_READ: they return half the bytes asked instead). */
+ * (GLM53_DR_SHORT_READ: they return half the bytes asked instead; GLM53_DR_SLOW_READ: they wait, then read). */
 GLM53_DR_API int32_t glm53_dr_inject(void* reader, int32_t file, uint64_t offset, int32_t error, int32_t times);
 
 #ifdef __cplusplus

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from glm53.offload.disk import ALIGN, DiskReader, DiskReadError, Read
+from glm53.offload.disk import ALIGN, SLOW, DiskReader, DiskReadError, Read
 from glm53.offload.host_store import HostStore
 from tests.offload.test_host_store import PREFIX, _write_shard
 
@@ -174,6 +174,42 @@ def test_a_request_whose_pieces_fail_reports_its_lowest_failure_whichever_thread
         (err,) = batch.errors()
         assert err.errno == errno.EIO and err.failed_at == 9 * ALIGN and err.request == 0  # its piece [9, 11) blocks
         assert reader.counters()["failed"] == 1
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["o_direct", "buffered"])
+def test_a_cancelled_read_drops_its_queued_pieces_and_the_others_are_read_whole(tmp_path, direct):
+    path = tmp_path / "f.bin"
+    data = np.random.default_rng(5).integers(0, 256, 64 * ALIGN, dtype=np.uint8)
+    path.write_bytes(data.tobytes())
+    with DiskReader([path], threads=1, direct=direct, piece_bytes=ALIGN) as reader:
+        reader.inject(0, 0, SLOW)  # the one thread's first piece waits: the cancel lands while the rest are queued
+        dests = [np.zeros(ALIGN, np.uint8), np.full(30 * ALIGN, 0xA5, np.uint8), np.full(30 * ALIGN, 0xA5, np.uint8)]
+        batch = reader.submit([Read(0, 0, ALIGN, dests[0]), Read(0, ALIGN, 30 * ALIGN, dests[1]),
+                               Read(0, 32 * ALIGN, 30 * ALIGN, dests[2])])
+        batch.cancel([1])
+        batch.wait()
+        assert batch.done() == [True, False, True]
+        assert dests[0].tobytes() == data[:ALIGN].tobytes() and dests[2].tobytes() == data[32 * ALIGN: 62 * ALIGN].tobytes()
+        assert (dests[1] == 0xA5).all()  # none of its 30 pieces was read
+        (cancelled,) = batch.errors()
+        assert cancelled.errno == errno.ECANCELED and cancelled.request == 1
+        assert reader.counters()["pieces"] == 1 + 30 and reader.counters()["failed"] == 1
+        later = np.zeros(ALIGN, np.uint8)
+        reader.read([Read(0, 5 * ALIGN, ALIGN, later)])  # the reader goes on
+        assert later.tobytes() == data[5 * ALIGN: 6 * ALIGN].tobytes()
+
+
+def test_cancelling_a_finished_read_leaves_it_done(tmp_path):
+    path = tmp_path / "f.bin"
+    data = np.random.default_rng(6).integers(0, 256, 8 * ALIGN, dtype=np.uint8)
+    path.write_bytes(data.tobytes())
+    with DiskReader([path], threads=2, piece_bytes=ALIGN) as reader:
+        dest = np.zeros(4 * ALIGN, np.uint8)
+        batch = reader.submit([Read(0, ALIGN, 4 * ALIGN, dest)])
+        batch.wait()
+        batch.cancel()
+        batch.wait()
+        assert batch.done() == [True] and batch.errors() == [] and dest.tobytes() == data[ALIGN: 5 * ALIGN].tobytes()
 
 
 def test_concurrent_submitters_and_readers_get_their_own_bytes(tmp_path):
