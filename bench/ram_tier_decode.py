@@ -187,6 +187,10 @@ def policy_runs(paths: list[Path]) -> dict:
         rows[path.stem] = {"decode_tok_s": round(arm["decode_tok_s"], 2), "disk_reads_per_token": round(counts["disk_reads"], 2),
                            "host_reads_per_token": round(counts["host_reads"], 2), "decode_steps": counts["decode_steps"],
                            "admissions_per_token": round(tier["served"]["admitted"] / max(counts["decode_steps"], 1), 2),
+                           "read_ahead_per_token": round(tier["served"].get("ahead", 0) / max(counts["decode_steps"], 1), 2),
+                           "read_ahead_used_per_token": round(tier["served"].get("ahead_used", 0) / max(counts["decode_steps"], 1), 2),
+                           "decode_layer_ms": decode_layer_ms(tier), "disk_gbs": tier.get("disk_gbs"),
+                           "settings": {k: v for k, v in arm["settings"].items() if k.startswith(("ram_tier", "disk_"))},
                            "policy": tier["policy"]}
     return {"schema": SCHEMA, "runs": rows}
 

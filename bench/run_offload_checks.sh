@@ -15,6 +15,7 @@
 #   source .gpu/prep.sh && bench/run_offload_checks.sh ram-tier-reader  # disk_bw in decode's pattern, full RAM and 50 % against
 #                                                                # the bound, and the reader's pieces A/B/A at 50 % (two calls:
 #                                                                # bench/device/background.sh)
+#   source .gpu/prep.sh && bench/run_offload_checks.sh ram-tier-ahead  # reads ahead against none at 50 % RAM, A/B/A
 #   source .gpu/prep.sh && bench/run_offload_checks.sh ram-tier-fast  # fast mode at 50 % RAM: its one-pass prefill 4096
 #   source .gpu/prep.sh && bench/run_offload_checks.sh prefetch-gate  # prefetch with its precision gate, on `trained` and `random`
 #   source .gpu/prep.sh && bench/run_offload_checks.sh policy-ab   # exact mode on `trained` with the two-timescale cache policy
@@ -30,7 +31,7 @@
 # a pytest -k expression over them;
 # SCALED_CHECKPOINT: also run exactness on that scaled checkpoint (with prefetch on).
 cd "$(dirname "$0")/.."
-PHASES="trained random tests scaled-exact prefetch-budget prefetch-threshold policy-ab prefetch-gate ram-tier ram-tier-reader ram-tier-fast ram-policy-ab cpu-tier-ring"
+PHASES="trained random tests scaled-exact prefetch-budget prefetch-threshold policy-ab prefetch-gate ram-tier ram-tier-reader ram-tier-ahead ram-tier-fast ram-policy-ab cpu-tier-ring"
 WORK=${WORK:-/tmp/glm53-offload-checks}
 source bench/device/phases.sh
 ARMS=${ARMS:-exact,exact-prefetch,exact-oracle,fast}
@@ -163,6 +164,22 @@ ram-tier-reader() {  # issue 32: the disk reader's shared pieces. disk_bw with d
 	step ram-pieces-report 30 python3 -m bench.ram_tier_decode --policy-runs "$dir"/compare-ram-pieces-{new-1,old,new-2}.json \
 		--out "$dir/ram-pieces-ab.json"
 	cat "$dir/ram-tier.json" "$dir/ram-pieces-ab.json" 2>/dev/null
+}
+
+ram-tier-ahead() {  # issue 32: reads ahead (GLM53_RAM_TIER_READ_AHEAD=RAM_AHEAD, default 2) against none at 50 % RAM,
+	# prefill 512; AHEAD_RUNS: the runs in order (default ahead-1 none ahead-2, an A/B/A)
+	local ckpt gb run args
+	ckpt=$(python3 -m bench.ram_tier_decode --checkpoint "$CKPT_ROOT" | tail -1)
+	gb=$(python3 -m bench.ram_tier_decode --budget-gb "$ckpt" 50)
+	for run in ${AHEAD_RUNS:-ahead-1 none ahead-2}; do
+		args="--host-ram-gb $gb"
+		[ "$run" = none ] || args="$args --ram-tier-read-ahead ${RAM_AHEAD:-2}"
+		step "compare-ram-ahead-$run" 175 python3 -m bench.compare --routing trained --arms exact --project-args "$args" \
+			--streams --decode-reps 1 --decode-tokens 64 --prefill 512 --prefill-reps 1 --repeat none --arm-timeout 160 \
+			--budget-s 170 --ckpt-root "$CKPT_ROOT" --out-dir "$dir" --name "compare-ram-ahead-$run"
+	done
+	step ram-ahead-report 30 python3 -m bench.ram_tier_decode --policy-runs "$dir"/compare-ram-ahead-*.json --out "$dir/ram-ahead-ab.json"
+	cat "$dir/ram-ahead-ab.json" 2>/dev/null
 }
 
 ram-tier-fast() {  # fast mode at 50 % RAM: exact's decode (the CPU tier is off beside the tier), its one-pass prefill

@@ -306,6 +306,11 @@ class Settings:
                                                 "the VRAM cache's residents' starting scores in the RAM tier's policy, as a share of "
                                                 "their warm ones (1: an expert the VRAM cache evicts keeps its popularity; 0: it "
                                                 "earns a RAM slot from scratch)", show_default="unset (1)")
+    ram_tier_read_ahead: int = setting(_number(int, 0, 64), 0,
+                                       "with a RAM tier, in one-stream decode: how many of the next MoE layer's likeliest experts (its "
+                                       "router on this layer's input) that neither VRAM nor RAM holds are read from disk while this "
+                                       "layer computes, in blocks of their own out of the RAM budget; 0: none (reads start at each "
+                                       "layer's routing)")
     ram_tier_exclusive: bool | None = setting(_optional(BOOL, "the policy's default"), None,
                                               "the RAM tier gives up first the slot of an expert the VRAM cache has held for its last "
                                               "32 decode steps, so its slots hold what VRAM lacks; 0: its slots may duplicate VRAM's",

@@ -434,11 +434,7 @@ class Prefetcher(Part):
     def _router_prediction(self, row: int, z: torch.Tensor) -> Prediction:
         """Layer ``row``'s likeliest picks by its router (int64 [rows, top_k + extra], best first), with their float32
         scores, ``prefetch_policy.prediction``'s, where a threshold reads them."""
-        gate, bias = self.routers[row]
-        scores = torch.matmul(z.view(-1, gate.shape[0]).to(gate.dtype), gate).float().sigmoid()
-        if bias is not None:
-            scores = scores + bias
-        top = torch.topk(scores, min(self.top_k + self.extra, scores.shape[-1]), dim=-1, sorted=True)
+        top = router_prediction(self.routers[row], z, self.top_k + self.extra)
         return Prediction(top.indices, None if self.min_score is None else top.values.contiguous())
 
     def _copies(self, row: int) -> int:
@@ -470,6 +466,17 @@ class Prefetcher(Part):
                 **({} if self.gate is None else {"gate": self.gate.stats()}),
                 **dict(zip(PF_COUNTERS, totals)),
                 "per_layer": [dict(zip(PF_COUNTERS, row)) for row in per_layer]}
+
+
+def router_prediction(router: tuple[torch.Tensor, torch.Tensor | None], z: torch.Tensor, count: int):
+    """A layer's ``count`` likeliest picks by its ``router`` (gate hidden x experts, correction bias or None) on the
+    router input ``z`` of the layer before: ``torch.topk`` of sigmoid(z @ gate) + bias, best first (``.indices``
+    int64 [rows, count], ``.values`` the scores)."""
+    gate, bias = router
+    scores = torch.matmul(z.view(-1, gate.shape[0]).to(gate.dtype), gate).float().sigmoid()
+    if bias is not None:
+        scores = scores + bias
+    return torch.topk(scores, min(count, scores.shape[-1]), dim=-1, sorted=True)
 
 
 def from_settings(settings, kernels: Kernels, cache: ExpertCache, routers, top_k: int, device: torch.device,

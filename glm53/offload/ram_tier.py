@@ -20,6 +20,10 @@ place as it reads the host store) has two parts, each slot one expert block in t
   experts it needs that no policy slot holds. A layer's forward can pick every expert (a prefill's does), so the
   window holds a whole layer; it is the current layer's only, and the next layer's step overwrites it (the engine
   synchronises at every layer's routing, so no kernel still reads it then).
+- **the ahead entries** (``GLM53_RAM_TIER_READ_AHEAD``, none by default): where the next layer's likeliest experts
+  (its router on this layer's input: ``tiered.TieredHome``) are read while this layer's experts and the next
+  layer's attention run on the GPU, which the disk would otherwise sit out. The next layer's step takes the blocks of
+  those it picked into their window entries and drops the rest's pieces not yet begun.
 
 A decode step of a layer (:meth:`RamTier.step`, given the picks the VRAM cache missed): the policy's step decides the
 admissions; each missed expert not in a policy slot is read from disk, into the slot the policy gave it or into the
@@ -48,6 +52,7 @@ import mmap
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -67,20 +72,22 @@ class TierPlan:
     policy_slots: int
     window_slots: int  # one layer's experts
     block_bytes: int
+    ahead_slots: int = 0  # the next layer's predicted experts read ahead (:meth:`RamTier.read_ahead`)
 
     @property
     def slots(self) -> int:
-        return self.policy_slots + self.window_slots
+        return self.policy_slots + self.window_slots + self.ahead_slots
 
     @property
     def bytes(self) -> int:
         return self.slots * self.block_bytes
 
 
-def plan(store: HostStore, budget_bytes: int, what: str = "the RAM budget") -> TierPlan | None:
+def plan(store: HostStore, budget_bytes: int, what: str = "the RAM budget", ahead: int = 0) -> TierPlan | None:
     """The tier a budget of host bytes for expert blocks gives, or None when it holds the whole host store.
 
     :param what: how the budget was set, for the message (``GLM53_HOST_RAM_GB=40``).
+    :param ahead: blocks for the next layer's experts read ahead (``GLM53_RAM_TIER_READ_AHEAD``), out of the budget.
     :raise RamBudgetError: the budget holds fewer blocks than one layer's experts (the window).
     """
     if budget_bytes >= store.arena_bytes:
@@ -91,8 +98,9 @@ def plan(store: HostStore, budget_bytes: int, what: str = "the RAM budget") -> T
             f"{what} gives {budget_bytes / 1e9:.2f} GB for routed experts, {budget_bytes // block} blocks of {block / 1e6:.2f} MB; "
             f"one MoE layer's forward can pick all of its {E} experts (a prefill's does), which must be in RAM together: give at "
             f"least {E * block / 1e9:.2f} GB (GLM53_HOST_RAM_GB), or free host memory")
-    slots = min(budget_bytes // block - E, (store.num_layers - 1) * E)  # more would hold the store: no tier at all
-    return TierPlan(int(slots), E, block)
+    ahead = min(ahead, budget_bytes // block - E)  # what the budget has room for beside the window
+    slots = min(budget_bytes // block - E - ahead, (store.num_layers - 1) * E)  # more would hold the store: no tier at all
+    return TierPlan(int(slots), E, block, int(ahead))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,6 +228,24 @@ class Served:
     disk: list[int]
 
 
+class ReadAhead(NamedTuple):
+    """Experts of ``layer`` being read ahead: each one's ahead entry (its role in ``RamTier.blocks``), the reads'
+    batch and, per read, its expert."""
+
+    layer: int
+    entry: dict[int, int]
+    batch: Batch | None
+    owner: list[int]
+
+
+NO_AHEAD = ReadAhead(-1, {}, None, [])
+
+
+def _wait(batch: Batch | None) -> None:
+    if batch is not None:
+        batch.wait()
+
+
 class RamTier:
     """The tier's slots and their bookkeeping over ``store``'s layout, read with ``reader`` (opened on
     ``store.shard_files()``). The arena is allocated here; :meth:`start` places and reads the policy slots.
@@ -235,13 +261,16 @@ class RamTier:
         if hasattr(self._map, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
             self._map.madvise(mmap.MADV_HUGEPAGE)
         self.arena = np.frombuffer(self._map, dtype=np.uint8)  # [policy slots + window] blocks
-        # the arena block playing each role: policy slot s at [s], window entry e at [policy_slots + e] (a permutation)
+        # the arena block playing each role: policy slot s at [s], window entry e at [policy_slots + e], ahead entry j
+        # at [policy_slots + window_slots + j] (a permutation)
         self.blocks = np.arange(tier.slots, dtype=np.int64)
+        self._ahead: ReadAhead | None = None  # the next layer's experts being read ahead
         self.policy: TierState | None = None  # the policy slots' state
         self.parameters = TierPolicy()
         self._window: tuple[int, set[int]] = (-1, set())  # the layer and experts the window holds
         # admitted: into any slot; given_up: of those, into the slot of an expert VRAM held (``TierPolicy.exclusive``)
-        self.reads = {"load": 0, "ram": 0, "disk": 0, "admitted": 0, "given_up": 0, "fetched": 0}
+        # ahead: experts read ahead; ahead_used: of those, picked and read in full in time (no read of their own)
+        self.reads = {"load": 0, "ram": 0, "disk": 0, "admitted": 0, "given_up": 0, "fetched": 0, "ahead": 0, "ahead_used": 0}
         self._serving = False
         self.timing = {"start_bytes": 0, "start_seconds": 0.0, "bytes": 0, "seconds": 0.0}  # the disk's rate as read
         # where a decode layer's step spends its time on the host: the policy's bookkeeping, which runs while the disk
@@ -334,15 +363,23 @@ class RamTier:
         window = self.plan.policy_slots
         self._window = (-1, set())  # until the reads are in: the window's last layer is overwritten now
         t0 = time.perf_counter()
-        batch = self._submit([(layer, e, window + e) for e in disk])
+        ahead = self._ahead_for(layer, disk)  # the wrong guesses' reads dropped first, so that they do not hold the disk
+        reads = [(layer, e, window + e) for e in disk if e not in ahead.entry]
+        batch = self._submit(reads)
         try:
             admitted = {a.expert: a for a in self.parameters.step(self.policy, layer, sel, vram)}  # while the disk reads
         except BaseException:
-            self._finish(batch, len(disk))  # no read is left in flight into the window
+            self._finish(batch, len(reads))  # no read is left in flight into the window or the ahead entries
+            _wait(ahead.batch)
             raise
         t1 = time.perf_counter()
         try:
-            self._finish(batch, len(disk))
+            try:
+                self._finish(batch, len(reads))
+            finally:
+                _wait(ahead.batch)
+            late = self._use_ahead(ahead, disk)  # those read ahead take their blocks into their window entries
+            self._read([(layer, e, window + e) for e in late])  # a guess whose read failed: read as any miss
         except DiskReadError:
             self._undo(layer, admitted)
             raise
@@ -367,6 +404,7 @@ class RamTier:
 
         :raise DiskReadError: a read failed; the window holds none of the layer's experts afterwards.
         """
+        self._drop_ahead()
         picked = self._distinct(np.asarray(experts, dtype=np.int64).reshape(-1))
         slot_of = self.policy.slot_of[layer]
         ram = [e for e in picked if slot_of[e] >= 0]
@@ -381,6 +419,29 @@ class RamTier:
         have.update(disk)
         self.reads["fetched"] += len(disk)
         return Served(ram, disk)
+
+    def read_ahead(self, layer: int, experts) -> int:
+        """Start reading ``experts`` (ids, likeliest first) of ``layer`` into the ahead entries, at most
+        ``plan.ahead_slots`` of them, skipping those a policy slot holds; returns how many. Nothing waits for them:
+        the next :meth:`step` of ``layer`` takes those it needs whose reads are done or in flight, and drops the
+        others' pieces not begun, so that a wrong guess costs the disk what it read while the GPU computed; any other
+        call of this tier drops them all. Only where bytes come from changes: an expert is served from its ahead
+        entry only when its read finished whole (:meth:`_use_ahead`)."""
+        self._drop_ahead()
+        slot_of = self.policy.slot_of[layer]
+        chosen = [int(e) for e in dict.fromkeys(int(e) for e in experts) if 0 <= e < self.store.num_experts and slot_of[e] < 0]
+        chosen = chosen[:self.plan.ahead_slots]
+        if not chosen:
+            return 0
+        first = self.plan.policy_slots + self.plan.window_slots
+        reads, owner = [], []
+        for j, e in enumerate(chosen):
+            block_reads = self._block_reads(layer, e, self._slot(first + j))
+            reads += block_reads
+            owner += [e] * len(block_reads)
+        self._ahead = ReadAhead(layer, {e: first + j for j, e in enumerate(chosen)}, self.reader.submit(reads), owner)
+        self.reads["ahead"] += len(chosen)
+        return len(chosen)
 
     def slot_index(self, layer: int, expert: int) -> int:
         """The arena block holding the expert (its policy slot's, or its window entry's when the window holds the
@@ -436,7 +497,8 @@ class RamTier:
     def stats(self) -> dict:
         t = self.timing
         rate = lambda n, s: round(n / s / 1e9, 3) if s > 0 else None
-        return {"policy_slots": self.plan.policy_slots, "window_slots": self.plan.window_slots, "bytes": self.plan.bytes,
+        return {"policy_slots": self.plan.policy_slots, "window_slots": self.plan.window_slots, "ahead_slots": self.plan.ahead_slots,
+                "bytes": self.plan.bytes,
                 "share_of_experts": round(self.plan.policy_slots / (self.store.num_layers * self.store.num_experts), 4),
                 "policy": dataclasses.asdict(self.parameters), "served": dict(self.reads), "disk": self.reader.counters(),
                 "disk_gbs": {"start": rate(t["start_bytes"], t["start_seconds"]), "serving": rate(t["bytes"], t["seconds"])},
@@ -462,6 +524,37 @@ class RamTier:
 
     def _exchange(self, a: int, b: int) -> None:
         self.blocks[[a, b]] = self.blocks[[b, a]]
+
+    def _ahead_for(self, layer: int, disk: list[int]) -> ReadAhead:
+        """The reads ahead a step of ``layer`` that reads ``disk`` can use (the others' pieces not begun dropped and
+        waited for), or none."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None or ahead.layer != layer:
+            if ahead is not None:
+                ahead.batch.cancel()
+                _wait(ahead.batch)
+            return NO_AHEAD
+        wanted = set(disk)
+        ahead.batch.cancel([i for i, e in enumerate(ahead.owner) if e not in wanted])
+        return ReadAhead(layer, {e: role for e, role in ahead.entry.items() if e in wanted}, ahead.batch, ahead.owner)
+
+    def _use_ahead(self, ahead: ReadAhead, disk: list[int]) -> list[int]:
+        """After ``ahead``'s reads have finished: each expert read in full takes its ahead block into its window
+        entry. Returns those whose read failed (to be read again)."""
+        if not ahead.entry:
+            return []
+        done = ahead.batch.done()
+        whole = {e for e in ahead.entry} - {e for e, ok in zip(ahead.owner, done) if not ok}
+        for e in whole:
+            self._exchange(self.plan.policy_slots + e, ahead.entry[e])
+        self.reads["ahead_used"] += len(whole)
+        return [e for e in disk if e in ahead.entry and e not in whole]
+
+    def _drop_ahead(self) -> None:
+        if self._ahead is not None:
+            self._ahead.batch.cancel()
+            _wait(self._ahead.batch)
+            self._ahead = None
 
     def _block_reads(self, layer: int, expert: int, dest: np.ndarray) -> list[Read]:
         return [Read(self._file[Path(f)], at, n, dest[off:off + n]) for f, at, n, off in self.store.block_sources(layer, expert)]

@@ -128,7 +128,7 @@ class Offload:
         part may change in place) from the router's input ``z``."""
         decode = selected.shape[0] <= self.policy.decode_rows and not self.prefilling
         if self._tiered is not None and not self.stager.feeding:  # before anything reads an expert: each pick's home
-            self._tiered.place(row, selected, decode)               # must hold its bytes (staging saw to it when feeding)
+            self._tiered.place(row, selected, decode, z)            # must hold its bytes (staging saw to it when feeding)
         if decode:
             for part in self._hooked["routed"]:  # in the parts' order: prefetch, the cache, the CPU tier
                 part.routed(row, selected, weights, z)

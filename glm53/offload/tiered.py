@@ -30,27 +30,35 @@ import torch
 
 from .cache import ExpertCache
 from .part import Part
+from .prefetch import router_prediction
 from .ram_tier import RamTier, missed
 
 
 class TieredHome(Part):
     name = "ram_tier"
 
-    def __init__(self, tier: RamTier, cache: ExpertCache, device: torch.device, max_picks: int):
-        """:param max_picks: the most picks one routing call makes (rows x top_k of the largest forward)."""
+    def __init__(self, tier: RamTier, cache: ExpertCache, device: torch.device, max_picks: int, routers=None):
+        """:param max_picks: the most picks one routing call makes (rows x top_k of the largest forward).
+        :param routers: per MoE layer its router (``prefetch.router_prediction``'s), to predict the next layer's picks
+            for the tier's reads ahead (None, or a tier without ahead entries: none)."""
         self.tier, self.cache, self.device = tier, cache, device
         E = cache.store.num_experts
+        self.routers = routers if tier.plan.ahead_slots else None
         pinned = torch.cuda.is_available()  # the read-back buffers (a CPU test drives ``resolve`` alone)
         self._picks = torch.empty(max_picks, dtype=torch.int64, pin_memory=pinned)
         self._vram = torch.empty(E, dtype=torch.int32, pin_memory=pinned)
+        self._guess = torch.empty(E, dtype=torch.int64, pin_memory=pinned)  # the next layer's, likeliest first
+        self._vram_next = torch.empty(E, dtype=torch.int32, pin_memory=pinned)
         # seconds on the host: waiting for the routing (the sync), the tier's step or fetch, re-pointing the tables;
         # decode_*: the decode layers' share (what a token's time is made of, beside the GPU's)
         self.counters = {"decode_layers": 0, "other_layers": 0, "rewritten": 0, "wait_seconds": 0.0, "tier_seconds": 0.0,
                          "rehome_seconds": 0.0, "decode_wait_seconds": 0.0, "decode_tier_seconds": 0.0}
 
-    def place(self, row: int, selected: torch.Tensor, decode: bool) -> None:
-        """After layer ``row``'s routing picked ``selected`` (int64 [rows, top_k]), before its experts and the cache's
-        step: each picked expert not in VRAM is made readable at its ``home``.
+    def place(self, row: int, selected: torch.Tensor, decode: bool, z: torch.Tensor | None = None) -> None:
+        """After layer ``row``'s routing picked ``selected`` (int64 [rows, top_k]) from the router input ``z``, before
+        its experts and the cache's step: each picked expert not in VRAM is made readable at its ``home``; then, in a
+        one-stream decode step with reads ahead on, the next layer's likeliest experts (its router on ``z``) that
+        neither VRAM nor a policy slot holds are read ahead (``RamTier.read_ahead``).
 
         :raise DiskReadError: a read failed; the layer does not run (the step fails), nothing was served from it.
         """
@@ -60,10 +68,18 @@ class TieredHome(Part):
             self._picks = torch.empty(n, dtype=torch.int64, pin_memory=True)
         self._picks[:n].copy_(flat, non_blocking=True)
         self._vram.copy_(self.cache.slot_of[row], non_blocking=True)
+        ahead = (self.routers is not None and decode and z is not None and selected.shape[0] == 1
+                 and row + 1 < len(self.routers))
+        k = selected.shape[-1]  # as many as the layer picks
+        if ahead:  # in the same sync: the next layer's guess and residency (its cache does not change before its routing)
+            self._guess[:k].copy_(router_prediction(self.routers[row + 1], z, k).indices.reshape(-1), non_blocking=True)
+            self._vram_next.copy_(self.cache.slot_of[row + 1], non_blocking=True)
         t0 = time.perf_counter()
         torch.cuda.current_stream(self.device).synchronize()  # the picks are known on the host only now
         t1 = time.perf_counter()
         self.resolve(row, self._picks[:n].numpy().reshape(selected.shape), self._vram.numpy(), decode)
+        if ahead:
+            self.guess(row + 1, self._guess[:k].numpy(), self._vram_next.numpy())
         t2 = time.perf_counter()
         self.counters["wait_seconds"] += t1 - t0
         self.counters["tier_seconds"] += t2 - t1
@@ -88,6 +104,11 @@ class TieredHome(Part):
         moved = where != self.cache.home_host[row, experts]
         if moved.any():
             self.rehome(row, experts[moved], where[moved])
+
+    def guess(self, row: int, likeliest: np.ndarray, vram: np.ndarray) -> None:
+        """Read ahead the experts of layer ``row`` among ``likeliest`` (ids, best first) that ``vram`` (its VRAM slot
+        of each expert, -1 if none) does not hold (the tier skips those in its policy slots)."""
+        self.tier.read_ahead(row, [int(e) for e in likeliest if vram[int(e)] < 0])
 
     def rehome(self, row: int, experts: np.ndarray, addresses: np.ndarray) -> None:
         """Point non-resident ``experts`` of layer ``row`` (and their table entries) at ``addresses``."""

@@ -76,13 +76,18 @@ def test_the_policy_runs_side_by_side_say_each_runs_rate_reads_admissions_and_po
     for name, tok_s, disk, policy in (("new-1", 9.0, 1300, {"decay": 0.995}), ("old", 8.5, 1400, {"decay": 0.999})):
         a = arm("exact", tok_s, 300.0, misses=5800, steps=100, disk=disk, budget=16.3)
         a["engine_stats"]["offload"]["ram_tier"].update(policy=policy)
-        a["engine_stats"]["offload"]["ram_tier"]["served"]["admitted"] = 250
+        a["engine_stats"]["offload"]["ram_tier"]["served"].update(admitted=250, ahead=120, ahead_used=90)
+        a["settings"]["ram_tier_read_ahead"] = 2
         runs.append(tmp_path / f"compare-ram-policy-{name}.json")
         runs[-1].write_text(json.dumps({"arms": [a]}))
     (tmp_path / "compare-ram-policy-new-2.json").write_text(json.dumps({"arms": [arm("exact", 60.0, 1000.0, misses=500, steps=100)]}))
     out = rt.policy_runs(runs + [tmp_path / "compare-ram-policy-new-2.json", tmp_path / "missing.json"])
-    assert out["runs"]["compare-ram-policy-new-1"] == {"decode_tok_s": 9.0, "disk_reads_per_token": 13.0, "host_reads_per_token": 58.0,
-                                                        "decode_steps": 100, "admissions_per_token": 2.5, "policy": {"decay": 0.995}}
+    assert out["runs"]["compare-ram-policy-new-1"] == {
+        "decode_tok_s": 9.0, "disk_reads_per_token": 13.0, "host_reads_per_token": 58.0, "decode_steps": 100,
+        "admissions_per_token": 2.5, "read_ahead_per_token": 1.2, "read_ahead_used_per_token": 0.9,
+        "decode_layer_ms": {"sync_wait": 0.5, "policy": 1.0, "disk_read": 5.0, "rest_of_step": 0.5, "rehome_all_layers": 0.1,
+                            "disk_read_gbs": 1.0},
+        "disk_gbs": {"start": 2.0, "serving": 0.5}, "settings": {"ram_tier_read_ahead": 2}, "policy": {"decay": 0.995}}
     assert out["runs"]["compare-ram-policy-old"]["disk_reads_per_token"] == 14.0
     assert out["runs"]["compare-ram-policy-new-2"]["status"].startswith("not run")  # no RAM tier in that run
     assert out["runs"]["missing"]["status"].startswith("not run")

@@ -53,6 +53,8 @@ CASES = {
     "cache-11pct-ram-half-unstaged": ["--ec-cache-experts", "11%", "--host-ram-gb", "{ram 0.5}", "--ec-stage-gb", "0"],
     "cache-0-ram-half-small-stage": ["--ec-cache-experts", "0", "--host-ram-gb", "{ram 0.5}", "--ec-stage-gb", "{blocks 2}"],
     "cache-50pct-ram-half-elastic": ["--ec-cache-experts", "50%", "--host-ram-gb", "{ram 0.5}", "--ec-elastic-gb", "0.05"],
+    # the next layer's likeliest experts read ahead into blocks of their own while a layer computes (its router's guess)
+    "cache-11pct-ram-half-ahead": ["--ec-cache-experts", "11%", "--host-ram-gb", "{ram 0.5}", "--ram-tier-read-ahead", "2"],
 }
 
 

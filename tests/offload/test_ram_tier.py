@@ -318,3 +318,50 @@ def test_the_tiers_reuse_lift_is_measured_against_what_popularity_gives_the_pick
     assert state.reuse[0].tolist() == pytest.approx([0.1, 0.1])
     assert state.reuse[1].tolist() == pytest.approx([popularity_lift(profile[1:], 1)[0]] * 2)  # nothing in VRAM
     assert state.freq[0, 0] == pytest.approx(0.5 / (1 - TierPolicy().decay))  # vram_score 1: its warm score
+
+
+def test_a_guess_read_ahead_serves_its_pick_without_a_read_and_a_wrong_one_is_dropped(tmp_path):
+    ckpt, tensors = trellis_checkpoint(tmp_path / "ckpt", layers=LAYERS, experts=EXPERTS, seed=5)
+    store = HostStore.scan(ckpt)
+    with DiskReader(store.shard_files(), threads=1) as reader:  # one thread: what is queued behind a slow read stays queued
+        tier = RamTier(store, reader, plan(store, 22 * store.layout.block_bytes, ahead=2))
+        assert (tier.plan.policy_slots, tier.plan.ahead_slots) == (4, 2)
+        profile, _ = skewed(6)
+        tier.start(profile, TOP_K, 0, TierPolicy(decay=DECAY, hysteresis=100.0))  # no admission: the window serves
+        layer, P, E = 1, tier.plan.policy_slots, EXPERTS
+        cold = [e for e in range(E) if tier.policy.slot_of[layer, e] < 0]
+        right, wrong = cold[0], cold[1]
+        f, at, _, _ = store.block_sources(layer, right)[0]
+        reader.inject(store.shard_files().index(f), at, "slow")  # the right guess's first projection waits
+        held = next(e for e in range(E) if tier.policy.slot_of[layer, e] >= 0)
+        pieces = reader.counters()["pieces"]
+        assert tier.read_ahead(layer, [held, right, wrong]) == 2  # a policy slot's expert is not read ahead
+        ahead_block = int(tier.blocks[P + E])
+        served = tier.step(layer, np.array([right]), NO_VRAM)
+        assert served.disk == [right] and tier.reads["ahead_used"] == 1
+        # the right guess's projections were read (each one piece) and nothing else: the wrong one's were dropped
+        assert reader.counters()["pieces"] == pieces + 3 and reader.counters()["failed"] == 3
+        assert int(tier.blocks[P + right]) == ahead_block and tier.slot_index(layer, right) == ahead_block
+        assert projections(store, tier.block(layer, right)) == expected(store, tensors, layer, right)
+        assert tier.block(layer, wrong) is None
+        # a guess for another layer, or one met by a prefill's fetch, is dropped; the step reads as without it
+        tier.read_ahead(layer + 1, [cold[2]])
+        served = tier.step(layer, np.array([wrong]), NO_VRAM)
+        assert served.disk == [wrong] and tier.reads["ahead_used"] == 1
+        assert projections(store, tier.block(layer, wrong)) == expected(store, tensors, layer, wrong)
+        assert sorted(tier.blocks) == list(range(tier.plan.slots)) and tier.verify() == []
+
+
+def test_a_guess_whose_read_fails_is_read_again_by_the_step(checkpoint):
+    store, tensors, reader = checkpoint
+    tier = RamTier(store, reader, plan(store, 22 * store.layout.block_bytes, ahead=2))
+    profile, _ = skewed(7)
+    tier.start(profile, TOP_K, 0, TierPolicy(decay=DECAY, hysteresis=100.0))
+    layer = 2
+    e = next(x for x in range(EXPERTS) if tier.policy.slot_of[layer, x] < 0)
+    f, at, n, _ = store.block_sources(layer, e)[1]
+    reader.inject(store.shard_files().index(f), at + n // 2, errno.EIO, times=2)  # the guess's read fails for good
+    tier.read_ahead(layer, [e])
+    served = tier.step(layer, np.array([e]), NO_VRAM)  # no error: its own read succeeds
+    assert served.disk == [e] and tier.reads["ahead"] == 1 and tier.reads["ahead_used"] == 0
+    assert projections(store, tier.block(layer, e)) == expected(store, tensors, layer, e)

@@ -42,11 +42,13 @@ class HostCache:
 
 
 @pytest.fixture
-def hierarchy(tmp_path):
+def hierarchy(tmp_path, request):
+    """The tier over real files, with ``request.param`` ahead entries (indirect parametrisation; 0 by default)."""
     ckpt, tensors = trellis_checkpoint(tmp_path / "ckpt", layers=LAYERS, experts=EXPERTS, seed=7)
     store = HostStore.scan(ckpt)
     reader = DiskReader(store.shard_files(), threads=2)
-    tier = RamTier(store, reader, plan(store, 24 * store.layout.block_bytes))  # half the experts: 8 policy slots
+    ahead = getattr(request, "param", 0)
+    tier = RamTier(store, reader, plan(store, (24 + ahead) * store.layout.block_bytes, ahead=ahead))  # 8 policy slots
     arena = tier.pin(lambda address, n: None, lambda address: None, lambda host: host)  # device addresses = host ones
     profile, rng = skewed(11)
     tier.start(profile, TOP_K, VRAM_SLOTS, TIER)
@@ -62,8 +64,12 @@ def bytes_at(arena: torch.Tensor, address: int, store: HostStore) -> list[bytes]
     return projections(store, arena.numpy()[at:at + store.layout.block_bytes])
 
 
+@pytest.mark.parametrize("hierarchy", [0, 3], indirect=True, ids=["no-ahead", "ahead-3"])
 @pytest.mark.parametrize("prefill_every", [0, 5])
 def test_every_pick_not_in_vram_is_read_from_a_block_holding_its_bytes(hierarchy, prefill_every):
+    """With reads ahead, each decode layer's step is followed by a guess of the next layer's picks (as ``place`` makes
+    it, the router's): its true picks interleaved with wrong ones, so that some reads ahead are used and the others
+    dropped."""
     store, tensors, tier, cache, home, profile, rng, arena = hierarchy
     E = store.num_experts
     for pair, slot in zip([(int(o) // E, int(o) % E) for o in cache.policy.owner], cache.slots):  # the VRAM warm start
@@ -71,6 +77,10 @@ def test_every_pick_not_in_vram_is_read_from_a_block_holding_its_bytes(hierarchy
     for t, step in enumerate(trace(profile, rng, 30)):
         prefill = prefill_every and t % prefill_every == 0
         for layer, selected in enumerate(step):
+            if tier.plan.ahead_slots and layer and not prefill:
+                true = np.unique(selected.reshape(-1))
+                wrong = rng.permutation(np.setdiff1d(np.arange(E), true))[:true.size]
+                home.guess(layer, np.stack([true, wrong], axis=1).reshape(-1), cache.policy.slot_of[layer].copy())
             picks = (np.arange(E).repeat(2) if prefill else selected.reshape(-1)).astype(np.int64)
             vram = cache.policy.slot_of[layer].copy()
             home.resolve(layer, picks, vram, decode=not prefill)
@@ -89,6 +99,11 @@ def test_every_pick_not_in_vram_is_read_from_a_block_holding_its_bytes(hierarchy
     assert counters["decode_layers"] > 0 and (counters["other_layers"] > 0) == bool(prefill_every)
     assert counters["rewritten"] == cache.assigned > 0
     assert tier.reads["disk"] > 0 and tier.reads["ram"] > 0 and tier.verify() == []
+    assert sorted(tier.blocks) == list(range(tier.plan.slots))
+    if tier.plan.ahead_slots:
+        assert 0 < tier.reads["ahead_used"] < tier.reads["ahead"]
+    else:
+        assert tier.reads["ahead"] == 0
 
 
 def test_a_step_whose_picks_are_all_in_vram_reads_nothing(hierarchy):

@@ -81,7 +81,7 @@ def start_offload(settings: Settings, model, load: Callable[[], None], warmup: C
         t1 = time.monotonic()
         arena = tier.pin(cuda_register, cuda_unregister, lambda host: patches.pinned_cuda_view(host, device.index or 0))
         block = store.layout.block_bytes
-        window = slice(tier.plan.policy_slots * block, tier.plan.bytes)
+        window = slice(tier.plan.policy_slots * block, (tier.plan.policy_slots + tier.plan.window_slots) * block)
         store.alias_window(arena[window], torch.from_numpy(tier.arena)[window])
     timings.update(store_pin_s=round(time.monotonic() - t1, 2), store_total_s=round(time.monotonic() - t0, 2))
     log.info("host store: %d layers x %d experts, %.2f GB %s in %.1f s", store.num_layers, store.num_experts,
@@ -102,7 +102,8 @@ def start_offload(settings: Settings, model, load: Callable[[], None], warmup: C
         tier.start(_profile_or_flat(warm, store), layers.top_k, min(slots, total), TierPolicy.from_settings(settings))
         timings["ram_tier_read_s"] = round(time.monotonic() - t2, 2)
     cache = ExpertCache(kernels, store, layers.tables, slots, device, layers.top_k, policy, warm, host_link, ram_tier=tier)  # 6. fill
-    home = None if tier is None else TieredHome(tier, cache, device, max_picks=layers.top_k * settings.chunk_size)
+    home = None if tier is None else TieredHome(tier, cache, device, max_picks=layers.top_k * settings.chunk_size,
+                                                routers=patches.routers(layers) if tier.plan.ahead_slots else None)
     # 7. staging: beside a RAM tier, from its slots and from disk through its window, a layer ahead (``tier_feed``)
     stager = PrefillStager(store, cache, layers.tables, device, int(settings.ec_stage_gb * GB), STAGE_MIN_ROWS, tiered=home)
     if tier is None:
@@ -132,7 +133,7 @@ def _ram_tier(settings: Settings, store: HostStore) -> RamTier | None:
     budget, given = ram_budget.expert_budget(settings, sign_scale)
     if budget is None:
         return None
-    tier_plan = ram_tier.plan(store, budget, what=given)
+    tier_plan = ram_tier.plan(store, budget, what=given, ahead=settings.ram_tier_read_ahead)
     if tier_plan is None:
         return None
     if settings.prefetch:

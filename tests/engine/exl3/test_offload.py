@@ -167,7 +167,7 @@ def test_prefetch_takes_its_slots_from_the_cache_and_comes_first_in_the_parts(st
 class FakeTier:
     """A RAM tier stand-in: its plan, pinning and start recorded."""
 
-    plan = types.SimpleNamespace(policy_slots=2, bytes=6000)
+    plan = types.SimpleNamespace(policy_slots=2, window_slots=4, ahead_slots=0, bytes=6000)
     arena = np.zeros(6000, dtype=np.uint8)
 
     def __init__(self, seen):
@@ -190,7 +190,7 @@ def test_with_a_ram_tier_the_store_is_not_read_the_cpu_tier_is_off_staging_reads
     aliased = []
     store_cls = start.HostStore
     monkeypatch.setattr(store_cls, "alias_window", lambda self, window, host: aliased.append((window.numel(), host.numel())), raising=False)
-    monkeypatch.setattr(start, "TieredHome", lambda tier_, cache, device, max_picks: (seen.append(("home", tier_ is tier)), Named("ram_tier"))[1])
+    monkeypatch.setattr(start, "TieredHome", lambda tier_, cache, device, max_picks, routers: (seen.append(("home", tier_ is tier, routers)), Named("ram_tier"))[1])
     settings = settings_for(tmp_path, mode, *(("--ct-enable", "1") if mode == "fast" else ()))
     offload = start.start_offload(settings, "the model", lambda: None, lambda: None)
     assert "read" not in seen and not [s for s in seen if s[0] == "pin"]
@@ -201,6 +201,19 @@ def test_with_a_ram_tier_the_store_is_not_read_the_cpu_tier_is_off_staging_reads
     assert [p.name for p in offload.parts] == ["ram_tier", "cache"] and offload.tier is None
     assert (offload.cpu_tier_off_reason is not None) == (mode == "fast")
     assert tier.policy == TierPolicy()  # nothing set: the policy's defaults
+    assert ("home", True, None) in seen  # no reads ahead: no routers
+
+
+def test_a_tier_with_ahead_entries_gets_the_routers_to_guess_with(steps, monkeypatch):
+    seen, tmp_path = steps
+    tier = FakeTier(seen)
+    tier.plan = types.SimpleNamespace(policy_slots=2, window_slots=4, ahead_slots=2, bytes=8000)
+    monkeypatch.setattr(start, "_ram_tier", lambda settings, store: tier)
+    monkeypatch.setattr(start.HostStore, "alias_window", lambda self, window, host: seen.append(("window", window.numel())), raising=False)
+    monkeypatch.setattr(start.patches, "routers", lambda layers: "the routers")
+    monkeypatch.setattr(start, "TieredHome", lambda tier_, cache, device, max_picks, routers: (seen.append(("home", routers)), Named("ram_tier"))[1])
+    start.start_offload(settings_for(tmp_path, "exact"), "the model", lambda: None, lambda: None)
+    assert ("home", "the routers") in seen and ("window", 4 * 1000) in seen  # the window is not the ahead entries
 
 
 def test_the_ram_tier_settings_reach_the_policy_it_starts_with(steps, monkeypatch):
@@ -208,7 +221,7 @@ def test_the_ram_tier_settings_reach_the_policy_it_starts_with(steps, monkeypatc
     tier = FakeTier(seen)
     monkeypatch.setattr(start, "_ram_tier", lambda settings, store: tier)
     monkeypatch.setattr(start.HostStore, "alias_window", lambda self, window, host: None, raising=False)
-    monkeypatch.setattr(start, "TieredHome", lambda tier_, cache, device, max_picks: Named("ram_tier"))
+    monkeypatch.setattr(start, "TieredHome", lambda tier_, cache, device, max_picks, routers: Named("ram_tier"))
     settings = settings_for(tmp_path, "exact", "--ram-tier-decay", "0.99", "--ram-tier-hysteresis", "1.5",
                             "--ram-tier-recency-weight", "0", "--ram-tier-vram-score", "0.5", "--ram-tier-exclusive", "0")
     start.start_offload(settings, "the model", lambda: None, lambda: None)
