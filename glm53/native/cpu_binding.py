@@ -284,8 +284,10 @@ FUNCTIONS = {
     ]),
     # void glm53_dr_stop(void* reader)
     "glm53_dr_stop": (None, [ctypes.c_void_p]),
-    # int32_t glm53_dr_submit(void* reader, glm53_dr_request* requests, int32_t n)
-    "glm53_dr_submit": (ctypes.c_int32, [ctypes.c_void_p, ctypes.POINTER(glm53_dr_request), ctypes.c_int32]),
+    # int32_t glm53_dr_submit(void* reader, glm53_dr_request* requests, int32_t n, uint64_t piece_bytes)
+    "glm53_dr_submit": (ctypes.c_int32, [
+        ctypes.c_void_p, ctypes.POINTER(glm53_dr_request), ctypes.c_int32, ctypes.c_uint64
+    ]),
     # void glm53_dr_cancel(void* reader, glm53_dr_request* requests, int32_t n)
     "glm53_dr_cancel": (None, [ctypes.c_void_p, ctypes.POINTER(glm53_dr_request), ctypes.c_int32]),
     # int32_t glm53_dr_wait(void* reader, const glm53_dr_request* requests, int32_t n, int64_t timeout_us)

@@ -115,16 +115,17 @@ class DiskReader:
         self._handle = lib.glm53_dr_start(names, len(self.paths), threads, int(direct), align, piece_bytes)
         if not self._handle:
             raise OSError(lib.glm53_dr_error().decode())
-        self.threads, self.align, self.asked_direct = threads, align, direct
+        self.threads, self.align, self.piece_bytes, self.asked_direct = threads, align, piece_bytes, direct
         self._warned = False
 
     # ---- reading
 
-    def submit(self, reads: Sequence[Read]) -> Batch:
-        """Start ``reads``; returns at once.
+    def submit(self, reads: Sequence[Read], piece_bytes: int = 0) -> Batch:
+        """Start ``reads``, cut into pieces of ``piece_bytes`` (0: the reader's; else a multiple of ``align`` up to
+        the reader's: what a :meth:`Batch.cancel` leaves in flight is at most a piece a thread); returns at once.
 
-        :raise ValueError: a file index out of range, a negative offset, a length below 1, or a destination that is
-            not a writable contiguous buffer of exactly ``length`` bytes.
+        :raise ValueError: a file index out of range, a negative offset, a length below 1, a destination that is
+            not a writable contiguous buffer of exactly ``length`` bytes, or a piece size the reader cannot take.
         """
         self._open()
         requests = (glm53_dr_request * max(1, len(reads)))()
@@ -137,7 +138,7 @@ class DiskReader:
             dest = _buffer(r.dest, r.length, i)
             keep.append(dest)
             requests[i] = glm53_dr_request(dest.ctypes.data, r.offset, r.length, r.file)
-        if reads and library().glm53_dr_submit(self._handle, requests, len(reads)) != 0:
+        if reads and library().glm53_dr_submit(self._handle, requests, len(reads), piece_bytes) != 0:
             raise ValueError(library().glm53_dr_error().decode())
         return Batch(self, reads, requests, keep)
 

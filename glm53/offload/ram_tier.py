@@ -63,6 +63,11 @@ from .disk import Batch, DiskReader, DiskReadError, Read
 from .host_store import HostStore
 
 
+# The pieces of reads ahead: a wrong guess's pieces in flight when the next step drops it still take the disk, up to a
+# piece a reader thread (8 x 128 KiB, ~1 ms at 1 GB/s); its own reads keep the reader's larger pieces.
+AHEAD_PIECE_BYTES = 128 << 10
+
+
 class RamBudgetError(ValueError):
     """A RAM budget below what one layer's step needs at once; the message says how much is needed."""
 
@@ -439,7 +444,8 @@ class RamTier:
             block_reads = self._block_reads(layer, e, self._slot(first + j))
             reads += block_reads
             owner += [e] * len(block_reads)
-        self._ahead = ReadAhead(layer, {e: first + j for j, e in enumerate(chosen)}, self.reader.submit(reads), owner)
+        batch = self.reader.submit(reads, piece_bytes=min(AHEAD_PIECE_BYTES, self.reader.piece_bytes))
+        self._ahead = ReadAhead(layer, {e: first + j for j, e in enumerate(chosen)}, batch, owner)
         self.reads["ahead"] += len(chosen)
         return len(chosen)
 

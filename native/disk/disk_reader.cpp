@@ -362,9 +362,15 @@ void glm53_dr_stop(void* reader)
     delete r;
 }
 
-int32_t glm53_dr_submit(void* reader, glm53_dr_request* requests, int32_t n)
+int32_t glm53_dr_submit(void* reader, glm53_dr_request* requests, int32_t n, uint64_t piece_bytes)
 {
     Reader* r = static_cast<Reader*>(reader);
+    const uint64_t piece = piece_bytes == 0 ? r->piece : piece_bytes;
+    if (piece % r->align != 0 || piece > r->piece) {
+        last_error = "submit: piece_bytes is " + std::to_string(piece_bytes) + ": it must be 0, or a multiple of " +
+                     std::to_string(r->align) + " up to the reader's " + std::to_string(r->piece);
+        return -1;
+    }
     for (int32_t i = 0; i < n; ++i) {
         const glm53_dr_request& q = requests[i];
         const std::string refused = q.file < 0 || static_cast<size_t>(q.file) >= r->files.size()
@@ -383,9 +389,9 @@ int32_t glm53_dr_submit(void* reader, glm53_dr_request* requests, int32_t n)
         for (int32_t i = 0; i < n; ++i) {
             glm53_dr_request& q = requests[i];
             const uint64_t first = down(q.offset, r->align), last = up(q.offset + q.length, r->align);
-            jobs.push_back(new Job(&q, static_cast<int64_t>((last - first + r->piece - 1) / r->piece)));
-            for (uint64_t p0 = first; p0 < last; p0 += r->piece)
-                pieces.push_back({jobs.back(), p0, p0 + r->piece < last ? p0 + r->piece : last});
+            jobs.push_back(new Job(&q, static_cast<int64_t>((last - first + piece - 1) / piece)));
+            for (uint64_t p0 = first; p0 < last; p0 += piece)
+                pieces.push_back({jobs.back(), p0, p0 + piece < last ? p0 + piece : last});
         }
     } catch (const std::bad_alloc&) {
         for (Job* job : jobs)

@@ -66,9 +66,10 @@ GLM53_DR_API void* glm53_dr_start(const char* const* paths, int32_t files, int32
                                   uint64_t align, uint64_t piece_bytes);
 GLM53_DR_API void glm53_dr_stop(void* reader);  /* waits for the requests in flight */
 
-/* Queues n requests (their states set PENDING first); 0, or -1 for a request the reader cannot take (no file of
- * that index, length 0: nothing is queued). */
-GLM53_DR_API int32_t glm53_dr_submit(void* reader, glm53_dr_request* requests, int32_t n);
+/* Queues n requests (their states set PENDING first), cut into pieces of piece_bytes (0: the reader's; else a multiple
+ * of its align, at most its piece_bytes: small pieces keep what a cancelled read still has in flight small); 0, or -1
+ * for a request the reader cannot take (no file of that index, length 0) or a bad piece size: nothing is queued. */
+GLM53_DR_API int32_t glm53_dr_submit(void* reader, glm53_dr_request* requests, int32_t n, uint64_t piece_bytes);
 /* Drops the pieces of the n requests that no thread has begun; a request with pieces dropped fails with ECANCELED once
  * its pieces in flight are done (glm53_dr_wait), and one that had finished is left as it is. */
 GLM53_DR_API void glm53_dr_cancel(void* reader, glm53_dr_request* requests, int32_t n);

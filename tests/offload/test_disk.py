@@ -160,6 +160,19 @@ def test_one_request_is_read_as_its_pieces_by_every_thread(tmp_path, direct):
     assert c["disk_bytes"] == (31 * ALIGN if direct else length)
 
 
+def test_a_submission_may_cut_its_reads_finer_than_the_reader(tmp_path):
+    path = tmp_path / "f.bin"
+    data = np.random.default_rng(8).integers(0, 256, 20 * ALIGN, dtype=np.uint8)
+    path.write_bytes(data.tobytes())
+    with DiskReader([path], threads=2, piece_bytes=4 * ALIGN) as reader:
+        dest = np.zeros(16 * ALIGN, np.uint8)
+        reader.submit([Read(0, 2 * ALIGN, 16 * ALIGN, dest)], piece_bytes=ALIGN).wait()
+        assert reader.counters()["pieces"] == 16 and dest.tobytes() == data[2 * ALIGN: 18 * ALIGN].tobytes()
+        for bad in (ALIGN + 1, 8 * ALIGN):  # not a multiple of the alignment; above the reader's (its bounce buffer)
+            with pytest.raises(ValueError, match=f"piece_bytes is {bad}: it must be 0, or a multiple of 4096 up to the reader's 16384"):
+                reader.submit([Read(0, 0, ALIGN, np.zeros(ALIGN, np.uint8))], piece_bytes=bad)
+
+
 @pytest.mark.parametrize("direct", [True, False], ids=["o_direct", "buffered"])
 def test_a_request_whose_pieces_fail_reports_its_lowest_failure_whichever_thread_met_it_first(tmp_path, direct):
     path = tmp_path / "f.bin"
