@@ -39,6 +39,11 @@ change a field's values) on every trace and share and ranks them against ``first
         [--vram-decay 0.999 --vram-recency-weight 800] [--policy NAME=decay:0.995,exclusive_after:16,...]
         [--no-write-back] [--out sim.json]
     python3 -m bench.ram_tier_sim --search [--grid decay=0.999,0.995] [--jobs 2] [--out search.json]
+    python3 -m bench.ram_tier_sim --read-ahead 1,2,4 [--twin trained] [--out ahead.json]
+
+``--read-ahead`` replays instead what reading ahead the first N of the next layer's guesses (its router on this
+layer's state, the twins' ``bench.routing_stats`` guesses) would have started early: per token, the disk reads, the
+guesses, those the next step read (covered), their precision and recall (:func:`read_ahead`).
 """
 
 from __future__ import annotations
@@ -201,6 +206,53 @@ def _write_back(state: ReferenceCache, policy: TierPolicy, layer: int, expert: i
     return True
 
 
+def read_ahead(stream: MissStream, guesses: np.ndarray, profile: np.ndarray, top_k: int, vram_slots: int, slots: int,
+               policy: TierPolicy, counts: Sequence[int]) -> dict[int, dict[str, int]]:
+    """What reads ahead (``GLM53_RAM_TIER_READ_AHEAD``) would have started early, replaying the tier as
+    :func:`replay_tier` does: per layer step after the first, the next layer's guesses (``guesses`` int [steps,
+    layers - 1, n]: layer l + 1's router on layer l's state, best first) that neither VRAM nor a policy slot holds, as
+    ``TieredHome.guess`` and ``RamTier.read_ahead`` filter them; of the first ``n`` of those (for each ``n`` of
+    ``counts``), how many the step then reads from disk (``covered``: its read started a layer early) and how many
+    it does not (``wasted``: dropped, what their pieces read in the meantime lost). ``{n: {reads, guessed, covered}}``."""
+    state = policy.state(profile, top_k, vram_slots, slots)
+    out = {n: {"reads": 0, "guessed": 0, "covered": 0} for n in counts}
+    for step, (missed_row, vram_row) in enumerate(zip(stream.missed, stream.vram)):
+        for layer, (missed, vram) in enumerate(zip(missed_row, vram_row)):
+            distinct = np.unique(missed[missed >= 0])
+            disk = {int(e) for e in distinct if state.slot_of[layer, e] < 0}
+            if layer:
+                candidates = [int(e) for e in guesses[step, layer - 1] if vram[e] < 0 and state.slot_of[layer, e] < 0]
+                for n, row in out.items():
+                    chosen = candidates[:n]
+                    row["guessed"] += len(chosen)
+                    row["covered"] += len(disk.intersection(chosen))
+            for row in out.values():
+                row["reads"] += len(disk)
+            policy.step(state, layer, missed, vram)
+    return out
+
+
+def read_ahead_report(routing: str, steps: int, seed: int, trace_seed: int, profile: np.ndarray, vram_slots: int,
+                      shares: Sequence[float], vram: Policy, counts: Sequence[int]) -> dict:
+    """:func:`read_ahead` on the CPU twin of ``routing`` (its guesses are its router's, ``bench.routing_stats``'s)
+    with the tier's default policy, per share: per token the disk reads, the guesses read ahead, those covered, and
+    their precision (covered / guessed) and recall (covered / reads)."""
+    from bench.routing_stats import twin_from_settings, twin_trace
+
+    twin, _ = twin_from_settings("scaled", routing, seed, None)
+    trace, guesses = twin_trace(twin, steps, trace_seed)
+    stream = vram_misses(trace, profile, vram_slots, vram)
+    layers, experts = profile.shape
+    rows = {}
+    for share in shares:
+        got = read_ahead(stream, guesses, profile, trace.shape[2], vram_slots, tier_slots(layers, experts, share), TierPolicy(), counts)
+        rows[f"{share:g}"] = {str(n): {"disk_reads_per_token": round(r["reads"] / steps, 3), "guessed_per_token": round(r["guessed"] / steps, 3),
+                                       "covered_per_token": round(r["covered"] / steps, 3),
+                                       "precision": round(r["covered"] / max(r["guessed"], 1), 3),
+                                       "recall": round(r["covered"] / max(r["reads"], 1), 3)} for n, r in got.items()}
+    return {"routing": routing, "steps": steps, "seed": seed, "trace_seed": trace_seed, "by_share": rows}
+
+
 def belady_reads(stream: MissStream, profile: np.ndarray, vram_slots: int, slots: int) -> int:
     """The offline optimum's disk reads on ``stream`` with the tier's slots per layer and starting residents."""
     start = TierPolicy().state(profile, 1, vram_slots, slots)  # placement alone decides the residents
@@ -347,6 +399,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--search", action="store_true", help="rank a grid of TierPolicy parameters against the first policy and the default")
     ap.add_argument("--grid", action="append", default=[], metavar="FIELD=V1,V2,...", help="with --search: a field's values instead of the grid's")
     ap.add_argument("--jobs", type=int, default=1, help="with --search: processes replaying the grid")
+    ap.add_argument("--read-ahead", metavar="N1,N2,...", help="instead: what reads ahead of the first N guesses would have "
+                    "started early, on the twins (--twin, default both), per share")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     grid = dict(SEARCH)
@@ -355,18 +409,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         if field not in {f.name for f in dataclasses.fields(TierPolicy)}:
             ap.error(f"--grid {item!r}: {field!r} is not a field of TierPolicy")
         grid[field] = tuple(_field_value(field, v) for v in values.split(","))
-    if not args.trace and not args.twin:
-        args.trace, args.twin = [ENGINE_TRACE], ["trained", "random"]
     profile = synth_profile("scaled")
     layers, experts = profile.shape
     vram_slots = args.vram_slots if args.vram_slots is not None else card_gpu_experts(experts) * layers
     shares = [float(s) for s in args.shares.split(",")]
+    command = ["python3", "-m", "bench.ram_tier_sim", *(sys.argv[1:] if argv is None else argv)]
+    vram = engine_vram_policy(args.vram_decay, args.vram_recency_weight)
+    if args.read_ahead:
+        counts = [int(n) for n in args.read_ahead.split(",")]
+        emit_json({"schema": SCHEMA, "command": command, "vram_slots": vram_slots, "vram_policy": dataclasses.asdict(vram),
+                   "tier_policy": dataclasses.asdict(TierPolicy()), "read_ahead": [
+                       read_ahead_report(r, args.steps, args.seed, args.trace_seed, profile, vram_slots, shares, vram, counts)
+                       for r in args.twin or ["trained", "random"]]}, args.out)
+        return 0
+    if not args.trace and not args.twin:
+        args.trace, args.twin = [ENGINE_TRACE], ["trained", "random"]
     traces = load_traces(args.trace, args.twin, args.steps, args.seed, args.trace_seed, args.window)
     for name, trace in traces.items():
         if trace.shape[1] != layers or trace.max() >= experts:
             raise SystemExit(f"trace {name} is {trace.shape} with experts up to {trace.max()}; the profile is {layers} x {experts}")
-    vram = engine_vram_policy(args.vram_decay, args.vram_recency_weight)
-    command = ["python3", "-m", "bench.ram_tier_sim", *(sys.argv[1:] if argv is None else argv)]
     if args.search:
         ranked = search(traces, profile, vram_slots, shares, vram, grid, jobs=args.jobs)
         emit_json({"schema": SCHEMA, "command": command, "vram_slots": vram_slots, "vram_policy": dataclasses.asdict(vram),

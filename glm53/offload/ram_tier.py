@@ -227,10 +227,13 @@ def _missed_popularity_lift(profile: np.ndarray, top_k: int, vram: list[tuple[in
 
 @dataclasses.dataclass(frozen=True)
 class Served:
-    """Where one layer step's missed experts came from: ``ram`` in a policy slot already, ``disk`` read now."""
+    """Where one layer step's missed experts came from: ``ram`` in a policy slot already, ``disk`` read now (of which
+    ``ahead_used`` were read ahead, of the ``guessed`` experts read ahead for this step)."""
 
     ram: list[int]
     disk: list[int]
+    guessed: int = 0
+    ahead_used: int = 0
 
 
 class ReadAhead(NamedTuple):
@@ -368,6 +371,7 @@ class RamTier:
         window = self.plan.policy_slots
         self._window = (-1, set())  # until the reads are in: the window's last layer is overwritten now
         t0 = time.perf_counter()
+        guessed = len(self._ahead.entry) if self._ahead is not None and self._ahead.layer == layer else 0
         ahead = self._ahead_for(layer, disk)  # the wrong guesses' reads dropped first, so that they do not hold the disk
         reads = [(layer, e, window + e) for e in disk if e not in ahead.entry]
         batch = self._submit(reads)
@@ -384,6 +388,7 @@ class RamTier:
             finally:
                 _wait(ahead.batch)
             late = self._use_ahead(ahead, disk)  # those read ahead take their blocks into their window entries
+            used = len(ahead.entry) - len(late)
             self._read([(layer, e, window + e) for e in late])  # a guess whose read failed: read as any miss
         except DiskReadError:
             self._undo(layer, admitted)
@@ -401,7 +406,7 @@ class RamTier:
         self.reads["disk"] += len(disk)
         self.reads["admitted"] += len(admitted)
         self.reads["given_up"] += sum(1 for a in admitted.values() if vram[a.evicted] >= 0)
-        return Served(ram, disk)
+        return Served(ram, disk, guessed, used)
 
     def fetch(self, layer: int, experts) -> Served:
         """Any other forward's step of ``layer`` (a prefill's): the experts (ids, repeats allowed) that no policy slot
@@ -553,7 +558,7 @@ class RamTier:
         whole = {e for e in ahead.entry} - {e for e, ok in zip(ahead.owner, done) if not ok}
         for e in whole:
             self._exchange(self.plan.policy_slots + e, ahead.entry[e])
-        self.reads["ahead_used"] += len(whole)
+        self.reads["ahead_used"] += len(whole)  # counted once they have served: a failed step's are not
         return [e for e in disk if e in ahead.entry and e not in whole]
 
     def _drop_ahead(self) -> None:

@@ -30,8 +30,14 @@ import torch
 
 from .cache import ExpertCache
 from .part import Part
-from .prefetch import router_prediction
+from .prefetch import PrecisionGate, router_prediction
 from .ram_tier import RamTier, missed
+
+
+# The share of its guesses a layer's steps must use for it to go on reading ahead: a used guess saves what the disk
+# read during the GPU's work (~1.8 MB on the test host's 1.2 GB/s disk, a whole expert on an NVMe drive), a dropped one
+# costs its pieces in flight (at most 8 x 128 KiB), so below ~0.3 it loses on the slow disk.
+AHEAD_MIN_PRECISION = 0.3
 
 
 class TieredHome(Part):
@@ -44,6 +50,10 @@ class TieredHome(Part):
         self.tier, self.cache, self.device = tier, cache, device
         E = cache.store.num_experts
         self.routers = routers if tier.plan.ahead_slots else None
+        # a layer whose guesses its steps use too rarely stops guessing for a while: a dropped guess's pieces in flight
+        # still take the disk (bench.ram_tier_sim --read-ahead: precision 0.55 at one guess on the `trained` twin, 0.01
+        # on `random`)
+        self.gate = PrecisionGate(tier.store.num_layers, AHEAD_MIN_PRECISION) if self.routers is not None else None
         pinned = torch.cuda.is_available()  # the read-back buffers (a CPU test drives ``resolve`` alone)
         self._picks = torch.empty(max_picks, dtype=torch.int64, pin_memory=pinned)
         self._vram = torch.empty(E, dtype=torch.int32, pin_memory=pinned)
@@ -92,7 +102,9 @@ class TieredHome(Part):
         repeats allowed) against ``vram`` (int32 [experts], the layer's VRAM slot of each expert, -1 if none)."""
         tier_picks = missed(picks, vram)  # the rows kept: the tier's policy measures reuse on the first
         if decode:
-            self.tier.step(row, tier_picks, vram)
+            served = self.tier.step(row, tier_picks, vram)
+            if self.gate is not None and served.guessed:
+                self.gate.observe(row, served.guessed, served.ahead_used)
             self.counters["decode_layers"] += 1
         else:
             self.tier.fetch(row, tier_picks)
@@ -108,7 +120,12 @@ class TieredHome(Part):
     def guess(self, row: int, likeliest: np.ndarray, vram: np.ndarray) -> None:
         """Read ahead the experts of layer ``row`` among ``likeliest`` (ids, best first) that ``vram`` (its VRAM slot
         of each expert, -1 if none) does not hold (the tier skips those in its policy slots)."""
-        self.tier.read_ahead(row, [int(e) for e in likeliest if vram[int(e)] < 0])
+        if self.gate is None or self.gate.allows(row):
+            self.tier.read_ahead(row, [int(e) for e in likeliest if vram[int(e)] < 0])
+
+    def decode_start(self, rows: int) -> None:
+        if self.gate is not None:
+            self.gate.forward_start()
 
     def rehome(self, row: int, experts: np.ndarray, addresses: np.ndarray) -> None:
         """Point non-resident ``experts`` of layer ``row`` (and their table entries) at ``addresses``."""
@@ -121,7 +138,8 @@ class TieredHome(Part):
         self.counters["rehome_seconds"] += time.perf_counter() - t0
 
     def stats(self) -> dict:
-        return {**self.tier.stats(), "layers": dict(self.counters)}
+        gate = {} if self.gate is None else {"ahead_gate": self.gate.stats()}
+        return {**self.tier.stats(), "layers": dict(self.counters), **gate}
 
     def close(self) -> None:
         torch.cuda.synchronize(self.device)  # no kernel still reads the arena

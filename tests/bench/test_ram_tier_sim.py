@@ -166,3 +166,24 @@ def test_the_search_ranks_against_both_baselines_and_forked_workers_agree():
     for r in ranked:  # over the fewer reads of the two baselines
         assert r["of_best_baseline"]["twin@50"] == pytest.approx(max(r["of_first"]["twin@50"], r["of_default"]["twin@50"]), rel=1e-3)
     assert sim.search(traces, profile, 128, [50], Policy(), grid, jobs=2) == ranked
+
+
+def test_reads_ahead_count_the_guesses_the_next_step_reads_and_those_it_does_not():
+    profile = np.array([[4.0, 3.0, 2.0, 1.0], [4.0, 3.0, 2.0, 1.0]])  # one policy slot a layer: expert 0 of each
+    none = np.full(4, -1, dtype=np.int32)  # nothing in VRAM
+    # two steps: layer 1 misses expert 2, then expert 3; the guesses (layer 1's, made at layer 0) are 0 (in its slot:
+    # skipped), 2, 3 at the first step and 1, 3 at the second
+    stream = sim.MissStream([[np.array([0]), np.array([2])], [np.array([0]), np.array([3])]], 0.0, 0, vram=[[none, none]] * 2)
+    guesses = np.array([[[0, 2, 3]], [[1, 3, 0]]])
+    got = sim.read_ahead(stream, guesses, profile, 1, 0, 2, TierPolicy(hysteresis=100.0), counts=(1, 2))
+    # n = 1: guess 2 (covered), then guess 1 (wasted); n = 2: 2 and 3 (one covered), then 1 and 3 (one covered)
+    assert got == {1: {"reads": 2, "guessed": 2, "covered": 1}, 2: {"reads": 2, "guessed": 4, "covered": 2}}
+
+
+def test_the_read_ahead_report_on_the_twins(capsys):
+    assert sim.main(["--read-ahead", "1,2", "--twin", "trained", "--steps", "40", "--shares", "50"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["read_ahead"]
+    one, two = row["by_share"]["50"]["1"], row["by_share"]["50"]["2"]
+    assert row["routing"] == "trained" and one["disk_reads_per_token"] == two["disk_reads_per_token"] > 0
+    assert 0 < one["covered_per_token"] <= two["covered_per_token"] and one["guessed_per_token"] < two["guessed_per_token"]
+    assert 0 < one["precision"] <= 1 and one["recall"] <= two["recall"] <= 1

@@ -154,3 +154,23 @@ def test_a_slot_given_up_while_vram_holds_its_expert_is_never_read_for_it_and_it
     assert tier.reads["disk"] == disk + 1 and cache.table[layer, e] == cache.home_host[layer, e] == tier.address(layer, e)
     assert bytes_at(arena, int(cache.table[layer, e]), store) == expected(store, tensors, layer, e)
     assert bytes_at(arena, int(cache.table[layer, x]), store) == expected(store, tensors, layer, x)
+
+
+@pytest.mark.parametrize("hierarchy", [2], indirect=True)
+def test_a_layer_whose_guesses_go_unused_stops_reading_ahead_for_a_while(hierarchy):
+    store, _, tier, cache, _, profile, rng, _ = hierarchy
+    home = TieredHome(tier, cache, torch.device("cpu"), max_picks=64, routers=[None] * store.num_layers)  # guessed by hand here
+    E, layer = store.num_experts, 1
+    for forward in range(200):
+        home.decode_start(1)
+        vram = cache.policy.slot_of[layer].copy()
+        cold = [e for e in range(E) if vram[e] < 0 and tier.policy.slot_of[layer, e] < 0]
+        pick, wrong = cold[0], cold[-1]
+        home.guess(layer, np.array([wrong]), vram)  # always wrong
+        home.resolve(layer, np.array([pick]), vram, decode=True)
+        if forward == 40:
+            assert home.gate.counts["closed"] == 1 and tier.reads["ahead"] == home.gate.window  # closed after 32 guesses
+    gate = home.gate.stats()
+    assert gate["closed"] >= 2 and gate["reopened"] >= 1 and tier.reads["ahead_used"] == 0
+    assert tier.reads["ahead"] < 200 // 2  # resting most of the time
+    assert home.stats()["ahead_gate"]["min_precision"] == 0.3
