@@ -537,8 +537,8 @@ class RamTier:
         self.blocks[[a, b]] = self.blocks[[b, a]]
 
     def _ahead_for(self, layer: int, disk: list[int]) -> ReadAhead:
-        """The reads ahead a step of ``layer`` that reads ``disk`` can use (the others' pieces not begun dropped and
-        waited for), or none."""
+        """The reads ahead a step of ``layer`` that reads ``disk`` can use, the others' pieces not begun dropped (the
+        step waits for the whole batch before it returns), or none (a guess for another layer: dropped and waited for)."""
         ahead, self._ahead = self._ahead, None
         if ahead is None or ahead.layer != layer:
             if ahead is not None:
