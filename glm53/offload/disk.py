@@ -90,6 +90,7 @@ class Batch:
         """Drop the pieces no thread has begun of the reads ``which`` (indices; None: all). Those reads fail with
         ECANCELED once their pieces in flight are done, unless none was left to drop (they finish as they would have):
         :meth:`wait`, then :meth:`done` says which hold their bytes."""
+        self.reader._open()
         size = ctypes.sizeof(glm53_dr_request)
         base = ctypes.addressof(self._requests)
         for i in range(len(self.reads)) if which is None else which:

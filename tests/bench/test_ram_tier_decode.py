@@ -91,3 +91,11 @@ def test_the_policy_runs_side_by_side_say_each_runs_rate_reads_admissions_and_po
     assert out["runs"]["compare-ram-policy-old"]["disk_reads_per_token"] == 14.0
     assert out["runs"]["compare-ram-policy-new-2"]["status"].startswith("not run")  # no RAM tier in that run
     assert out["runs"]["missing"]["status"].startswith("not run")
+
+
+def test_since_the_policy_runs_beside_the_reads_a_layer_s_disk_time_is_the_wait_after_it():
+    tier = arm("exact", 9.0, 300.0, misses=5800, steps=100, disk=1300)["engine_stats"]["offload"]["ram_tier"]
+    tier["decode"].update(wait_seconds=1.2, read_seconds=1.6)  # the reads took 1.6 s, 0.4 of them beside the policy
+    got = rt.decode_layer_ms(tier)
+    # 400 decode layers: the policy 1.0 ms, the wait after it 3.0, the rest of the tier's 2.6 s 2.5
+    assert (got["policy"], got["disk_read"], got["rest_of_step"]) == (1.0, 3.0, 2.5)
