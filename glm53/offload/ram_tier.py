@@ -262,6 +262,7 @@ class RamTier:
     def __init__(self, store: HostStore, reader: DiskReader, tier: TierPlan):
         self.store, self.reader, self.plan = store, reader, tier
         self._file = {f: i for i, f in enumerate(reader.paths)}
+        self._sources: dict[tuple[int, int], list[tuple[int, int, int, int]]] = {}  # (layer, expert) -> its reads
         missing = [f for f in store.shard_files() if f not in self._file]
         if missing:
             raise ValueError(f"the disk reader does not read {missing[0]}, which holds experts")
@@ -568,7 +569,11 @@ class RamTier:
             self._ahead = None
 
     def _block_reads(self, layer: int, expert: int, dest: np.ndarray) -> list[Read]:
-        return [Read(self._file[Path(f)], at, n, dest[off:off + n]) for f, at, n, off in self.store.block_sources(layer, expert)]
+        sources = self._sources.get((layer, expert))
+        if sources is None:  # once an expert: its file's index, where its projections lie and go (a decode step's host time)
+            sources = self._sources[(layer, expert)] = [(self._file[Path(f)], at, n, off)
+                                                        for f, at, n, off in self.store.block_sources(layer, expert)]
+        return [Read(file, at, n, dest[off:off + n]) for file, at, n, off in sources]
 
     def _submit(self, targets: list[tuple[int, int, int]]) -> tuple[Batch | None, float]:
         """Start reading ``targets`` ((layer, expert, role)); :meth:`_finish` waits for them."""
