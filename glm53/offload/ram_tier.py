@@ -3,7 +3,7 @@ files, between the GPU expert cache and the disk.
 
 With a budget that holds the host store (:func:`plan` gives None) nothing changes: the store reads every expert
 once at start and the disk is not read again. Otherwise the tier's arena (pinned and mapped, so the GPU reads it in
-place as it reads the host store) has two parts, each slot one expert block in the host store's
+place as it reads the host store) has three parts, each entry one expert block in the host store's
 ``[gate | up | down]`` layout (so that a VRAM admission stays one contiguous copy):
 
 - **policy slots**, partitioned between the layers at start by the routing profile and replaced by the expert
@@ -16,7 +16,7 @@ place as it reads the host store) has two parts, each slot one expert block in t
   are ranked by popularity alone, as the placement ranks them. The slots are exclusive of VRAM's, after a delay: the
   slot of an expert the VRAM cache has held for the layer's last ``exclusive_after`` decode steps is the first given
   up (a VRAM admission copies the expert from its RAM slot, which would otherwise duplicate it);
-- **the window**, one block per expert of a layer (block ``e`` for expert ``e``): where a layer's step reads the
+- **the window**, one entry per expert of a layer (entry ``e`` for expert ``e``): where a layer's step reads the
   experts it needs that no policy slot holds. A layer's forward can pick every expert (a prefill's does), so the
   window holds a whole layer; it is the current layer's only, and the next layer's step overwrites it (the engine
   synchronises at every layer's routing, so no kernel still reads it then).
@@ -25,9 +25,9 @@ place as it reads the host store) has two parts, each slot one expert block in t
   layer's attention run on the GPU, which the disk would otherwise sit out. The next layer's step takes the blocks of
   those it picked into their window entries and drops the rest's pieces not yet begun.
 
-A decode step of a layer (:meth:`RamTier.step`, given the picks the VRAM cache missed): the policy's step decides the
-admissions; each missed expert not in a policy slot is read from disk, into the slot the policy gave it or into the
-window. Admission costs no extra read (the bytes are read anyway), so ``max_admit`` is every miss, and the
+A decode step of a layer (:meth:`RamTier.step`, given the picks the VRAM cache missed): each missed expert not in a
+policy slot is read from disk, and the policy's step decides the admissions (below: how the two overlap). Admission
+costs no extra read (the bytes are read anyway), so ``max_admit`` is every miss, and the
 hysteresis alone keeps one-off picks from evicting warmer experts. The tier's first policy (the VRAM cache's decay
 and hysteresis, no recency, the VRAM residents' scores at zero) practically never replaced anything (2 admissions in
 ~100 decode steps on the H200); ``bench/ram_tier_sim.py`` replays both on traces against Belady's optimum
@@ -37,9 +37,8 @@ into the window only and leaves the policy alone, as the VRAM cache does.
 Slots and window entries are roles, not places: ``RamTier.blocks`` maps each (policy slot ``s``, or window entry
 ``policy_slots + e``) to the arena block that plays it. A decode step reads every missed expert into its window
 entry, submitted before the policy's step, which runs on the host while the disk works; an expert the policy admits
-(or one whose slot a failed read left without bytes) then takes its window entry's block into its slot, and the
-slot's old block becomes that window entry's, by exchanging the two in the map: no byte is copied, and nothing is
-read into a slot. A read that fails fails the step (:class:`~glm53.offload.disk.DiskReadError`): the step's
+then takes its window entry's block into its slot, and the slot's old block becomes that window entry's, by
+exchanging the two in the map: no byte is copied, and nothing is read into a slot after the start. A read that fails fails the step (:class:`~glm53.offload.disk.DiskReadError`): the step's
 admissions are undone, every slot keeps its block and its bytes, and the expert it was for is in no slot, so nothing
 is served from a failed read.
 """
