@@ -91,9 +91,12 @@ class Batch:
         ECANCELED once their pieces in flight are done, unless none was left to drop (they finish as they would have):
         :meth:`wait`, then :meth:`done` says which hold their bytes."""
         self.reader._open()
+        if which is None:
+            library().glm53_dr_cancel(self.reader._handle, self._requests, len(self.reads))
+            return
         size = ctypes.sizeof(glm53_dr_request)
         base = ctypes.addressof(self._requests)
-        for i in range(len(self.reads)) if which is None else which:
+        for i in which:
             library().glm53_dr_cancel(self.reader._handle, ctypes.cast(base + i * size, ctypes.POINTER(glm53_dr_request)), 1)
 
 

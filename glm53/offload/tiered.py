@@ -10,9 +10,9 @@ valid bytes too. An expert whose ``home`` goes stale (its window block reused by
 evicted) is not picked in that step, and is re-resolved here the next time it is picked. That includes an expert VRAM
 holds whose policy slot the tier gives up (``TierPolicy.exclusive``): it is not missed, so the tier's step does not
 read it; when the VRAM cache evicts it (in that step or later, never in a step that picks it) its table entry goes to
-the stale ``home``, another expert's bytes, and at its next pick this part finds it in no slot, reads it, and
-re-points ``home`` and the table before its layer runs (``home`` is compared with where its bytes are now: equal only
-when it took that slot again, whose bytes the step has just read).
+the stale ``home``, a block that now plays another role (a window entry, whose next read overwrites it), and at its
+next pick this part finds it in no slot, reads it, and re-points ``home`` and the table before its layer runs
+(``home`` is compared with the block that holds its bytes now, ``RamTier.address``).
 
 The tier sees only what the host sees, so this part synchronises at each MoE layer's routing (its picks and the
 layer's VRAM residency, two small copies): with a RAM tier, decode pays one host round trip a layer, and the disk
