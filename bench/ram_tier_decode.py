@@ -174,17 +174,19 @@ def report(run_dir: Path) -> dict:
 
 
 def policy_runs(paths: list[Path]) -> dict:
-    """The exact arm of each bench.compare file (``ram-policy-ab``'s runs, A/B/A): decode tok/s, the experts a token
-    read from host memory and from disk, the tier's admissions per token and the policy it ran (``/stats``)."""
+    """The exact (or else the fast) arm of each bench.compare file (the A/B/A runs of ``ram-policy-ab``,
+    ``ram-tier-ahead``, ``ram-tier-fast``): decode tok/s, the experts a token read from host memory and from disk, the
+    tier's admissions per token and the policy it ran (``/stats``); in fast mode, what its CPU tier took."""
     rows = {}
     for path in paths:
-        arm = _arm(path, "exact")
+        arm = _arm(path, "exact") or _arm(path, "fast")
         if arm is None or "ram_tier" not in arm["engine_stats"]["offload"]:
             rows[path.stem] = {"status": "not run, failed or without a RAM tier"}
             continue
         counts = per_token(arm)
         tier = counts["tier"]
-        rows[path.stem] = {"decode_tok_s": round(arm["decode_tok_s"], 2), "disk_reads_per_token": round(counts["disk_reads"], 2),
+        rows[path.stem] = {"arm": arm["name"], **_cpu_tier(arm["engine_stats"]["offload"], counts["decode_steps"]),
+                           "decode_tok_s": round(arm["decode_tok_s"], 2), "disk_reads_per_token": round(counts["disk_reads"], 2),
                            "host_reads_per_token": round(counts["host_reads"], 2), "decode_steps": counts["decode_steps"],
                            "admissions_per_token": round(tier["served"]["admitted"] / max(counts["decode_steps"], 1), 2),
                            "read_ahead_per_token": round(tier["served"].get("ahead", 0) / max(counts["decode_steps"], 1), 2),
@@ -193,6 +195,18 @@ def policy_runs(paths: list[Path]) -> dict:
                            "settings": {k: v for k, v in arm["settings"].items() if k.startswith(("ram_tier", "disk_"))},
                            "policy": tier["policy"]}
     return {"schema": SCHEMA, "runs": rows}
+
+
+def _cpu_tier(offload: dict, steps: int) -> dict:
+    """Fast mode's CPU tier in a run (``/stats``' ``cpu_tier``): experts it computed a token, its state, the
+    experts the RAM tier moved under it; or why it was off. Nothing for exact mode."""
+    ct = offload.get("cpu_tier")
+    if ct is None:
+        return {}
+    if "off" in ct:
+        return {"cpu_tier": {"off": ct["off"]}}
+    return {"cpu_tier": {"experts_per_token": round(ct["split"]["cpu_experts"] / max(steps, 1), 2), "state": ct.get("state"),
+                         "fallback_jobs": ct.get("device", {}).get("fallback_jobs"), "repointed": ct.get("repointed")}}
 
 
 def main(argv=None) -> int:

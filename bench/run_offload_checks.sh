@@ -16,7 +16,8 @@
 #                                                                # the bound, and the reader's pieces A/B/A at 50 % (two calls:
 #                                                                # bench/device/background.sh)
 #   source .gpu/prep.sh && bench/run_offload_checks.sh ram-tier-ahead  # reads ahead against none at 50 % RAM, A/B/A
-#   source .gpu/prep.sh && bench/run_offload_checks.sh ram-tier-fast  # fast mode at 50 % RAM: its one-pass prefill 4096
+#   source .gpu/prep.sh && bench/run_offload_checks.sh ram-tier-fast  # fast mode (its CPU tier beside the RAM tier) against
+#                                                                # exact at 50 % RAM, A/B/A
 #   source .gpu/prep.sh && bench/run_offload_checks.sh prefetch-gate  # prefetch with its precision gate, on `trained` and `random`
 #   source .gpu/prep.sh && bench/run_offload_checks.sh policy-ab   # exact mode on `trained` with the two-timescale cache policy
 #                                                                # against the popularity-only one it replaced, A/B/A
@@ -182,14 +183,20 @@ ram-tier-ahead() {  # issue 32: reads ahead (GLM53_RAM_TIER_READ_AHEAD=RAM_AHEAD
 	cat "$dir/ram-ahead-ab.json" 2>/dev/null
 }
 
-ram-tier-fast() {  # fast mode at 50 % RAM: exact's decode (the CPU tier is off beside the tier), its one-pass prefill
-	local ckpt gb
+ram-tier-fast() {  # fast mode at 50 % RAM, its CPU tier beside the RAM tier (reading experts in the tier's arena),
+	# against exact mode at 50 % RAM: RAM_FAST_RUNS in order (default fast-1 exact fast-2, an A/B/A), prefill RAM_PREFILL
+	# (default 512, so that decode dominates; 4096 measures fast mode's one-pass prefill)
+	local ckpt gb run
 	ckpt=$(python3 -m bench.ram_tier_decode --checkpoint "$CKPT_ROOT" | tail -1)
 	gb=$(python3 -m bench.ram_tier_decode --budget-gb "$ckpt" 50)
-	step compare-ram-50-fast 230 python3 -m bench.compare --routing trained --streams --decode-reps 1 --decode-tokens 64 \
-		--prefill "${RAM_PREFILL:-4096}" --prefill-reps 1 --repeat none --ckpt-root "$CKPT_ROOT" --out-dir "$dir" --arms fast \
-		--project-args "--host-ram-gb $gb" --arm-timeout 220 --budget-s 225 --name compare-ram-50-fast
-	echo "$ckpt" > "$dir/checkpoint.txt"
+	for run in ${RAM_FAST_RUNS:-fast-1 exact fast-2}; do
+		step "compare-ram-fast-$run" 175 python3 -m bench.compare --routing trained --arms "${run%-*}" \
+			--project-args "--host-ram-gb $gb" --streams --decode-reps 1 --decode-tokens 64 --prefill "${RAM_PREFILL:-512}" \
+			--prefill-reps 1 --repeat none --arm-timeout 160 --budget-s 170 --ckpt-root "$CKPT_ROOT" --out-dir "$dir" \
+			--name "compare-ram-fast-$run"
+	done
+	step ram-fast-report 30 python3 -m bench.ram_tier_decode --policy-runs "$dir"/compare-ram-fast-*.json --out "$dir/ram-fast-ab.json"
+	cat "$dir/ram-fast-ab.json" 2>/dev/null
 }
 
 ram-policy-ab() {  # the RAM tier's policy's share of a difference at 50 % RAM: the same code, the old policy's settings

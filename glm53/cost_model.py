@@ -387,11 +387,11 @@ class Rig:
         free = (self.vram_gb - model.vram_other_gb - VRAM_RESERVE_GB) * 1e9
         return max(0, min(model.experts, int(free / model.expert_bytes / model.moe_layers)))
 
-    def ram_tier_slots_per_layer(self, model: ModelFacts = GLM53_FLASH) -> float | None:
+    def ram_tier_slots_per_layer(self, model: ModelFacts = GLM53_FLASH, mode: str = "exact") -> float | None:
         """Experts a layer keeps in host RAM beyond the VRAM's when RAM cannot hold them all (None: it holds them all,
-        no RAM tier): the RAM left after the process (exact mode's needs: the CPU tier is off beside a RAM tier) less
-        the tier's window of one layer's experts (``offload.ram_tier.plan``), in padded blocks."""
-        budget = expert_ram_budget(int(self.ram_gib * 2**30), model.sign_scale_bytes, "exact", 1)
+        no RAM tier): the RAM left after the process (``mode``'s needs: in fast mode the CPU tier's copies and
+        threads too) less the tier's window of one layer's experts (``offload.ram_tier.plan``), in padded blocks."""
+        budget = expert_ram_budget(int(self.ram_gib * 2**30), model.sign_scale_bytes, mode, max(1, self.cores - 1))
         if budget >= STORE_PADDING * model.routed_bytes:
             return None
         blocks = budget / (STORE_PADDING * model.expert_bytes) - model.experts
@@ -533,53 +533,66 @@ def project(rig: Rig, profile: np.ndarray, model: ModelFacts = GLM53_FLASH, stre
     that hit rate on the scaled checkpoint, so this errs low). ``hook_s``: the tier's hooks on the GPU's clock a
     layer it takes part in (60 us measured on the H200 host)."""
     slots = rig.cache_slots_per_layer(model)
-    ram_slots = rig.ram_tier_slots_per_layer(model)
+    modes = ("exact", "fast")
+    ram_slots = {mode: rig.ram_tier_slots_per_layer(model, mode) for mode in modes}  # None: no RAM tier in that mode
     costs = rig.costs(model)
-    disk_misses: dict[int, float] = {}
+    disk_misses: dict[str, dict[int, float]] = {mode: {} for mode in modes}
     layers = model.moe_layers + model.dense_layers
     decode: dict[str, dict[int, float]] = {"exact": {}, "fast": {}}
     cpu_k: dict[int, float] = {}
     bound = {}
     for n in streams:
         misses, hits = distinct_misses(profile, slots, model.top_k, n)
-        # hot-first: the RAM tier holds the next-hottest experts after the VRAM's (fractional slots interpolated)
-        disk_misses[n] = 0.0 if ram_slots is None else float(np.interp(ram_slots % 1, [0, 1], [
-            distinct_misses(profile, slots + int(ram_slots) + i, model.top_k, n)[0] for i in (0, 1)]))
         fixed = layers * rig.other_layer_s + model.moe_layers * (rig.layer_fixed_s + hits * costs.vram_expert_s)
-        step = Step(fixed_s=fixed, moe_layers=model.moe_layers, misses=misses, hits=hits, tokens=n, disk_misses=disk_misses[n])
-        exact = exact_step_s(step, costs)
-        fast, k = fast_step_s(step, costs, hook_s)
-        if ram_slots is not None:  # the CPU tier is off beside a RAM tier: fast mode serves as exact mode does
-            fast, k = exact, 0.0
-        decode["exact"][n], decode["fast"][n] = n / exact, n / min(fast, exact)
-        cpu_k[n] = k if fast < exact else 0.0
+        steps = {}
+        for mode in modes:
+            # hot-first: the RAM tier holds the next-hottest experts after the VRAM's (fractional slots interpolated)
+            held = ram_slots[mode]
+            disk_misses[mode][n] = 0.0 if held is None else float(np.interp(held % 1, [0, 1], [
+                distinct_misses(profile, slots + int(held) + i, model.top_k, n)[0] for i in (0, 1)]))
+            steps[mode] = Step(fixed_s=fixed, moe_layers=model.moe_layers, misses=misses, hits=hits, tokens=n,
+                               disk_misses=disk_misses[mode][n])
+        exact = exact_step_s(steps["exact"], costs)
+        # beside a RAM tier the CPU tier computes its share of the misses where the tier holds them (or read them)
+        fast, k = fast_step_s(steps["fast"], costs, hook_s)
+        fast_as_exact = exact_step_s(steps["fast"], costs)  # its CPU tier resting (GLM53_CT_ENABLE=auto's choice)
+        decode["exact"][n], decode["fast"][n] = n / exact, n / min(fast, fast_as_exact)
+        cpu_k[n] = k if fast < fast_as_exact else 0.0
         if n == min(streams):
             link = model.moe_layers * misses * costs.link_expert_s
-            disk = disk_s(step, costs)
+            disk = disk_s(steps["exact"], costs)
             bound["exact"] = (f"the disk: {1e3 * disk:.1f} of {1e3 * exact:.1f} ms a token read the RAM tier's misses at {rig.disk_gbs:g} GB/s"
                               if disk > link else
                               f"the link: {1e3 * link:.1f} of {1e3 * exact:.1f} ms a token read misses at {rig.link_gbs:g} GB/s")
             gpu_part = max(costs.gpu_seconds(int(round(hits)), max(0, int(round(misses - k)))), 0.0)
             cpu_part = costs.cpu_seconds(int(round(k)), n)
+            fast_disk = disk_s(steps["fast"], costs)
             bound["fast"] = (f"the CPU tier: a layer's job ({1e6 * cpu_part:.0f} us for {k:.1f} experts) outlasts the GPU's part "
                              f"({1e6 * gpu_part:.0f} us)" if cpu_part > gpu_part else
                              f"the link: the GPU's part of a layer ({1e6 * gpu_part:.0f} us) outlasts the CPU's job ({1e6 * cpu_part:.0f} us)")
-            if ram_slots is not None:
-                bound["fast"] = "as exact mode: the CPU tier is off beside a RAM tier (it reads experts from the host store)"
+            if fast_disk > model.moe_layers * max(cpu_part, gpu_part):
+                bound["fast"] = (f"the disk: {1e3 * fast_disk:.1f} of {1e3 * min(fast, fast_as_exact):.1f} ms a token read the RAM "
+                                 f"tier's misses at {rig.disk_gbs:g} GB/s (the CPU tier takes {k:.1f} experts a layer)")
     stream_bytes = (model.experts - slots) * model.expert_bytes
     prefill = {mode: prompt / prefill_s(prompt, model.moe_layers, rig.prefill_s_per_token, stream_bytes, rig.copy_gbs,
                                         last_page_split=(mode == "exact"), zero_copy_gbs=rig.link_gbs) for mode in ("exact", "fast")}
-    if ram_slots is not None:  # each prefill forward reads the experts neither VRAM nor the RAM tier holds from disk:
-        # a staged one a layer ahead, behind its compute (offload.tier_feed); exact mode's last page, a forward too small
-        # to stage, once more at each layer's routing (counted as a whole pass: a page picks nearly every expert)
-        chunks = max(1, math.ceil(prompt / 8192))
-        disk_pass = model.moe_layers * max(0.0, model.experts - slots - ram_slots) * model.expert_bytes / (rig.disk_gbs * 1e9)
-        prefill = {mode: prompt / (max(prompt / tok_s, chunks * disk_pass) + (disk_pass if mode == "exact" else 0.0))
-                   for mode, tok_s in prefill.items()}
-    ram = {mode: host_ram_needed(model.routed_bytes, model.sign_scale_bytes, mode, max(1, rig.cores - 1)) / 2**30 for mode in ("exact", "fast")}
-    tier = None if ram_slots is None else {
-        "ram_share": (slots + ram_slots) / model.experts, "ram_slots_per_layer": ram_slots,
-        "disk_misses_per_layer": disk_misses, "disk_gbs": rig.disk_gbs}
+    chunks = max(1, math.ceil(prompt / 8192))
+    for mode, held in ram_slots.items():
+        if held is None:
+            continue
+        # each prefill forward reads the experts neither VRAM nor the RAM tier holds from disk: a staged one a layer
+        # ahead, behind its compute (offload.tier_feed); exact mode's last page, a forward too small to stage, once
+        # more at each layer's routing (counted as a whole pass: a page picks nearly every expert)
+        disk_pass = model.moe_layers * max(0.0, model.experts - slots - held) * model.expert_bytes / (rig.disk_gbs * 1e9)
+        prefill[mode] = prompt / (max(prompt / prefill[mode], chunks * disk_pass) + (disk_pass if mode == "exact" else 0.0))
+    ram = {mode: host_ram_needed(model.routed_bytes, model.sign_scale_bytes, mode, max(1, rig.cores - 1)) / 2**30 for mode in modes}
+    tier = None
+    if any(held is not None for held in ram_slots.values()):
+        share = lambda mode: 1.0 if ram_slots[mode] is None else (slots + ram_slots[mode]) / model.experts
+        tier = {"ram_share": share("exact"), "ram_slots_per_layer": ram_slots["exact"], "disk_misses_per_layer": disk_misses["exact"],
+                "disk_gbs": rig.disk_gbs,
+                "fast": {"ram_share": share("fast"), "ram_slots_per_layer": ram_slots["fast"],
+                         "disk_misses_per_layer": disk_misses["fast"]}}
     return Projection(rig.name, slots, hit_rate(profile, slots), decode, cpu_k, prefill, ram, bound, tier)
 
 

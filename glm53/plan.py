@@ -142,6 +142,15 @@ def report(rig: cm.Rig, profile: np.ndarray) -> dict:
     return out
 
 
+def _tier_line(mode: str, tier: dict) -> str:
+    """What the RAM tier holds in ``mode`` (its own figures in ``project``'s ``ram_tier``) and the disk reads left."""
+    if tier["ram_slots_per_layer"] is None:
+        return f"{mode} mode holds every expert"
+    disk = tier["disk_misses_per_layer"]
+    return (f"{mode} mode holds {tier['ram_slots_per_layer']:.1f} experts a layer beyond the VRAM's ({tier['ram_share']:.1%} of "
+            f"them in VRAM or RAM), and {disk[1]:.2f} a layer at one stream, {disk[4]:.2f} at four, are read from disk")
+
+
 def format_report(r: dict) -> str:
     p, rig = r["projection"], r["rig"]
     band = r["error_band"]
@@ -158,13 +167,12 @@ def format_report(r: dict) -> str:
                      f"{p['prefill_tok_s'][mode]:.0f} tok/s | {p['host_ram_gib'][mode]:.1f} GiB{fits} | {r['settings'][mode]} |")
     tier = p["ram_tier"]
     if tier:
-        disk = tier["disk_misses_per_layer"]
-        lines += ["", f"  RAM tier: {rig['ram_gib']:.0f} GiB of host RAM holds {tier['ram_slots_per_layer']:.1f} experts a layer beyond "
-                      f"the VRAM's ({tier['ram_share']:.1%} of them in VRAM or RAM); {disk[1]:.2f} a layer at one stream, {disk[4]:.2f} "
-                      f"at four, are read from disk at {tier['disk_gbs']:g} GB/s (and by prefill, every expert neither holds, "
-                      "once a staged forward, behind its compute, and in exact mode once more for the prompt's last page, a "
-                      "forward too small to stage); "
-                      "fast mode serves as exact mode beside a RAM tier (its CPU tier is off)"]
+        lines += ["", f"  RAM tier: {rig['ram_gib']:.0f} GiB of host RAM; "
+                      + "; ".join(_tier_line(mode, held) for mode, held in (("exact", tier), ("fast", tier["fast"])))
+                      + f"; read from disk at {tier['disk_gbs']:g} GB/s (and by prefill, every expert neither holds, once a staged "
+                      "forward, behind its compute, and in exact mode once more for the prompt's last page, a forward too small "
+                      "to stage); fast mode's CPU tier computes its share of the misses where the RAM tier holds them or "
+                      "read them, and its copies leave the RAM tier less room"]
     k = p["cpu_experts_per_layer"]
     lines += ["", f"  fast mode sends the CPU tier {k[1]:.1f} experts a layer at one stream, {k[4]:.1f} at four",
               f"  bound, exact: {p['bound']['exact']}", f"  bound, fast: {p['bound']['fast']}"]

@@ -234,7 +234,7 @@ def _host_ram(experts: checkpoint.ExpertBytes | None, settings: Settings, paths:
                                          f"experts ({experts.layer_bytes / GiB:.2f} GiB), which a prefill reads together: free "
                                          "memory, raise the memory limit (docker --memory, systemd MemoryMax) or GLM53_HOST_RAM_GB"
                                          + (", or use GLM53_MODE=exact" if settings.mode == "fast" else ""))
-    note = (" The CPU tier stays off with a RAM tier (it reads experts from the host store)." if settings.mode == "fast" else "")
+    note = (" The CPU tier computes its share of the misses where the RAM tier holds them or read them." if settings.mode == "fast" else "")
     return Check("host_ram", "warn", f"{settings.mode} mode would hold every routed expert in {need / GiB:.1f} GiB ({terms}) but "
                                      f"{text}: a RAM tier of {budget / GiB:.1f} GiB ({given}) holds {share:.0%} of the routed experts "
                                      f"and the rest are read from the checkpoint's files on a miss (decode and prefill slow to the "

@@ -52,7 +52,7 @@ from .controller import Controller, Counters, relinked_costs
 from .device import OUTCOMES, CtKernels, DeviceProducer
 from .measure import link_read_gbs, measure_costs
 from .tuning import Tuning
-from .worker import ExpertTable, Ring, Worker, host_store_experts
+from .worker import ArenaExperts, ExpertTable, Ring, Worker, host_store_experts
 
 log = logging.getLogger(__name__)
 
@@ -126,10 +126,14 @@ class FastTier:
     name = "cpu_tier"
 
     def __init__(self, settings, store, cache, device: torch.device, kernels, fallbacks: Sequence[Callable], top_k: int,
-                 act_limit: float, tuning: Tuning | None = None):
+                 act_limit: float, tuning: Tuning | None = None, ram_tier=None):
         """
         :param store: the loaded, pinned host store (``glm53.offload.host_store.HostStore``): the experts are read
             where its arenas hold them, and its sign/scale vectors from the checkpoint it was scanned from.
+        :param ram_tier: where host RAM holds only part of the experts (``glm53.offload.ram_tier.RamTier``, pinned
+            and started): each expert is read where its ``home`` (``cache.home_host``) is in the tier's arena, and
+            :meth:`repoint` follows it each time the RAM tier's part moves it (``TieredHome.on_rehome``). When a
+            layer's job is published every pick not in VRAM is at its ``home`` (the part read it from disk first).
         :param cache: the expert cache (``glm53.offload.cache.ExpertCache``): its ``slot_of`` and ``freq`` device
             tensors tell the split which experts are missed and which are cold.
         :param kernels: the expert cache's kernels (``glm53.offload.ec_native.Kernels``): its library holds the
@@ -146,7 +150,14 @@ class FastTier:
         self.hidden = store.layout.shapes[0][0] * 16
         self.top_k = top_k
         self.fallbacks = list(fallbacks)  # per layer row, in store order
-        experts = host_store_experts(store, store.read_sign_scale(settings.model_dir))
+        sign_scale = store.read_sign_scale(settings.model_dir)
+        self.arena_experts = None if ram_tier is None else ArenaExperts(store, ram_tier, cache.home_host, sign_scale)
+        if ram_tier is None:
+            experts = timed = host_store_experts(store, sign_scale)
+        else:
+            experts = self.arena_experts.experts
+            held = {key: lins for key, lins in experts.items() if ram_tier.policy.slot_of[key] >= 0}
+            timed = held or experts  # the CPU's figure is timed on experts whose bytes are there now
         self.table = ExpertTable(experts, store.num_layers, store.num_experts)
         pool, worker_cpu = ce.Pool.for_caller(settings, spin_us=SPIN_US)  # the worker thread is the caller
         self.feeding = FeedingThread(pool.cpus if worker_cpu is None else (worker_cpu, *pool.cpus))
@@ -158,7 +169,7 @@ class FastTier:
             self.worker = Worker(self.ring, self.table, act_limit=act_limit, pool=self.pool, cpu=worker_cpu, spin_us=SPIN_US,
                                  park_us=PARK_US, codebook=self.codebook).start()
             self.producer = DeviceProducer(self.ring, device, CtKernels(kernels.path))  # the library of the cache's kernels
-            costs = measure_costs(experts, ct_b=settings.ct_b, act_limit=act_limit, codebook=self.codebook, pool=self.pool,
+            costs = measure_costs(timed, ct_b=settings.ct_b, act_limit=act_limit, codebook=self.codebook, pool=self.pool,
                                   worker=self.worker, producer=self.producer, store=store, link=cache.link, device=device,
                                   hidden=self.hidden)
             self.controller = Controller(costs, min(255, MAX_TOKENS * top_k), self._counters(), tuning)
@@ -175,6 +186,7 @@ class FastTier:
         self.hooked_layers = 0
         self.sent = torch.zeros(4, dtype=torch.int64, device=device)  # hits, misses, experts, picks sent (decode steps)
         self.skipped = 0  # routing calls the tier could not take (too many rows, other dtypes)
+        self.repointed = 0  # experts the RAM tier moved, followed by the worker's table
         self.enabled = True  # off: every expert on the GPU, exact mode's numerics (paired checks, bench/decode_kl.py)
         self.setup_s = round(time.monotonic() - t0, 2)
         log.info("CPU tier: %d threads (worker on CPU %s), %s codebook, costs per expert: CPU %s us (+ %s us a job), link %.0f us, VRAM "
@@ -182,6 +194,13 @@ class FastTier:
                  {t: round(v * 1e6) for t, v in costs.cpu_expert_s.items()},
                  {t: round(v * 1e6) for t, v in costs.cpu_job_s.items()},
                  costs.link_expert_s * 1e6, costs.vram_expert_s * 1e6, costs.handoff_s * 1e6, costs.sources)
+
+    def repoint(self, row: int, experts: np.ndarray, addresses: np.ndarray) -> None:
+        """The RAM tier's part moved layer ``row``'s ``experts`` to ``addresses`` (device addresses in the tier's arena,
+        their new ``home``): the worker reads them there from its next job. Called before the layer's split, so the
+        layer's job reads each pick where its bytes are (``TieredHome.on_rehome``)."""
+        self.worker.repoint(row, experts, self.arena_experts.trellises(addresses))
+        self.repointed += int(len(experts))
 
     @property
     def costs(self) -> Costs:
@@ -376,6 +395,7 @@ class FastTier:
             "device": self.producer.stats(),
             "worker": {**self.worker.counters(), "parked": self.worker.parked()},
             "deadline_ms": self.deadline_s * 1000,
+            "beside_ram_tier": self.arena_experts is not None, "repointed": self.repointed,
             "outcomes": list(OUTCOMES),
         }
 
@@ -388,11 +408,11 @@ class FastTier:
 
 
 def start(settings, store, cache, device: torch.device, kernels, fallbacks: Sequence[Callable], top_k: int,
-          act_limit: float) -> tuple[FastTier | None, str | None]:
+          act_limit: float, ram_tier=None) -> tuple[FastTier | None, str | None]:
     """Fast mode's CPU tier started on a running offload (the arguments are :class:`FastTier`'s), or ``(None, why)``
     when ``GLM53_CT_ENABLE=auto`` and the costs it measured at start give it no share of a decode step's misses
     (then it is stopped again: no threads, no pinned CPUs)."""
-    tier = FastTier(settings, store, cache, device, kernels, fallbacks, top_k, act_limit)
+    tier = FastTier(settings, store, cache, device, kernels, fallbacks, top_k, act_limit, ram_tier=ram_tier)
     worthwhile, why = tier.worthwhile()
     if settings.ct_enable == "auto" and not worthwhile:
         tier.close()

@@ -123,20 +123,41 @@ def host_store_experts(store, sign_scale: Mapping[str, tuple[np.ndarray, np.ndar
     """``{(layer row, expert): (gate, up, down)}`` over a loaded host store: the trellises are views of its arenas
     (the single host copy), ``sign_scale`` per projection name fp16 ``(suh [layers, experts, in], svh [layers,
     experts, out])``, the CPU tier's own copies (``HostStore.read_sign_scale``). The store must outlive them."""
-    layout = store.layout
-    experts = {}
-    for row in range(store.num_layers):
-        arena = store.arenas[row].numpy()
-        for e in range(store.num_experts):
-            base = e * layout.block_bytes
-            lins = []
-            for p, name in enumerate(PROJECTIONS):
-                at = base + layout.offsets[p]
-                trellis = arena[at : at + layout.nbytes[p]].view(np.int16).reshape(layout.shapes[p])
-                suh, svh = sign_scale[name]
-                lins.append(ce.Linear(trellis, suh[row, e], svh[row, e]))
-            experts[(row, e)] = tuple(lins)
-    return experts
+    b = store.layout.block_bytes
+    return {(row, e): expert_linears(store.layout, store.arenas[row].numpy(), e * b, sign_scale, row, e)
+            for row in range(store.num_layers) for e in range(store.num_experts)}
+
+
+def expert_linears(layout, arena: np.ndarray, base: int, sign_scale: Mapping[str, tuple[np.ndarray, np.ndarray]], row: int,
+                   e: int) -> tuple[ce.Linear, ...]:
+    """Expert ``e`` of layer ``row`` whose block (the host store's ``layout``) starts at byte ``base`` of ``arena``
+    (uint8): its trellises are views there, its sign/scale vectors ``sign_scale``'s (as :func:`host_store_experts`)."""
+    lins = []
+    for p, name in enumerate(PROJECTIONS):
+        at = base + layout.offsets[p]
+        trellis = arena[at : at + layout.nbytes[p]].view(np.int16).reshape(layout.shapes[p])
+        suh, svh = sign_scale[name]
+        lins.append(ce.Linear(trellis, suh[row, e], svh[row, e]))
+    return tuple(lins)
+
+
+class ArenaExperts:
+    """The experts as the CPU tier reads them beside a RAM tier (``glm53.offload.ram_tier.RamTier``: its ``arena`` and
+    ``host_address``): each where its ``home`` (the device address of a block in the tier's arena) is. ``experts``
+    is the table to start from (``home_host``: int64 [layers, experts]); :meth:`trellises` gives the addresses a
+    worker is re-pointed to when the RAM tier's part moves an expert (``Worker.repoint``). An expert's bytes are
+    at its ``home`` only while the tier holds it there: the part reads every pick there before its layer's job."""
+
+    def __init__(self, store, ram_tier, home_host: np.ndarray, sign_scale: Mapping[str, tuple[np.ndarray, np.ndarray]]):
+        self.ram_tier = ram_tier
+        self.offsets = np.array(store.layout.offsets, dtype=np.int64)  # gate, up, down in a block
+        at = ram_tier.host_address(home_host) - ram_tier.arena.ctypes.data
+        self.experts = {(row, e): expert_linears(store.layout, ram_tier.arena, int(at[row, e]), sign_scale, row, e)
+                        for row in range(store.num_layers) for e in range(store.num_experts)}
+
+    def trellises(self, addresses: np.ndarray) -> np.ndarray:
+        """int64 [n, 3]: the gate, up and down trellises' host addresses in the blocks at device ``addresses``."""
+        return self.ram_tier.host_address(addresses)[:, None] + self.offsets[None, :]
 
 
 class Worker:
@@ -174,6 +195,23 @@ class Worker:
         if self.handle is not None:
             library().glm53_ct_worker_stop(self.handle)
             self.handle = None
+
+    def repoint(self, row: int, experts: np.ndarray, trellises: np.ndarray) -> None:
+        """Point the trellises of layer ``row``'s ``experts`` (ids registered in the table) at ``trellises`` (int64
+        ``[n, 3]``: gate, up and down host addresses), where a RAM tier moved their bytes: the worker's jobs read
+        them there from the next job that takes them. Each address must stay mapped for the worker's life (a job
+        taken back after its claim may still read an old one; its result is discarded). The table this worker
+        started from is not changed (the worker keeps its own copy).
+
+        :raise KernelError: an expert not registered, or a zero address (nothing was changed).
+        """
+        entries = np.ascontiguousarray(row * self.table.num_experts + np.asarray(experts, dtype=np.int64), dtype=np.int64)
+        addresses = np.ascontiguousarray(trellises, dtype=np.uint64).reshape(-1)
+        if addresses.size != 3 * entries.size:
+            raise ValueError(f"{entries.size} experts need {3 * entries.size} trellis addresses, got {addresses.size}")
+        if self.handle is None:
+            raise RuntimeError("the worker is not running: start it before re-pointing its table")
+        _check(library().glm53_ct_worker_repoint(self.handle, entries.ctypes.data, addresses.ctypes.data, entries.size))
 
     def wake(self) -> None:
         """A decode step is about to start: a napping or parked worker spins again, and naps no more until

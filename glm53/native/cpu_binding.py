@@ -252,6 +252,8 @@ FUNCTIONS = {
         ctypes.c_void_p, ctypes.POINTER(glm53_ce_expert), ctypes.c_int32, ctypes.c_int32, ctypes.c_float,
         ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32
     ]),
+    # int32_t glm53_ct_worker_repoint(glm53_ct_worker* worker, const int64_t* entries, const uint64_t* trellises, int32_t n)
+    "glm53_ct_worker_repoint": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32]),
     # void glm53_ct_worker_wake(glm53_ct_worker* worker)
     "glm53_ct_worker_wake": (None, [ctypes.c_void_p]),
     # void glm53_ct_worker_rest(glm53_ct_worker* worker)

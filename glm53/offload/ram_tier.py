@@ -481,6 +481,17 @@ class RamTier:
         index = self.slot_index(layer, expert)
         return -1 if index < 0 else int(self.block_address(index))
 
+    def host_address(self, device_addresses) -> np.ndarray:
+        """The host addresses of the arena bytes at ``device_addresses`` (after :meth:`pin`): where the CPU reads what
+        the GPU reads there (fast mode's CPU tier).
+
+        :raise ValueError: an address outside the arena."""
+        at = np.asarray(device_addresses, dtype=np.int64) - self._device_base
+        if at.size and (at.min() < 0 or at.max() >= self.arena.nbytes):
+            raise ValueError(f"device addresses {at.min() + self._device_base:#x}..{at.max() + self._device_base:#x} are "
+                             f"not all in the RAM tier's arena at {self._device_base:#x} ({self.arena.nbytes} bytes)")
+        return self.arena.ctypes.data + at
+
     def policy_block(self, layer: int, expert: int) -> np.ndarray | None:
         """The expert's block when a policy slot holds it (not the window, which the next layer's reads reuse)."""
         slot = int(self.policy.slot_of[layer, expert])

@@ -54,6 +54,9 @@ class TieredHome(Part):
         # still take the disk (bench.ram_tier_sim --read-ahead: precision 0.55 at one guess on the `trained` twin, 0.01
         # on `random`)
         self.gate = PrecisionGate(tier.store.num_layers, AHEAD_MIN_PRECISION) if self.routers is not None else None
+        # called as ``(row, experts, addresses)`` after each re-pointing of ``home``: fast mode's CPU tier, whose
+        # worker reads the same bytes at their host addresses (``FastTier.repoint``)
+        self.on_rehome: list = []
         pinned = torch.cuda.is_available()  # the read-back buffers (a CPU test drives ``resolve`` alone)
         self._picks = torch.empty(max_picks, dtype=torch.int64, pin_memory=pinned)
         self._vram = torch.empty(E, dtype=torch.int32, pin_memory=pinned)
@@ -134,6 +137,8 @@ class TieredHome(Part):
         index = torch.from_numpy(experts.astype(np.int64)).to(self.device)
         self.cache.home[row].index_copy_(0, index, torch.from_numpy(addresses).to(self.device))
         self.cache.assign([(row, int(e), -1) for e in experts])  # tables at home, from the device's home
+        for listener in self.on_rehome:
+            listener(row, experts, addresses)
         self.counters["rewritten"] += int(experts.size)
         self.counters["rehome_seconds"] += time.perf_counter() - t0
 

@@ -129,6 +129,15 @@ int32_t check_ring(const void* ring)
     return GLM53_CE_OK;
 }
 
+// The trellis pointers of a table entry, which glm53_ct_worker_repoint may store while a job reads them: each is
+// loaded atomically, so a job sees an old or a new address of each projection, never a torn one.
+void load_trellises(const glm53_ce_expert& from, glm53_ce_expert& to)
+{
+    to.gate.trellis = __atomic_load_n(&from.gate.trellis, __ATOMIC_ACQUIRE);
+    to.up.trellis = __atomic_load_n(&from.up.trellis, __ATOMIC_ACQUIRE);
+    to.down.trellis = __atomic_load_n(&from.down.trellis, __ATOMIC_ACQUIRE);
+}
+
 }  // namespace
 
 #define COUNT(field, n) counter(offsetof(glm53_ct_counters, field)).fetch_add((n), std::memory_order_relaxed)
@@ -219,7 +228,8 @@ uint32_t glm53_ct_worker::compute(uint8_t* slot, uint64_t seq)
         }
         int& at = index_of[p.expert];
         if (at < 0) {
-            const glm53_ce_expert& e = table[static_cast<size_t>(h.layer) * n_experts + p.expert];
+            glm53_ce_expert e = table[static_cast<size_t>(h.layer) * n_experts + p.expert];
+            load_trellises(table[static_cast<size_t>(h.layer) * n_experts + p.expert], e);  // glm53_ct_worker_repoint's
             if (!e.gate.trellis) {
                 ok = false;
                 break;
@@ -422,6 +432,29 @@ uint64_t glm53_ct_slot_word(const void* ring, int32_t slot, int32_t which)
 {
     void* r = const_cast<void*>(ring);
     return load(which ? ack_ptr(r, static_cast<uint64_t>(slot)) : job_ptr(r, static_cast<uint64_t>(slot)));
+}
+
+int32_t glm53_ct_worker_repoint(glm53_ct_worker* worker, const int64_t* entries, const uint64_t* trellises, int32_t n)
+{
+    if (!worker || n < 0 || (n > 0 && (!entries || !trellises)))
+        return fail(GLM53_CE_EINVAL, "worker_repoint: need a worker, n >= 0 and, for n > 0, entries and trellises");
+    const int64_t size = static_cast<int64_t>(worker->n_layers) * worker->n_experts;
+    for (int32_t i = 0; i < n; ++i) {  // all checked before any is stored: a refused call changes nothing
+        const int64_t at = entries[i];
+        if (at < 0 || at >= size || !worker->table[static_cast<size_t>(at)].gate.trellis)
+            return fail(GLM53_CE_EINVAL, "worker_repoint: entry " + std::to_string(at) + " is not a registered expert of " +
+                                             std::to_string(worker->n_layers) + " layers x " +
+                                             std::to_string(worker->n_experts) + " experts");
+        if (!trellises[3 * i] || !trellises[3 * i + 1] || !trellises[3 * i + 2])
+            return fail(GLM53_CE_EINVAL, "worker_repoint: entry " + std::to_string(at) + " gets a NULL trellis");
+    }
+    for (int32_t i = 0; i < n; ++i) {
+        glm53_ce_expert& e = worker->table[static_cast<size_t>(entries[i])];
+        __atomic_store_n(&e.gate.trellis, reinterpret_cast<const int16_t*>(trellises[3 * i]), __ATOMIC_RELEASE);
+        __atomic_store_n(&e.up.trellis, reinterpret_cast<const int16_t*>(trellises[3 * i + 1]), __ATOMIC_RELEASE);
+        __atomic_store_n(&e.down.trellis, reinterpret_cast<const int16_t*>(trellises[3 * i + 2]), __ATOMIC_RELEASE);
+    }
+    return GLM53_CE_OK;
 }
 
 glm53_ct_worker* glm53_ct_worker_start(void* ring, const glm53_ce_expert* table, int32_t n_layers, int32_t n_experts,

@@ -149,6 +149,15 @@ GLM53_CT_API glm53_ct_worker* glm53_ct_worker_start(void* ring, const glm53_ce_e
                                                     int32_t n_experts, float act_limit, glm53_ce_pool* pool,
                                                     int32_t isa, int32_t codebook, int32_t cpu, int32_t spin_us,
                                                     int32_t nap_us, int32_t park_us);
+/* Points the trellises of n registered experts at new addresses, where a RAM tier moved their bytes:
+ * entries[i] = layer * n_experts + expert, trellises[3 i .. 3 i + 2] its gate, up and down trellis. Each pointer is
+ * stored atomically and a job loads it atomically when it takes the expert, so a job reads an old or a new address of
+ * each projection, never a torn one. The caller re-points an expert only while no job it will collect reads it (a job
+ * taken back after its claim may still read either address: every address given must stay mapped for the worker's
+ * life, and that job's result is discarded). An entry out of range or not registered at start, or a NULL address:
+ * EINVAL, and nothing is changed. */
+GLM53_CT_API int32_t glm53_ct_worker_repoint(glm53_ct_worker* worker, const int64_t* entries, const uint64_t* trellises,
+                                             int32_t n);
 /* A decode step is about to start (the host that launches it calls this): a napping or parked worker spins again,
  * and it takes no nap until glm53_ct_worker_rest: the GPU publishes a layer's job with no notice, and a job that
  * finds the worker napping waits for the nap's end (up to nap_us), past the GPU's wait for it. */

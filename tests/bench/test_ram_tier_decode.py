@@ -83,7 +83,7 @@ def test_the_policy_runs_side_by_side_say_each_runs_rate_reads_admissions_and_po
     (tmp_path / "compare-ram-policy-new-2.json").write_text(json.dumps({"arms": [arm("exact", 60.0, 1000.0, misses=500, steps=100)]}))
     out = rt.policy_runs(runs + [tmp_path / "compare-ram-policy-new-2.json", tmp_path / "missing.json"])
     assert out["runs"]["compare-ram-policy-new-1"] == {
-        "decode_tok_s": 9.0, "disk_reads_per_token": 13.0, "host_reads_per_token": 58.0, "decode_steps": 100,
+        "arm": "exact", "decode_tok_s": 9.0, "disk_reads_per_token": 13.0, "host_reads_per_token": 58.0, "decode_steps": 100,
         "admissions_per_token": 2.5, "read_ahead_per_token": 1.2, "read_ahead_used_per_token": 0.9,
         "decode_layer_ms": {"sync_wait": 0.5, "policy": 1.0, "disk_read": 5.0, "rest_of_step": 0.5, "rehome_all_layers": 0.1,
                             "disk_read_gbs": 1.0},
@@ -99,3 +99,20 @@ def test_since_the_policy_runs_beside_the_reads_a_layer_s_disk_time_is_the_wait_
     got = rt.decode_layer_ms(tier)
     # 400 decode layers: the policy 1.0 ms, the wait after it 3.0, the rest of the tier's 2.6 s 2.5
     assert (got["policy"], got["disk_read"], got["rest_of_step"]) == (1.0, 3.0, 2.5)
+
+
+def test_a_fast_run_beside_the_ram_tier_says_what_its_cpu_tier_took(tmp_path):
+    fast = arm("fast", 11.0, 300.0, misses=5800, steps=100, disk=1300)
+    fast["engine_stats"]["offload"]["cpu_tier"] = {"split": {"cpu_experts": 1500}, "state": "running",
+                                                   "device": {"fallback_jobs": 3}, "repointed": 900}
+    off = arm("fast", 9.0, 300.0, misses=5800, steps=100, disk=1300)
+    off["engine_stats"]["offload"]["cpu_tier"] = {"off": "the measured costs give it no share of the misses"}
+    for name, a in (("fast-1", fast), ("fast-2", off)):
+        a["engine_stats"]["offload"]["ram_tier"]["served"].update(admitted=250)
+        a["engine_stats"]["offload"]["ram_tier"]["policy"] = {"decay": 0.995}
+        (tmp_path / f"compare-ram-fast-{name}.json").write_text(json.dumps({"arms": [a]}))
+    out = rt.policy_runs(sorted(tmp_path.glob("compare-ram-fast-*.json")))["runs"]
+    assert out["compare-ram-fast-fast-1"]["arm"] == "fast" and out["compare-ram-fast-fast-1"]["decode_tok_s"] == 11.0
+    assert out["compare-ram-fast-fast-1"]["cpu_tier"] == {"experts_per_token": 15.0, "state": "running", "fallback_jobs": 3,
+                                                         "repointed": 900}
+    assert out["compare-ram-fast-fast-2"]["cpu_tier"] == {"off": "the measured costs give it no share of the misses"}

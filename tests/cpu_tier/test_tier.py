@@ -489,8 +489,8 @@ def test_start_leaves_the_tier_off_only_under_auto_when_the_costs_give_it_nothin
     closed = []
 
     class Tier:
-        def __init__(self, *args):
-            self.args = args
+        def __init__(self, *args, ram_tier=None):
+            self.args, self.ram_tier = args, ram_tier
 
         def worthwhile(self):
             return worthwhile, "a one-expert CPU job costs more"
@@ -500,10 +500,11 @@ def test_start_leaves_the_tier_off_only_under_auto_when_the_costs_give_it_nothin
 
     monkeypatch.setattr(ft, "FastTier", Tier)
     settings = type("S", (), {"ct_enable": enable})()
-    tier, off = ft.start(settings, "store", "cache", "device", "kernels", ["fallback"], 8, 7.0)
+    tier, off = ft.start(settings, "store", "cache", "device", "kernels", ["fallback"], 8, 7.0, ram_tier="the RAM tier")
     if on:
         assert isinstance(tier, Tier) and off is None and not closed
         assert tier.args == (settings, "store", "cache", "device", "kernels", ["fallback"], 8, 7.0)
+        assert tier.ram_tier == "the RAM tier"
     else:
         assert tier is None and len(closed) == 1
         assert off == "the measured costs give it no share of the misses: a one-expert CPU job costs more"

@@ -104,6 +104,21 @@ def _close_to_exact(exact, got):
     assert compared >= 1
 
 
+def test_beside_a_ram_tier_the_cpu_tier_reads_each_expert_where_the_tier_put_it(tiny_checkpoint, exact):
+    """Half the experts in host RAM, the rest read from disk when picked: the CPU tier's worker follows every move of
+    the RAM tier's part (its table re-pointed before each layer's split), and its answers stay close to exact mode's
+    (exact mode beside a RAM tier is exact mode: tests/gpu/test_offload_exact.py)."""
+    from tests.gpu.test_offload_exact import _ram_gb
+
+    got, stats = _run(tiny_checkpoint, ["--ct-threads", "4", "--host-ram-gb", _ram_gb(tiny_checkpoint, 0.5)])
+    print(f"cpu tier beside a RAM tier: {stats}")
+    assert not isinstance(got, SequenceFailure), got.reason
+    assert stats["beside_ram_tier"] and stats["repointed"] > 0
+    split, device = stats["split"], stats["device"]
+    assert split["cpu_experts"] > 0 and device["done"] > 0 and device["failed"] == 0
+    _close_to_exact(exact, got)
+
+
 def test_a_worker_past_the_deadline_has_its_experts_computed_on_the_gpu(tiny_checkpoint, exact):
     """A held worker: every job it was given is taken back at the deadline and computed by the GPU fallback, so the
     steps complete with every routed expert (no request fails) and the answer is exact mode's."""

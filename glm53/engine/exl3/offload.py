@@ -6,8 +6,8 @@ the module that owns it:
 3. pin       ``HostStore.pin_and_map``: page-locked and mapped, so the GPU reads an expert in place (zero-copy);
              where the experts' RAM budget (``offload.ram_budget``) is below the store, steps 2-3 are instead a RAM
              tier's arena, pinned (``offload.ram_tier``), its policy slots read from disk at step 6, and the tier's
-             part (``offload.tiered``) makes every pick readable before its layer runs; the CPU tier and prefetch
-             are then off;
+             part (``offload.tiered``) makes every pick readable before its layer runs (and tells the CPU tier where
+             it put each); prefetch is then off;
 4. attach    ``patches.load_offloaded``: the model loads with its experts answered from the host store, which
              gives its MoE layers and their expert pointer tables; then exllamav3's warm-up;
    link      ``offload.link.start``: the host link every part below tells what it moved (measured first when
@@ -20,6 +20,7 @@ the module that owns it:
 7. staging   ``PrefillStager``: prefill's copies of the next layer's missing experts (beside a RAM tier, read
              from disk a layer ahead by ``offload.tier_feed``);
 8. CPU tier  ``cpu_tier.tier.start`` (fast mode): the tier, or the reason ``GLM53_CT_ENABLE=auto`` leaves it off;
+             beside a RAM tier it reads the experts in the tier's arena, where the tier's part puts them;
 9. prefetch  ``offload.prefetch.Prefetcher`` (``GLM53_PREFETCH``): its pool's slots were taken from the cache's
              at step 5;
 10. hooks    ``patches.hook_offload``: the running offload (``offload.runtime.Offload``, calling its parts: prefetch,
@@ -106,11 +107,9 @@ def start_offload(settings: Settings, model, load: Callable[[], None], warmup: C
                                                 routers=patches.routers(layers) if tier.plan.ahead_slots else None)
     # 7. staging: beside a RAM tier, from its slots and from disk through its window, a layer ahead (``tier_feed``)
     stager = PrefillStager(store, cache, layers.tables, device, int(settings.ec_stage_gb * GB), STAGE_MIN_ROWS, tiered=home)
-    if tier is None:
-        cpu, off_reason = _cpu_tier(settings, store, cache, layers, device, kernels)           # 8. CPU tier
-    else:
-        cpu, off_reason = None, ("the RAM tier holds part of the experts (the CPU tier reads them from the host store)"
-                                 if settings.mode == "fast" else None)
+    cpu, off_reason = _cpu_tier(settings, store, cache, layers, device, kernels, tier)         # 8. CPU tier
+    if cpu is not None and home is not None:
+        home.on_rehome.append(cpu.repoint)  # the worker reads each expert where the RAM tier's part put it
     prefetcher = _prefetch(settings, kernels, cache, layers, device, policy)                    # 9. prefetch
     # routed's order: prefetch (the cache's step waits for its copies), the cache, the CPU tier (splits the misses left);
     # the RAM tier's part acts before all of them, on every forward (``Offload.routed``)
@@ -162,8 +161,10 @@ def _prefetch(settings: Settings, kernels, cache, layers: patches.MoeLayers, dev
     return prefetch.from_settings(settings, kernels, cache, patches.routers(layers), layers.top_k, device, policy)
 
 
-def _cpu_tier(settings: Settings, store, cache, layers: patches.MoeLayers, device, kernels):
-    """Fast mode's CPU tier on this model: ``(tier, None)``, or ``(None, why it is off)`` (None, None outside it)."""
+def _cpu_tier(settings: Settings, store, cache, layers: patches.MoeLayers, device, kernels, ram_tier: RamTier | None):
+    """Fast mode's CPU tier on this model: ``(tier, None)``, or ``(None, why it is off)`` (None, None outside it).
+    Beside a RAM tier it reads each expert in the tier's arena, where the RAM tier's part makes every pick readable
+    before the layer's split."""
     if settings.mode != "fast":
         return None, None
     if not settings.ct_enable:
@@ -172,4 +173,4 @@ def _cpu_tier(settings: Settings, store, cache, layers: patches.MoeLayers, devic
         return None, None
     patches.check_cpu_tier_fits(layers)
     fallbacks = [patches.fused_experts(mlp) for mlp in layers.mlps]
-    return cpu_tier.start(settings, store, cache, device, kernels, fallbacks, layers.top_k, layers.act_limit)
+    return cpu_tier.start(settings, store, cache, device, kernels, fallbacks, layers.top_k, layers.act_limit, ram_tier=ram_tier)

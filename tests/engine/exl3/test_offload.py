@@ -29,7 +29,14 @@ class Named(Part):
         return self.name
 
 
-TIER, PREFETCHER = Named("cpu_tier"), Named("prefetch")
+class CpuTier(Named):
+    """The CPU tier stand-in: it follows the RAM tier's moves (``FastTier.repoint``)."""
+
+    def repoint(self, row, experts, addresses):
+        raise AssertionError("not moved in these tests")
+
+
+TIER, PREFETCHER = CpuTier("cpu_tier"), Named("prefetch")
 
 
 class Recorder(Progress):
@@ -84,8 +91,8 @@ def steps(monkeypatch, tmp_path):
         def __init__(self, store, cache, tables, device, buffer_bytes, min_rows, tiered=None):
             seen.append(("staging", buffer_bytes, min_rows) + ((("beside", tiered.name),) if tiered else ()))
 
-    def tier_start(settings, store, cache, device, kernels, fallbacks, top_k, act_limit):
-        seen.append(("cpu tier", fallbacks, top_k, act_limit))
+    def tier_start(settings, store, cache, device, kernels, fallbacks, top_k, act_limit, ram_tier=None):
+        seen.append(("cpu tier", fallbacks, top_k, act_limit) + (() if ram_tier is None else (("beside", ram_tier),)))
         return TIER, None
 
     def hook_offload(model, layers_, offload):
@@ -182,24 +189,38 @@ class FakeTier:
         self.policy = policy
 
 
+class FakeHome(Named):
+    """The RAM tier's part: what its ``on_rehome`` tells."""
+
+    def __init__(self):
+        super().__init__("ram_tier")
+        self.on_rehome = []
+
+
 @pytest.mark.parametrize("mode", ["exact", "fast"])
-def test_with_a_ram_tier_the_store_is_not_read_the_cpu_tier_is_off_staging_reads_through_it_and_its_part_acts_first(steps, monkeypatch, mode):
+def test_with_a_ram_tier_the_store_is_not_read_staging_reads_through_it_its_part_acts_first_and_tells_the_cpu_tier(steps, monkeypatch, mode):
     seen, tmp_path = steps
-    tier = FakeTier(seen)
+    tier, home = FakeTier(seen), FakeHome()
     monkeypatch.setattr(start, "_ram_tier", lambda settings, store: tier)
     aliased = []
     store_cls = start.HostStore
     monkeypatch.setattr(store_cls, "alias_window", lambda self, window, host: aliased.append((window.numel(), host.numel())), raising=False)
-    monkeypatch.setattr(start, "TieredHome", lambda tier_, cache, device, max_picks, routers: (seen.append(("home", tier_ is tier, routers)), Named("ram_tier"))[1])
+    monkeypatch.setattr(start, "TieredHome", lambda tier_, cache, device, max_picks, routers: (seen.append(("home", tier_ is tier, routers)), home)[1])
     settings = settings_for(tmp_path, mode, *(("--ct-enable", "1") if mode == "fast" else ()))
     offload = start.start_offload(settings, "the model", lambda: None, lambda: None)
     assert "read" not in seen and not [s for s in seen if s[0] == "pin"]
     assert ("pin tier", True, True) in seen and aliased == [(4 * 1000, 4 * 1000)]  # the window: the arena after the 2 policy slots
     assert seen.index(("size", 1000, 8)) < seen.index(("tier start", (2, 4), 2, 3)) < [s[0] for s in seen].index("fill")
     assert [s for s in seen if s[0] == "fill"][0][-1] == ("from", tier)
-    assert ("staging", 2 * 1000**3, start.STAGE_MIN_ROWS, ("beside", "ram_tier")) in seen and not [s for s in seen if s == "fits" or s[0] == "cpu tier"]
-    assert [p.name for p in offload.parts] == ["ram_tier", "cache"] and offload.tier is None
-    assert (offload.cpu_tier_off_reason is not None) == (mode == "fast")
+    assert ("staging", 2 * 1000**3, start.STAGE_MIN_ROWS, ("beside", "ram_tier")) in seen
+    assert offload.cpu_tier_off_reason is None
+    if mode == "fast":  # the CPU tier reads the experts in the RAM tier's arena and follows each move of the part's
+        assert ("cpu tier", ["fused mlp a", "fused mlp b"], 2, 7.0, ("beside", tier)) in seen
+        assert [p.name for p in offload.parts] == ["ram_tier", "cache", "cpu_tier"] and offload.tier is TIER
+        assert home.on_rehome == [TIER.repoint]
+    else:
+        assert not [s for s in seen if s == "fits" or s[0] == "cpu tier"] and home.on_rehome == []
+        assert [p.name for p in offload.parts] == ["ram_tier", "cache"] and offload.tier is None
     assert tier.policy == TierPolicy()  # nothing set: the policy's defaults
     assert ("home", True, None) in seen  # no reads ahead: no routers
 
