@@ -87,8 +87,9 @@ def per_token(arm: dict) -> dict:
 
 def decode_layer_ms(tier: dict) -> dict | None:
     """A decode layer's host time on the tier's path, in ms (its stats: ``TieredHome`` and ``RamTier.step``): the wait
-    for the routing (the sync), the policy's bookkeeping, the disk reads, re-pointing the tables (over all layers),
-    and the rest of the tier's step; None from a run before these were counted."""
+    for the routing (the sync), the policy's bookkeeping, pointing the tables while the disk reads, the wait for the
+    reads left, re-pointing the tables (over all layers) and the rest of the tier's step; None from a run before these
+    were counted."""
     layers, decode = tier.get("layers") or {}, tier.get("decode")
     n = layers.get("decode_layers")
     if not n or decode is None or "decode_wait_seconds" not in layers:
@@ -97,9 +98,11 @@ def decode_layer_ms(tier: dict) -> dict | None:
     # disk_read: what the reads add to a layer's step. Since 2026-12-04 the policy runs while they are in flight and
     # wait_seconds is the rest of their time; before, they followed the policy and read_seconds was all of it
     disk = decode.get("wait_seconds", decode["read_seconds"])
-    rest = layers["decode_tier_seconds"] - decode["policy_seconds"] - disk
+    # placed: re-pointing the tables (the rehome) while the reads are in flight (since 2026-12-05; before, after them)
+    placed = decode.get("placed_seconds", 0.0)
+    rest = layers["decode_tier_seconds"] - decode["policy_seconds"] - placed - disk
     return {"sync_wait": per(layers["decode_wait_seconds"]), "policy": per(decode["policy_seconds"]),
-            "disk_read": per(disk), "rest_of_step": per(rest),
+            "placed_while_reading": per(placed), "disk_read": per(disk), "rest_of_step": per(rest),
             "rehome_all_layers": round(layers["rehome_seconds"] / (n + layers.get("other_layers", 0)) * 1e3, 3),
             "disk_read_gbs": decode.get("read_gbs")}
 

@@ -38,7 +38,9 @@ Slots and window entries are roles, not places: ``RamTier.blocks`` maps each (po
 ``policy_slots + e``) to the arena block that plays it. A decode step reads every missed expert into its window
 entry, submitted before the policy's step, which runs on the host while the disk works; an expert the policy admits
 then takes its window entry's block into its slot, and the slot's old block becomes that window entry's, by
-exchanging the two in the map: no byte is copied, and nothing is read into a slot after the start. A read that fails fails the step (:class:`~glm53.offload.disk.DiskReadError`): the step's
+exchanging the two in the map: no byte is copied, and nothing is read into a slot after the start (but a guess read
+ahead whose read failed, read again into the block its slot took). Every block is decided before the wait for the
+reads, so the caller points its tables there while the disk still works (``step``'s ``placed``). A read that fails fails the step (:class:`~glm53.offload.disk.DiskReadError`): the step's
 admissions are undone, every slot keeps its block and its bytes, and the expert it was for is in no slot, so nothing
 is served from a failed read.
 """
@@ -283,7 +285,8 @@ class RamTier:
         self.timing = {"start_bytes": 0, "start_seconds": 0.0, "bytes": 0, "seconds": 0.0}  # the disk's rate as read
         # where a decode layer's step spends its time on the host: the policy's bookkeeping, which runs while the disk
         # reads, then the wait for the reads left; read_seconds: submitted to done, over the steps that read
-        self.decode_timing = {"policy_seconds": 0.0, "wait_seconds": 0.0, "read_seconds": 0.0, "read_experts": 0}
+        self.decode_timing = {"policy_seconds": 0.0, "placed_seconds": 0.0, "wait_seconds": 0.0, "read_seconds": 0.0,
+                              "read_experts": 0}
         self._device_base = 0  # the arena's device address, once pinned
         self._unpin: Callable[[], None] | None = None
 
@@ -351,17 +354,19 @@ class RamTier:
 
     # ---- a layer's step
 
-    def step(self, layer: int, missed, vram: np.ndarray) -> Served:
+    def step(self, layer: int, missed, vram: np.ndarray, placed: Callable[[], None] | None = None) -> Served:
         """A decode step of ``layer`` for the picks the VRAM cache missed (int, any shape, the last axis a row, as
         :func:`missed` gives them: -1 for none, repeats allowed) with the layer's VRAM residency (``vram`` int
         [experts], slot or -1; :meth:`TierPolicy.step`): every missed expert no policy slot holds is read from disk
-        into its window entry while the policy's step runs, and those the policy admitted then take their window
-        entry's block into their slot (module docstring). When this returns, each missed expert's bytes are at
+        into its window entry while the policy's step runs, and those the policy admitted take their window entry's
+        block into their slot (module docstring). Then, the reads still in flight, every missed expert's block is
+        decided and ``placed()`` is called (the caller points the tables there: :meth:`address` gives each one's);
+        nothing may read those bytes before this returns. When it returns, each missed expert's bytes are at
         :meth:`block`; a slot given up by an expert VRAM holds holds another's, and that expert has no block here
         (:meth:`address` -1) until it is missed again.
 
         :raise DiskReadError: a read failed: the step's admissions are undone, the slots keep their bytes, the
-            expert it was for is in no slot, and nothing was served.
+            expert it was for is in no slot, and nothing was served (what ``placed`` pointed at is not to be read).
         """
         sel = np.asarray(missed, dtype=np.int64)
         picked = self._distinct(sel.reshape(-1))
@@ -381,36 +386,48 @@ class RamTier:
             self._finish(batch, len(reads))  # no read is left in flight into the window or the ahead entries
             _wait(ahead.batch)
             raise
+        # every block is decided now, the bytes still landing: a guess read ahead takes its block into its window entry,
+        # then an admitted expert (every one is a disk one: the policy admits only picks no slot holds) its window
+        # entry's block into its slot; the blocks the reads go to are not those the exchanges hand to others
+        moves = [(window + e, role) for e, role in ahead.entry.items()] + [(int(slot_of[e]), window + e) for e in admitted]
+        for a, b in moves:
+            self._exchange(a, b)
+        self._window = (layer, {e for e in disk if e not in admitted})
         t1 = time.perf_counter()
         try:
             try:
-                self._finish(batch, len(reads))
+                if placed is not None:
+                    placed()  # the host's part of the layer, while the disk reads
             finally:
-                _wait(ahead.batch)
-            late = self._use_ahead(ahead, disk)  # those read ahead take their blocks into their window entries
-            used = len(ahead.entry) - len(late)
-            self._read([(layer, e, window + e) for e in late])  # a guess whose read failed: read as any miss
+                t2 = time.perf_counter()
+                try:
+                    self._finish(batch, len(reads))
+                finally:
+                    _wait(ahead.batch)
+            # a guess whose read did not finish whole is read again where its block now plays its role
+            late = self._late_ahead(ahead)
+            self._read([(layer, e, int(slot_of[e]) if e in admitted else window + e) for e in late])
         except DiskReadError:
-            self._undo(layer, admitted)
+            self._undo(layer, admitted, moves)
             raise
-        for e in admitted:  # every admitted expert is a disk one: the policy admits only picks no slot holds
-            self._exchange(int(slot_of[e]), window + e)
-        self._window = (layer, {e for e in disk if e not in admitted})
-        t2 = time.perf_counter()
+        self.reads["ahead_used"] += len(ahead.entry) - len(late)  # counted once they have served: a failed step's are not
+        t3 = time.perf_counter()
         self.decode_timing["policy_seconds"] += t1 - t0
-        self.decode_timing["wait_seconds"] += t2 - t1
+        self.decode_timing["placed_seconds"] += t2 - t1
+        self.decode_timing["wait_seconds"] += t3 - t2
         if disk:
-            self.decode_timing["read_seconds"] += t2 - t0
+            self.decode_timing["read_seconds"] += t3 - t0
             self.decode_timing["read_experts"] += len(disk)
         self.reads["ram"] += len(ram)
         self.reads["disk"] += len(disk)
         self.reads["admitted"] += len(admitted)
         self.reads["given_up"] += sum(1 for a in admitted.values() if vram[a.evicted] >= 0)
-        return Served(ram, disk, guessed, used)
+        return Served(ram, disk, guessed, len(ahead.entry) - len(late))
 
-    def fetch(self, layer: int, experts) -> Served:
+    def fetch(self, layer: int, experts, placed: Callable[[], None] | None = None) -> Served:
         """Any other forward's step of ``layer`` (a prefill's): the experts (ids, repeats allowed) that no policy slot
         holds are read into the window; the policy is not told (its scores follow decode, as the VRAM cache's).
+        ``placed`` as :meth:`step`'s: called while the disk reads, every expert's block decided.
 
         :raise DiskReadError: a read failed; the window holds none of the layer's experts afterwards.
         """
@@ -420,13 +437,17 @@ class RamTier:
         ram = [e for e in picked if slot_of[e] >= 0]
         have = self._window[1] if self._window[0] == layer else set()
         disk = [e for e in picked if e not in ram and e not in have]
-        self._window = (layer, have)
+        self._window = (layer, have | set(disk))
         try:
-            self._read([(layer, e, self.plan.policy_slots + e) for e in disk])
+            submitted = self._submit([(layer, e, self.plan.policy_slots + e) for e in disk])
+            try:
+                if placed is not None:
+                    placed()
+            finally:
+                self._finish(submitted, len(disk))
         except DiskReadError:
             self._window = (-1, set())
             raise
-        have.update(disk)
         self.reads["fetched"] += len(disk)
         return Served(ram, disk)
 
@@ -436,7 +457,7 @@ class RamTier:
         the next :meth:`step` of ``layer`` takes those it needs whose reads are done or in flight, and drops the
         others' pieces not begun, so that a wrong guess costs the disk what it read while the GPU computed; any other
         call of this tier drops them all. Only where bytes come from changes: an expert is served from its ahead
-        entry only when its read finished whole (:meth:`_use_ahead`)."""
+        entry only when its read finished whole (else :meth:`step` reads it again)."""
         self._drop_ahead()
         slot_of = self.policy.slot_of[layer]
         chosen = [int(e) for e in dict.fromkeys(int(e) for e in experts) if 0 <= e < self.store.num_experts and slot_of[e] < 0]
@@ -526,6 +547,7 @@ class RamTier:
                 "disk_gbs": {"start": rate(t["start_bytes"], t["start_seconds"]), "serving": rate(t["bytes"], t["seconds"])},
                 "read_seconds": round(t["seconds"], 3),
                 "decode": {"policy_seconds": round(self.decode_timing["policy_seconds"], 3),
+                           "placed_seconds": round(self.decode_timing["placed_seconds"], 3),
                            "wait_seconds": round(self.decode_timing["wait_seconds"], 3),
                            "read_seconds": round(self.decode_timing["read_seconds"], 3),
                            "read_experts": self.decode_timing["read_experts"],
@@ -560,17 +582,12 @@ class RamTier:
         ahead.batch.cancel([i for i, e in enumerate(ahead.owner) if e not in wanted])
         return ReadAhead(layer, {e: role for e, role in ahead.entry.items() if e in wanted}, ahead.batch, ahead.owner)
 
-    def _use_ahead(self, ahead: ReadAhead, disk: list[int]) -> list[int]:
-        """After ``ahead``'s reads have finished: each expert read in full takes its ahead block into its window
-        entry. Returns those whose read failed (to be read again)."""
+    def _late_ahead(self, ahead: ReadAhead) -> list[int]:
+        """After ``ahead``'s reads have finished: the experts among its (used) guesses whose read did not finish whole."""
         if not ahead.entry:
             return []
-        done = ahead.batch.done()
-        whole = {e for e in ahead.entry} - {e for e, ok in zip(ahead.owner, done) if not ok}
-        for e in whole:
-            self._exchange(self.plan.policy_slots + e, ahead.entry[e])
-        self.reads["ahead_used"] += len(whole)  # counted once they have served: a failed step's are not
-        return [e for e in disk if e in ahead.entry and e not in whole]
+        failed = {e for e, ok in zip(ahead.owner, ahead.batch.done()) if not ok}
+        return [e for e in ahead.entry if e in failed]
 
     def _drop_ahead(self) -> None:
         if self._ahead is not None:
@@ -609,9 +626,12 @@ class RamTier:
     def _read(self, targets: list[tuple[int, int, int]]) -> None:
         self._finish(self._submit(targets), len(targets))
 
-    def _undo(self, layer: int, admitted: dict) -> None:
-        """After a failed read: the step's admitted experts leave their slots, which go back to the experts they
-        evicted (nothing was read into a slot: their bytes are intact); the window holds nothing."""
+    def _undo(self, layer: int, admitted: dict, moves: list[tuple[int, int]]) -> None:
+        """After a failed read: the step's exchanges of blocks (``moves``) are reversed and its admitted experts leave
+        their slots, which go back to the experts they evicted with their old blocks (which no read of the step went
+        to: their bytes are intact); the window holds nothing."""
+        for a, b in reversed(moves):
+            self._exchange(a, b)
         E = self.store.num_experts
         for a in admitted.values():
             self.policy.slot_of[layer, a.expert] = -1

@@ -16,7 +16,8 @@ next pick this part finds it in no slot, reads it, and re-points ``home`` and th
 
 The tier sees only what the host sees, so this part synchronises at each MoE layer's routing (its picks and the
 layer's VRAM residency, two small copies): with a RAM tier, decode pays one host round trip a layer, and the disk
-reads are on that path. Without one this part does not exist and nothing changes. It acts on every forward: a
+reads are on that path. The host's own work for the layer (the tier's policy, pointing ``home`` and the tables at the
+blocks, the CPU tier's table with them) runs while the disk reads; only then does it wait for the bytes. Without one this part does not exist and nothing changes. It acts on every forward: a
 decode step's (``RamTier.step``: the tier's policy decides admissions) and any other (``RamTier.fetch``: prefill's
 picks read into the window; the tier's policy is not told, as the VRAM cache's is not).
 """
@@ -104,21 +105,24 @@ class TieredHome(Part):
         """The host's part of :meth:`place`: ``picks`` (int [rows, top_k], or any shape whose last axis is a row;
         repeats allowed) against ``vram`` (int32 [experts], the layer's VRAM slot of each expert, -1 if none)."""
         tier_picks = missed(picks, vram)  # the rows kept: the tier's policy measures reuse on the first
+        experts = np.unique(tier_picks[tier_picks >= 0])
+
+        def point_home() -> None:  # while the disk reads: every pick's block is decided, its bytes still landing
+            if not experts.size:
+                return
+            where = np.array([self.tier.address(row, int(e)) for e in experts], dtype=np.int64)
+            moved = where != self.cache.home_host[row, experts]
+            if moved.any():
+                self.rehome(row, experts[moved], where[moved])
+
         if decode:
-            served = self.tier.step(row, tier_picks, vram)
+            served = self.tier.step(row, tier_picks, vram, placed=point_home)
             if self.gate is not None and served.guessed:
                 self.gate.observe(row, served.guessed, served.ahead_used)
             self.counters["decode_layers"] += 1
         else:
-            self.tier.fetch(row, tier_picks)
+            self.tier.fetch(row, tier_picks, placed=point_home)
             self.counters["other_layers"] += 1
-        experts = np.unique(tier_picks[tier_picks >= 0])
-        if not experts.size:
-            return
-        where = np.array([self.tier.address(row, int(e)) for e in experts], dtype=np.int64)
-        moved = where != self.cache.home_host[row, experts]
-        if moved.any():
-            self.rehome(row, experts[moved], where[moved])
 
     def guess(self, row: int, likeliest: np.ndarray, vram: np.ndarray) -> None:
         """Read ahead the experts of layer ``row`` among ``likeliest`` (ids, best first) that ``vram`` (its VRAM slot

@@ -56,7 +56,7 @@ def test_the_report_bounds_each_budget_by_its_link_and_disk_reads(run_dir):
     assert half["prefill_of_bound"] == round(800 / (4096 / 15), 3)
     assert half["rss_allowed_gb"] == round(18.0 + cm.PROCESS_OVERHEAD / GB, 2) and half["rss_within_budget_plus_overhead"]
     # a decode layer's host time: 400 layers; the step's 2.6 s less the policy's 0.4 and the reads' 2.0 leave 0.2
-    assert half["decode_layer_ms"] == {"sync_wait": 0.5, "policy": 1.0, "disk_read": 5.0, "rest_of_step": 0.5,
+    assert half["decode_layer_ms"] == {"sync_wait": 0.5, "policy": 1.0, "placed_while_reading": 0.0, "disk_read": 5.0, "rest_of_step": 0.5,
                                        "rehome_all_layers": 0.1, "disk_read_gbs": 1.0}
     assert out["by_ram_share"]["25"] == {"status": "not run or failed"}
     goals = out["goals"]
@@ -85,7 +85,8 @@ def test_the_policy_runs_side_by_side_say_each_runs_rate_reads_admissions_and_po
     assert out["runs"]["compare-ram-policy-new-1"] == {
         "arm": "exact", "decode_tok_s": 9.0, "disk_reads_per_token": 13.0, "host_reads_per_token": 58.0, "decode_steps": 100,
         "admissions_per_token": 2.5, "read_ahead_per_token": 1.2, "read_ahead_used_per_token": 0.9,
-        "decode_layer_ms": {"sync_wait": 0.5, "policy": 1.0, "disk_read": 5.0, "rest_of_step": 0.5, "rehome_all_layers": 0.1,
+        "decode_layer_ms": {"sync_wait": 0.5, "policy": 1.0, "placed_while_reading": 0.0, "disk_read": 5.0, "rest_of_step": 0.5,
+                            "rehome_all_layers": 0.1,
                             "disk_read_gbs": 1.0},
         "disk_gbs": {"start": 2.0, "serving": 0.5}, "settings": {"ram_tier_read_ahead": 2}, "policy": {"decay": 0.995}}
     assert out["runs"]["compare-ram-policy-old"]["disk_reads_per_token"] == 14.0
@@ -99,6 +100,9 @@ def test_since_the_policy_runs_beside_the_reads_a_layer_s_disk_time_is_the_wait_
     got = rt.decode_layer_ms(tier)
     # 400 decode layers: the policy 1.0 ms, the wait after it 3.0, the rest of the tier's 2.6 s 2.5
     assert (got["policy"], got["disk_read"], got["rest_of_step"]) == (1.0, 3.0, 2.5)
+    tier["decode"]["placed_seconds"] = 0.08  # since the tables are pointed while the reads are in flight: apart
+    got = rt.decode_layer_ms(tier)
+    assert (got["placed_while_reading"], got["disk_read"], got["rest_of_step"]) == (0.2, 3.0, 2.3)
 
 
 def test_a_fast_run_beside_the_ram_tier_says_what_its_cpu_tier_took(tmp_path):

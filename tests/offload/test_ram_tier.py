@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from glm53.offload.cache_policy import ReferenceCache, placement, popularity_lift
-from glm53.offload.disk import DiskReader, DiskReadError
+from glm53.offload.disk import SLOW, DiskReader, DiskReadError
 from glm53.offload.host_store import HostStore
 from glm53.offload.ram_tier import RamBudgetError, RamTier, TierPlan, TierPolicy, missed, plan
 from tests.offload.test_disk import trellis_checkpoint
@@ -365,3 +365,71 @@ def test_a_guess_whose_read_fails_is_read_again_by_the_step(checkpoint):
     served = tier.step(layer, np.array([e]), NO_VRAM)  # no error: its own read succeeds
     assert served.disk == [e] and tier.reads["ahead"] == 1 and tier.reads["ahead_used"] == 0
     assert projections(store, tier.block(layer, e)) == expected(store, tensors, layer, e)
+
+
+def test_a_guess_whose_read_fails_and_that_is_admitted_is_read_again_where_its_slot_now_is(checkpoint):
+    store, tensors, reader = checkpoint
+    tier = RamTier(store, reader, plan(store, 22 * store.layout.block_bytes, ahead=2))
+    profile, _ = skewed(7)
+    tier.start(profile, TOP_K, 0, TIER)
+    layer = 2
+    e = next(x for x in range(EXPERTS) if tier.policy.slot_of[layer, x] < 0)
+    f, at, n, _ = store.block_sources(layer, e)[1]
+    reader.inject(store.shard_files().index(f), at + n // 2, errno.EIO, times=2)  # the guess's read fails for good
+    tier.read_ahead(layer, [e])
+    served = tier.step(layer, np.array([e] * 8), NO_VRAM)  # picked often enough to be admitted
+    assert served.disk == [e] and served.ahead_used == 0 and tier.policy.slot_of[layer, e] >= 0
+    assert projections(store, tier.block(layer, e)) == expected(store, tensors, layer, e)
+    assert sorted(tier.blocks) == list(range(tier.plan.slots)) and tier.verify() == []
+
+
+def test_a_step_whose_guess_and_read_again_both_fail_gives_every_block_back(checkpoint):
+    store, tensors, reader = checkpoint
+    tier = RamTier(store, reader, plan(store, 22 * store.layout.block_bytes, ahead=2))
+    profile, _ = skewed(7)
+    tier.start(profile, TOP_K, 0, TIER)
+    layer = 2
+    cold = [x for x in range(EXPERTS) if tier.policy.slot_of[layer, x] < 0]
+    e, other = cold[0], cold[1]
+    f, at, n, _ = store.block_sources(layer, e)[1]
+    reader.inject(store.shard_files().index(f), at + n // 2, errno.EIO, times=4)  # the guess's read and its own, retried
+    tier.read_ahead(layer, [e, other])
+    owners, blocks = tier.policy.owner.copy(), tier.blocks.copy()
+    with pytest.raises(DiskReadError):
+        tier.step(layer, np.array([e] * 8 + [other] * 8), NO_VRAM)  # both admitted, one of them covered by a guess
+    # every exchange undone: the slots keep their experts, blocks and bytes; neither expert has a block here
+    assert np.array_equal(tier.policy.owner, owners) and np.array_equal(tier.blocks, blocks) and tier.verify() == []
+    assert tier.block(layer, e) is None and tier.block(layer, other) is None
+    served = tier.step(layer, np.array([e] * 8 + [other] * 8), NO_VRAM)  # the fault spent: both read and served
+    assert sorted(served.disk) == [e, other]
+    for x in (e, other):
+        assert projections(store, tier.block(layer, x)) == expected(store, tensors, layer, x)
+    assert tier.verify() == []
+
+
+def test_placed_runs_while_the_reads_are_in_flight_with_every_block_decided(checkpoint):
+    """The caller points its tables while the disk reads (``placed``): then each missed expert's address is already
+    the one it has after the step, and the reads have not all finished."""
+    store, tensors, reader = checkpoint
+    tier = RamTier(store, reader, plan(store, 20 * store.layout.block_bytes))
+    tier.pin(lambda address, n: None, lambda address: None, lambda host: __import__("torch").from_numpy(tier.arena))
+    profile, _ = skewed(5)
+    tier.start(profile, TOP_K, 0, TIER)
+    layer = 0
+    cold = [x for x in range(EXPERTS) if tier.policy.slot_of[layer, x] < 0][:2]
+    picks = np.array([cold[0]] * 8 + [cold[1]])  # cold[0] admitted (the layer's one slot), cold[1] read into the window
+    f, at, _, _ = store.block_sources(layer, cold[1])[0]
+    reader.inject(store.shard_files().index(f), at, SLOW)  # a read that lands 300 ms late
+    seen = {}
+
+    def placed():
+        seen["addresses"] = {x: tier.address(layer, x) for x in cold}
+        seen["finished"] = reader.counters()["requests"]
+
+    before = reader.counters()["requests"]
+    tier.step(layer, picks, NO_VRAM, placed=placed)
+    assert seen["addresses"] == {x: tier.address(layer, x) for x in cold} and min(seen["addresses"].values()) >= 0
+    assert seen["finished"] < before + 6 == reader.counters()["requests"]  # two experts' three projections each
+    assert tier.policy.slot_of[layer, cold[0]] >= 0 > tier.policy.slot_of[layer, cold[1]]  # exchanged before the wait
+    for x in cold:
+        assert projections(store, tier.block(layer, x)) == expected(store, tensors, layer, x)
