@@ -13,8 +13,8 @@ import pytest
 from glm53.offload.cache_policy import ReferenceCache, placement, popularity_lift
 from glm53.offload.disk import DiskReader, DiskReadError
 from glm53.offload.host_store import HostStore
-from glm53.offload.ram_tier import RamBudgetError, RamTier, TierPlan, TierPolicy, missed, plan
-from tests.offload.test_disk import trellis_checkpoint
+from glm53.offload.ram_tier import AHEAD_PIECE_BYTES, RamBudgetError, RamTier, TierPlan, TierPolicy, missed, plan
+from tests.offload.test_disk import pieces_of, trellis_checkpoint
 
 LAYERS, EXPERTS, TOP_K, ROWS = (1, 2, 3), 16, 2, 2
 DECAY, HYSTERESIS, VRAM_MAX_ADMIT = 0.9, 1.25, 2
@@ -339,8 +339,12 @@ def test_a_guess_read_ahead_serves_its_pick_without_a_read_and_a_wrong_one_is_dr
         ahead_block = int(tier.blocks[P + E])
         served = tier.step(layer, np.array([right]), NO_VRAM)
         assert served.disk == [right] and tier.reads["ahead_used"] == 1
-        # the right guess's projections were read (each one piece) and nothing else: the wrong one's were dropped
-        assert reader.counters()["pieces"] == pieces + 3 and reader.counters()["failed"] == 3
+        # the right guess's projections were read (each its head, whole blocks and tail) and nothing else: the wrong
+        # one's were dropped
+        files = store.shard_files()
+        right_pieces = sum(len(pieces_of(at, n, reader.dio_alignment(files.index(g))[1], AHEAD_PIECE_BYTES))
+                           for g, at, n, _ in store.block_sources(layer, right))
+        assert reader.counters()["pieces"] == pieces + right_pieces and reader.counters()["failed"] == 3
         assert int(tier.blocks[P + right]) == ahead_block and tier.slot_index(layer, right) == ahead_block
         assert projections(store, tier.block(layer, right)) == expected(store, tensors, layer, right)
         assert tier.block(layer, wrong) is None
