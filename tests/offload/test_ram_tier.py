@@ -116,8 +116,10 @@ def test_a_trace_through_vram_ram_and_disk_serves_every_pick_from_one_place_with
     assert tier.reads["admitted"] > 0 and tier.verify() == []
     assert h.given_up > 0 or not exclusive  # exclusive: slots of experts VRAM held went to misses (not vacuous)
     assert tier.reads["given_up"] == h.given_up
-    decode = tier.stats()["decode"]  # the decode steps' host time, for bench.ram_tier_decode's breakdown
+    stats = tier.stats()
+    decode = stats["decode"]  # the decode steps' host time, for bench.ram_tier_decode's breakdown
     assert decode["read_experts"] == served["disk"] and decode["read_seconds"] > 0 and decode["policy_seconds"] > 0
+    assert stats["disk_files"] == reader.summary() and stats["disk_files"]["files"] == len(store.shard_files())
 
 
 def test_with_ram_for_every_expert_there_is_no_tier_and_no_disk_read_after_load(checkpoint):
