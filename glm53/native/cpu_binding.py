@@ -304,6 +304,10 @@ FUNCTIONS = {
     "glm53_dr_file_alignment": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p]),
     # void glm53_dr_counters(void* reader, uint64_t* out)
     "glm53_dr_counters": (None, [ctypes.c_void_p, ctypes.c_void_p]),
+    # int32_t glm53_dr_set_cpus(void* reader, const int32_t* cpus, int32_t n)
+    "glm53_dr_set_cpus": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32]),
+    # int32_t glm53_dr_thread_cpus(void* reader, int32_t thread, int32_t* cpus, int32_t capacity)
+    "glm53_dr_thread_cpus": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32]),
     # int32_t glm53_dr_inject(void* reader, int32_t file, uint64_t offset, int32_t error, int32_t times)
     "glm53_dr_inject": (ctypes.c_int32, [
         ctypes.c_void_p, ctypes.c_int32, ctypes.c_uint64, ctypes.c_int32, ctypes.c_int32

@@ -46,6 +46,7 @@ ALIGN = 4096
 # one pread (a unit of work for any thread) and each thread's bounce buffer; the threads: preads in flight
 PIECE_BYTES = config.default_of("disk_piece_kb") * 1024
 THREADS = config.default_of("disk_threads")
+CPU_SETSIZE = 1024  # the CPUs a native cpu_set_t holds: as many as a thread's CPUs can be
 SLOW, SLOW_READ_MS = "slow", GLM53_DR_SLOW_READ_MS  # an injected fault: a read that waits, then reads
 STATES = abi.names(glm53_dr_state, "GLM53_DR_")  # by id: pending, done, failed
 DONE, FAILED = STATES.index("done"), STATES.index("failed")
@@ -213,6 +214,27 @@ class DiskReader:
         out = (ctypes.c_uint64 * len(COUNTERS))()
         library().glm53_dr_counters(self._handle, out)
         return dict(zip(COUNTERS, (int(v) for v in out)))
+
+    # ---- where the threads run
+
+    def set_cpus(self, cpus: Sequence[int] | None) -> None:
+        """Move every reader thread to ``cpus`` (empty or None: back to the CPUs of the thread that started the
+        reader, those this process may use), as far as the process may use them: to keep the threads off the CPUs
+        that compute threads are pinned to.
+
+        :raise ValueError: a CPU out of range, or none of ``cpus`` one this process may use (the threads stay put).
+        """
+        self._open()
+        chosen = [int(c) for c in cpus or ()]
+        array = (ctypes.c_int32 * max(1, len(chosen)))(*chosen)
+        if library().glm53_dr_set_cpus(self._handle, array, len(chosen)) != 0:
+            raise ValueError(library().glm53_dr_error().decode())
+
+    def cpus(self) -> list[set[int]]:
+        """Each reader thread's CPUs, as the kernel has them."""
+        self._open()
+        array = (ctypes.c_int32 * CPU_SETSIZE)()
+        return [set(array[:library().glm53_dr_thread_cpus(self._handle, t, array, CPU_SETSIZE)]) for t in range(self.threads)]
 
     def inject(self, file: int, offset: int, error: int | str | None, times: int = 1) -> None:
         """Tests' faults: the next ``times`` reads of ``file`` covering ``offset`` fail with errno ``error`` (None:

@@ -13,6 +13,8 @@
 #endif
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -82,6 +84,7 @@ struct Reader {
     std::deque<Piece> queue;
     bool stopping = false;
     std::vector<std::thread> threads;
+    cpu_set_t started_on;  // the CPUs of the thread that started the reader, which its threads inherited
     std::atomic<uint64_t> counters[GLM53_DR_C_N] = {};
     std::vector<Fault> faults;
     std::atomic<int32_t> fault_count{0};  // lets reads skip the fault mutex when no fault is armed
@@ -383,6 +386,12 @@ void* glm53_dr_start(const char* const* paths, int32_t files, int32_t threads, i
             }
         }
     }
+    if (sched_getaffinity(0, sizeof r->started_on, &r->started_on) != 0) {
+        last_error = std::string("cannot read the calling thread's CPUs: ") + strerror(errno);
+        close_files(r);
+        delete r;
+        return nullptr;
+    }
     try {
         for (int32_t i = 0; i < threads; ++i)
             r->threads.emplace_back(work, r);
@@ -547,5 +556,57 @@ int32_t glm53_dr_inject(void* reader, int32_t file, uint64_t offset, int32_t err
     r->faults.push_back({file, offset, error, times});
     r->fault_count.fetch_add(1, std::memory_order_release);
     return 0;
+}
+
+int32_t glm53_dr_set_cpus(void* reader, const int32_t* cpus, int32_t n)
+{
+    Reader* r = static_cast<Reader*>(reader);
+    cpu_set_t set;
+    if (n <= 0) {
+        set = r->started_on;
+    } else {
+        CPU_ZERO(&set);
+        for (int32_t i = 0; i < n; ++i) {
+            if (cpus[i] < 0 || cpus[i] >= CPU_SETSIZE) {
+                last_error = "set_cpus: CPU " + std::to_string(cpus[i]) + " is out of range [0, " +
+                             std::to_string(CPU_SETSIZE) + ")";
+                return -1;
+            }
+            CPU_SET(cpus[i], &set);
+        }
+    }
+    std::vector<cpu_set_t> was(r->threads.size());
+    for (size_t i = 0; i < r->threads.size(); ++i) {
+        pthread_t t = r->threads[i].native_handle();
+        int rc = pthread_getaffinity_np(t, sizeof was[i], &was[i]);
+        if (rc == 0)
+            rc = pthread_setaffinity_np(t, sizeof set, &set);
+        if (rc != 0) {
+            last_error = std::string("set_cpus: cannot move the reader's threads there: ") + strerror(rc) +
+                         (rc == EINVAL ? " (none of those CPUs is one this process may use)" : "");
+            for (size_t j = 0; j < i; ++j)
+                pthread_setaffinity_np(r->threads[j].native_handle(), sizeof was[j], &was[j]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int32_t glm53_dr_thread_cpus(void* reader, int32_t thread, int32_t* cpus, int32_t capacity)
+{
+    Reader* r = static_cast<Reader*>(reader);
+    if (thread < 0 || static_cast<size_t>(thread) >= r->threads.size())
+        return -1;
+    cpu_set_t set;
+    if (pthread_getaffinity_np(r->threads[static_cast<size_t>(thread)].native_handle(), sizeof set, &set) != 0)
+        return -1;
+    int32_t count = 0;
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+        if (CPU_ISSET(cpu, &set)) {
+            if (count < capacity)
+                cpus[count] = cpu;
+            ++count;
+        }
+    return count;
 }
 }

@@ -71,7 +71,8 @@ GLM53_DR_API const char* glm53_dr_error(void);  /* this thread's last failure, i
 
 /* NULL on failure (a path that cannot be opened, a bad argument: glm53_dr_error says which). direct = 0 opens
  * every file buffered; align is a power of two, piece_bytes a multiple of it: the coarsest grid the reader cuts a
- * file's reads on, and the alignment it assumes where the kernel reports none. */
+ * file's reads on, and the alignment it assumes where the kernel reports none. The threads start on the CPUs of
+ * the calling thread (those the process may use). */
 GLM53_DR_API void* glm53_dr_start(const char* const* paths, int32_t files, int32_t threads, int32_t direct,
                                   uint64_t align, uint64_t piece_bytes);
 GLM53_DR_API void glm53_dr_stop(void* reader);  /* waits for the requests in flight */
@@ -95,6 +96,14 @@ GLM53_DR_API int32_t glm53_dr_file_fallback(void* reader, int32_t file, int64_t*
  * 1 when the kernel reported them (statx STATX_DIOALIGN), 0 when they are the reader's align, -1 no such file. */
 GLM53_DR_API int32_t glm53_dr_file_alignment(void* reader, int32_t file, uint64_t* mem_align, uint64_t* offset_align);
 GLM53_DR_API void glm53_dr_counters(void* reader, uint64_t* out);  /* GLM53_DR_C_N values */
+
+/* Moves every reader thread to the n CPUs (n = 0: back to those it started on), as far as the process may use them:
+ * 0, or -1 (a CPU out of range, or none of them one the process may use: glm53_dr_error says which; the threads are
+ * left where they were). */
+GLM53_DR_API int32_t glm53_dr_set_cpus(void* reader, const int32_t* cpus, int32_t n);
+/* Thread `thread`'s CPUs as the kernel has them, up to `capacity` into cpus, in increasing order: how many it has, or
+ * -1 (no such thread). */
+GLM53_DR_API int32_t glm53_dr_thread_cpus(void* reader, int32_t thread, int32_t* cpus, int32_t capacity);
 
 /* Fault injection for tests: the next `times` reads of `file` whose range covers `offset` fail with errno `error`
  * (GLM53_DR_SHORT_READ: they return half the bytes asked instead; GLM53_DR_SLOW_READ: they wait, then read). */

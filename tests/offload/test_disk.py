@@ -1,7 +1,7 @@
 """The disk reader on real files (CPU): every expert trellis byte for byte against a plain read, shards' last partial
 blocks included, with O_DIRECT where the filesystem takes it and buffered, from concurrent readers; requests cut on
 the file's block grid (the kernel's O_DIRECT alignment, checked against statx) with only their unaligned head and tail
-bounced where the destination allows; and its faults (an I/O error, a short read, a file truncated
+bounced where the destination allows; the threads' CPUs; and its faults (an I/O error, a short read, a file truncated
 under it, O_DIRECT refused), each with its sentence and nothing served."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from glm53.offload.disk import ALIGN, SLOW, DiskReader, DiskReadError, Read
+from glm53.offload.disk import ALIGN, CPU_SETSIZE, SLOW, DiskReader, DiskReadError, Read
 from glm53.offload.host_store import HostStore
 from tests.offload.test_host_store import PREFIX, _write_shard
 
@@ -489,6 +489,33 @@ def test_o_direct_refused_falls_back_to_buffered_reads_with_one_warning(tmp_path
     # (which of the threads' reads gets there first varies)
     found = re.match(rf"{re.escape(str(f))} refused O_DIRECT \(EINVAL at a read at byte (\d+)\): reading buffered", record.getMessage())
     assert found and int(found.group(1)) <= at
+
+
+def test_set_cpus_moves_every_reader_thread_and_back(tmp_path):
+    path = tmp_path / "f.bin"
+    data = np.random.default_rng(7).integers(0, 256, 8 * ALIGN, dtype=np.uint8)
+    path.write_bytes(data.tobytes())
+    allowed = set(os.sched_getaffinity(0))  # this thread's CPUs, which the reader's threads start on
+    last = max(allowed)
+    with DiskReader([path], threads=3, piece_bytes=ALIGN) as reader:
+        assert reader.cpus() == [allowed] * 3
+        reader.set_cpus([last])
+        assert reader.cpus() == [{last}] * 3
+        dest = np.zeros(6 * ALIGN, np.uint8)
+        reader.read([Read(0, ALIGN + 8, 6 * ALIGN, dest)])  # pinned threads still read
+        assert dest.tobytes() == data[ALIGN + 8: 7 * ALIGN + 8].tobytes()
+        reader.set_cpus([])
+        assert reader.cpus() == [allowed] * 3
+        reader.set_cpus([last])
+        reader.set_cpus(None)
+        assert reader.cpus() == [allowed] * 3
+        reader.set_cpus([last, CPU_SETSIZE - 1])  # a CPU the process may not use is left out (no machine here has 1,024)
+        assert reader.cpus() == [{last}] * 3
+        with pytest.raises(ValueError, match="CPU -1 is out of range"):
+            reader.set_cpus([-1])
+        with pytest.raises(ValueError, match="none of those CPUs is one this process may use"):
+            reader.set_cpus([CPU_SETSIZE - 1])
+        assert reader.cpus() == [{last}] * 3  # a refused move leaves them where they were
 
 
 def test_bad_arguments_are_refused_before_anything_is_read(tmp_path):
