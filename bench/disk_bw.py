@@ -140,24 +140,35 @@ def commit() -> str | None:
     return done.stdout.strip() or None
 
 
+def slot_memory(size: int, start: int = 0, huge: bool = False) -> np.ndarray:
+    """``size`` bytes of fresh memory beginning ``start`` bytes past a page, touched; ``huge``: advised to transparent
+    huge pages, so that its physical pages come in 2 MiB runs (an O_DIRECT read straight into it is then a few large
+    DMA segments rather than one a 4 KiB page)."""
+    buf = mmap.mmap(-1, start + size)
+    if huge:
+        buf.madvise(mmap.MADV_HUGEPAGE)
+    whole = np.frombuffer(buf, np.uint8)
+    whole[:] = 0
+    return whole[start:]
+
+
 def measure(path: Path, experts: int, expert_bytes: int, depths: list[int], reps: int, skew: int = SKEW,
-            piece_bytes: int = PIECE_BYTES) -> dict:
-    buf = mmap.mmap(-1, experts * expert_bytes)
-    arena = np.frombuffer(buf, np.uint8)
+            piece_bytes: int = PIECE_BYTES, huge: bool = False) -> dict:
+    slots = slot_memory(experts * expert_bytes, huge=huge)
     results: dict[str, dict] = {}
     for mode in MODES:
         direct = mode == "o_direct"
         if mode == "buffered_cached":
-            one_pass(path, experts, expert_bytes, 4, False, arena, skew, piece_bytes)
+            one_pass(path, experts, expert_bytes, 4, False, slots, skew, piece_bytes)
         rows = {}
         for depth in depths:
             rates, counters = [], None
             for _ in range(reps):
                 if mode == "buffered_cold":
                     drop_cached(path)
-                rate, counters = one_pass(path, experts, expert_bytes, depth, direct, arena, skew, piece_bytes)
+                rate, counters = one_pass(path, experts, expert_bytes, depth, direct, slots, skew, piece_bytes)
                 rates.append(rate)
-            check_sample(path, arena, experts, expert_bytes, skew)
+            check_sample(path, slots, experts, expert_bytes, skew)
             rows[str(depth)] = {"best_gbs": round(max(rates), 3), "median_gbs": round(statistics.median(rates), 3),
                                 "read_direct": counters["direct"], **shares(counters)}
         results[mode] = rows
@@ -165,22 +176,21 @@ def measure(path: Path, experts: int, expert_bytes: int, depths: list[int], reps
 
 
 def measure_decode(path: Path, experts: int, expert_bytes: int, per_submits: list[int], threads: int, pieces_kb: list[int],
-                   reps: int, skew: int = SKEW) -> dict:
+                   reps: int, skew: int = SKEW, huge: bool = False) -> dict:
     """``{destination: {piece KiB: {experts per submit: {best_gbs, median_gbs, bounced_share, straight_share}}}}``:
     decode's pattern at each piece size into slots congruent to their records' file offsets and into slots a byte off
     (DESTINATIONS), the two alternating pass by pass so that both meet the same state of the disk."""
     size = experts * expert_bytes
-    arenas = {name: np.frombuffer(mmap.mmap(-1, size + ALIGN), np.uint8)[(skew + off) % ALIGN:][:size]
-              for name, off in DESTINATIONS.items()}
+    arenas = {name: slot_memory(size, (skew + off) % ALIGN, huge) for name, off in DESTINATIONS.items()}
     out: dict[str, dict] = {name: {} for name in DESTINATIONS}
     for kb in pieces_kb:
         for n in per_submits:
             runs: dict[str, list] = {name: [] for name in DESTINATIONS}
             for _ in range(reps):
-                for name, arena in arenas.items():
-                    runs[name].append(decode_pass(path, experts, expert_bytes, n, threads, kb * 1024, arena, skew))
-            for name, arena in arenas.items():
-                check_sample(path, arena, experts, expert_bytes, skew)
+                for name, slots in arenas.items():
+                    runs[name].append(decode_pass(path, experts, expert_bytes, n, threads, kb * 1024, slots, skew))
+            for name, slots in arenas.items():
+                check_sample(path, slots, experts, expert_bytes, skew)
                 rates = [rate for rate, _ in runs[name]]
                 row = {"best_gbs": round(max(rates), 3), "median_gbs": round(statistics.median(rates), 3), **shares(runs[name][-1][1])}
                 out[name].setdefault(str(kb), {})[str(n)] = row
@@ -202,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
                     "offsets and into slots a byte off")
     ap.add_argument("--decode-per-submit", default="1,2,4", help="experts a submission in decode's pattern")
     ap.add_argument("--decode-threads", type=int, default=THREADS, help="the reader's threads in decode's pattern (GLM53_DISK_THREADS)")
+    ap.add_argument("--huge-pages", action="store_true", help="the slots' memory advised to transparent huge pages "
+                    "(MADV_HUGEPAGE): physically contiguous 2 MiB runs, fewer DMA segments a straight read")
     ap.add_argument("--keep", action="store_true", help="leave the scratch file")
     ap.add_argument("--out", help="write the JSON here (default: standard output)")
     ns = ap.parse_args(argv)
@@ -209,9 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     size = write_scratch(ns.file, ns.experts, ns.expert_bytes, skew=ns.offset_skew)
     try:
         alignment = dio_alignment(ns.file)
-        results = measure(ns.file, ns.experts, ns.expert_bytes, depths, ns.reps, ns.offset_skew, ns.piece_kb * 1024)
+        results = measure(ns.file, ns.experts, ns.expert_bytes, depths, ns.reps, ns.offset_skew, ns.piece_kb * 1024, ns.huge_pages)
         decode = (measure_decode(ns.file, ns.experts, ns.expert_bytes, [int(n) for n in ns.decode_per_submit.split(",")],
-                                 ns.decode_threads, [int(k) for k in ns.decode_pieces_kb.split(",")], ns.reps, ns.offset_skew)
+                                 ns.decode_threads, [int(k) for k in ns.decode_pieces_kb.split(",")], ns.reps, ns.offset_skew,
+                                 ns.huge_pages)
                   if ns.decode_pieces_kb else None)
     finally:
         if not ns.keep:
@@ -221,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         "commit": commit(),
         "machine": {"host": platform.node(), "kernel": platform.release(), "cpus": os.cpu_count(), "filesystem": filesystem(ns.file.parent)},
         "file_bytes": size, "experts": ns.experts, "expert_bytes": ns.expert_bytes, "offset_skew": ns.offset_skew, "reps": ns.reps,
+        "huge_pages": ns.huge_pages,
         "page_cache": {"o_direct": "bypassed", "buffered_cold": "the file's pages dropped (fsync + POSIX_FADV_DONTNEED) before each pass",
                        "buffered_cached": "the file read once first: every pass served from the page cache"},
         "piece_bytes": ns.piece_kb * 1024, "dio_alignment": alignment,

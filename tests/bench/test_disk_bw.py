@@ -37,8 +37,10 @@ def test_a_small_run_measures_every_mode_and_depth_and_leaves_no_file(tmp_path):
 def test_decode_pattern_into_congruent_slots_bounces_only_heads_and_tails(tmp_path):
     scratch, out = tmp_path / "scratch.bin", tmp_path / "r.json"
     assert disk_bw.main(["--file", str(scratch), "--experts", "4", "--expert-bytes", "300000", "--depths", "1", "--reps", "1",
-                         "--decode-pieces-kb", "64,16", "--decode-per-submit", "1,2", "--decode-threads", "2", "--out", str(out)]) == 0
+                         "--decode-pieces-kb", "64,16", "--decode-per-submit", "1,2", "--decode-threads", "2", "--huge-pages",
+                         "--out", str(out)]) == 0
     r = json.loads(out.read_text())
+    assert r["huge_pages"]
     decode = r["decode_pattern"]["gbs_by_destination_piece_kb_and_experts_per_submit"]
     assert set(decode) == set(disk_bw.DESTINATIONS) and all(set(d) == {"64", "16"} and set(d["64"]) == {"1", "2"} for d in decode.values())
     direct, mem = r["dio_alignment"]["direct"], r["dio_alignment"]["mem_align"]
