@@ -205,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--depths", default="1,2,4,8,16", help="reads in flight to measure at")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--offset-skew", type=int, default=SKEW, help=f"bytes past a block boundary each record starts (default {SKEW}: "
-                    "O_DIRECT reads bounce; 0 with expert bytes a multiple of 4096: they go straight into the slots)")
+                    "O_DIRECT bounces every byte where the memory alignment does not divide it, else only each record's head and "
+                    "tail; 0 with expert bytes a multiple of 4096: all of it goes straight into the slots)")
     ap.add_argument("--piece-kb", type=int, default=PIECE_BYTES // 1024, help="the reader's piece (GLM53_DISK_PIECE_KB)")
     ap.add_argument("--decode-pieces-kb", default="", help="also decode's pattern (a layer's experts read, waited for, the next) "
                     "with the engine's reader at these piece sizes, e.g. 4096,1024,512, into slots congruent to the file "
