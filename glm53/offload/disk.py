@@ -13,7 +13,7 @@ the kernel per file (``statx``, Linux 6.1) and assumes ``align`` for both where 
 (:meth:`DiskReader.dio_alignment`). A read is cut on its file's block grid: its unaligned head and tail, a block each at
 most, go through a thread's aligned bounce buffer and are copied out; the whole blocks between are read straight into
 the destination where its address there is aligned for memory (a destination congruent to the file offset modulo the
-memory alignment: any 4-byte-aligned one where that is 4), else bounced too. ``counters()`` says how many bytes went
+memory alignment: where that is 4, any 4-byte-aligned one for an offset that is a multiple of 4), else bounced too. ``counters()`` says how many bytes went
 each way (``straight_bytes``, ``bounced_bytes``).
 
 Destinations are writable C-contiguous buffers of exactly the request's length: NumPy arrays, CPU torch tensors,

@@ -15,8 +15,9 @@
  * is a multiple of the memory alignment is read straight into the caller's memory; any other piece is read into the
  * thread's aligned bounce buffer and its exact bytes copied out. So only the head and tail, a block each at most,
  * are copied when the destination allows (an address congruent to the file offset modulo the memory alignment:
- * any 4-byte-aligned destination where that is 4), and every byte otherwise. The shard's last block may be partial:
- * a read past the end of the file returns what there is, and only the bytes the request wants must be there.
+ * where that is 4, any 4-byte-aligned destination for an offset that is a multiple of 4), and every byte otherwise.
+ * The shard's last block may be partial: a read past the end of the file returns what there is, and only the bytes
+ * the request wants must be there.
  *
  * Errors:
  *  - EINVAL from an O_DIRECT open or read (tmpfs on older kernels, some network and FUSE filesystems, an alignment
