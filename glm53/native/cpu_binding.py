@@ -154,11 +154,12 @@ GLM53_DR_C_FAILED = 1
 GLM53_DR_C_BYTES = 2
 GLM53_DR_C_DISK_BYTES = 3
 GLM53_DR_C_BOUNCED_BYTES = 4
-GLM53_DR_C_RETRIES = 5
-GLM53_DR_C_SHORT_READS = 6
-GLM53_DR_C_FALLBACKS = 7
-GLM53_DR_C_PIECES = 8
-GLM53_DR_C_N = 9
+GLM53_DR_C_STRAIGHT_BYTES = 5
+GLM53_DR_C_RETRIES = 6
+GLM53_DR_C_SHORT_READS = 7
+GLM53_DR_C_FALLBACKS = 8
+GLM53_DR_C_PIECES = 9
+GLM53_DR_C_N = 10
 
 glm53_dr_state = {
     "GLM53_DR_PENDING": 0,
@@ -172,11 +173,12 @@ glm53_dr_counter = {
     "GLM53_DR_C_BYTES": 2,
     "GLM53_DR_C_DISK_BYTES": 3,
     "GLM53_DR_C_BOUNCED_BYTES": 4,
-    "GLM53_DR_C_RETRIES": 5,
-    "GLM53_DR_C_SHORT_READS": 6,
-    "GLM53_DR_C_FALLBACKS": 7,
-    "GLM53_DR_C_PIECES": 8,
-    "GLM53_DR_C_N": 9,
+    "GLM53_DR_C_STRAIGHT_BYTES": 5,
+    "GLM53_DR_C_RETRIES": 6,
+    "GLM53_DR_C_SHORT_READS": 7,
+    "GLM53_DR_C_FALLBACKS": 8,
+    "GLM53_DR_C_PIECES": 9,
+    "GLM53_DR_C_N": 10,
 }
 
 
@@ -300,8 +302,14 @@ FUNCTIONS = {
     "glm53_dr_file_direct": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32]),
     # int32_t glm53_dr_file_fallback(void* reader, int32_t file, int64_t* offset)
     "glm53_dr_file_fallback": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p]),
+    # int32_t glm53_dr_file_alignment(void* reader, int32_t file, uint64_t* mem_align, uint64_t* offset_align)
+    "glm53_dr_file_alignment": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p]),
     # void glm53_dr_counters(void* reader, uint64_t* out)
     "glm53_dr_counters": (None, [ctypes.c_void_p, ctypes.c_void_p]),
+    # int32_t glm53_dr_set_cpus(void* reader, const int32_t* cpus, int32_t n)
+    "glm53_dr_set_cpus": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32]),
+    # int32_t glm53_dr_thread_cpus(void* reader, int32_t thread, int32_t* cpus, int32_t capacity)
+    "glm53_dr_thread_cpus": (ctypes.c_int32, [ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p, ctypes.c_int32]),
     # int32_t glm53_dr_inject(void* reader, int32_t file, uint64_t offset, int32_t error, int32_t times)
     "glm53_dr_inject": (ctypes.c_int32, [
         ctypes.c_void_p, ctypes.c_int32, ctypes.c_uint64, ctypes.c_int32, ctypes.c_int32
@@ -375,6 +383,7 @@ ABI = {
             "GLM53_DR_C_BYTES": GLM53_DR_C_BYTES,
             "GLM53_DR_C_DISK_BYTES": GLM53_DR_C_DISK_BYTES,
             "GLM53_DR_C_BOUNCED_BYTES": GLM53_DR_C_BOUNCED_BYTES,
+            "GLM53_DR_C_STRAIGHT_BYTES": GLM53_DR_C_STRAIGHT_BYTES,
             "GLM53_DR_C_RETRIES": GLM53_DR_C_RETRIES,
             "GLM53_DR_C_SHORT_READS": GLM53_DR_C_SHORT_READS,
             "GLM53_DR_C_FALLBACKS": GLM53_DR_C_FALLBACKS,

@@ -7,9 +7,17 @@ with one warning; ``direct=False`` asks for buffered reads outright. Every reque
 read (an I/O error, retried once; a file that ends early) fails that request, with a sentence naming the file and
 offset, and its destination is not to be used.
 
+``O_DIRECT`` wants file offsets and lengths aligned to the device's block (512 or 4096 bytes) and memory addresses
+aligned too, often more loosely (4 bytes on many NVMe drives under ext4 or xfs, 512 on a virtio disk): the reader asks
+the kernel per file (``statx``, Linux 6.1) and assumes ``align`` for both where it does not say
+(:meth:`DiskReader.dio_alignment`). A read is cut on its file's block grid: its unaligned head and tail, a block each at
+most, go through a thread's aligned bounce buffer and are copied out; the whole blocks between are read straight into
+the destination where its address there is aligned for memory (a destination congruent to the file offset modulo the
+memory alignment: where that is 4, any 4-byte-aligned one for an offset that is a multiple of 4), else bounced too. ``counters()`` says how many bytes went
+each way (``straight_bytes``, ``bounced_bytes``).
+
 Destinations are writable C-contiguous buffers of exactly the request's length: NumPy arrays, CPU torch tensors,
-``mmap`` slices, ``bytearray``. The reader may copy through an aligned bounce buffer (a range's unaligned head and
-tail, or all of it when the destination is not aligned like the file offset); ``counters()`` says how much.
+``mmap`` slices, ``bytearray``.
 """
 
 from __future__ import annotations
@@ -32,10 +40,13 @@ from ..native.cpu_binding import (GLM53_DR_SHORT_READ, GLM53_DR_SLOW_READ, GLM53
 
 log = logging.getLogger(__name__)
 
-ALIGN = 4096  # a multiple of every logical block size in use (512, 4096): O_DIRECT's offset, length and memory
+# a multiple of every logical block size in use (512, 4096): O_DIRECT's offset, length and memory alignment where the
+# kernel reports none, and the coarsest grid a file's reads are cut on
+ALIGN = 4096
 # one pread (a unit of work for any thread) and each thread's bounce buffer; the threads: preads in flight
 PIECE_BYTES = config.default_of("disk_piece_kb") * 1024
 THREADS = config.default_of("disk_threads")
+CPU_SETSIZE = 1024  # the CPUs a native cpu_set_t holds: as many as a thread's CPUs can be
 SLOW, SLOW_READ_MS = "slow", GLM53_DR_SLOW_READ_MS  # an injected fault: a read that waits, then reads
 STATES = abi.names(glm53_dr_state, "GLM53_DR_")  # by id: pending, done, failed
 DONE, FAILED = STATES.index("done"), STATES.index("failed")
@@ -164,14 +175,66 @@ class DiskReader:
         self._open()
         return library().glm53_dr_file_direct(self._handle, file) == 1
 
+    def dio_alignment(self, file: int) -> tuple[int, int]:
+        """``(memory, file offset)`` alignment of ``file``'s O_DIRECT reads: the kernel's (``statx`` STATX_DIOALIGN)
+        where it reports them no coarser than ``align``, else ``align`` for both (also for a file read buffered). The
+        offset alignment is the grid the file's reads are cut on.
+
+        :raise ValueError: no such file.
+        """
+        return self._alignment(file)[:2]
+
+    def summary(self) -> dict:
+        """The files as read (for stats): how many, how many with O_DIRECT, and the direct files' alignments
+        (``"memory/offset B"``, ``", assumed"`` added where the kernel reported none) with how many have each."""
+        alignments: dict[str, int] = {}
+        direct = [i for i in range(len(self.paths)) if self.direct(i)]
+        for i in direct:
+            mem, offset, reported = self._alignment(i)
+            key = f"{mem}/{offset} B{'' if reported else ', assumed'}"
+            alignments[key] = alignments.get(key, 0) + 1
+        return {"files": len(self.paths), "o_direct": len(direct), "dio_alignment": alignments}
+
+    def describe(self) -> str:
+        """:meth:`summary` in words, for a log line: ``buffered``, or ``O_DIRECT`` with the alignments found."""
+        files = self.summary()
+        if files["o_direct"] == 0:
+            return "buffered"
+        share = "" if files["o_direct"] == files["files"] else f" on {files['o_direct']} of {files['files']} files"
+        kinds = files["dio_alignment"]
+        found = "; ".join(a if len(kinds) == 1 else f"{a} ({n} files)" for a, n in kinds.items())
+        return f"O_DIRECT{share}, memory/offset alignment {found}"
+
     def counters(self) -> dict[str, int]:
-        """Requests finished and failed, bytes delivered, bytes read from disk (the aligned supersets), bytes copied
-        through a bounce buffer, retried errors, continued short reads, files fallen back to buffered reads, pieces
-        read (the units the threads share)."""
+        """Requests finished and failed, bytes delivered, bytes read from disk (the blocks the requests cover, with
+        O_DIRECT), bytes copied out of a bounce buffer and bytes read straight into destinations (both with O_DIRECT),
+        retried errors, continued short reads, files fallen back to buffered reads, pieces read (the units the threads
+        share)."""
         self._open()
         out = (ctypes.c_uint64 * len(COUNTERS))()
         library().glm53_dr_counters(self._handle, out)
         return dict(zip(COUNTERS, (int(v) for v in out)))
+
+    # ---- where the threads run
+
+    def set_cpus(self, cpus: Sequence[int] | None) -> None:
+        """Move every reader thread to ``cpus`` (empty or None: back to the CPUs of the thread that started the
+        reader, those this process may use), as far as the process may use them: to keep the threads off the CPUs
+        that compute threads are pinned to.
+
+        :raise ValueError: a CPU out of range, or none of ``cpus`` one this process may use (the threads stay put).
+        """
+        self._open()
+        chosen = [int(c) for c in cpus or ()]
+        array = (ctypes.c_int32 * max(1, len(chosen)))(*chosen)
+        if library().glm53_dr_set_cpus(self._handle, array, len(chosen)) != 0:
+            raise ValueError(library().glm53_dr_error().decode())
+
+    def cpus(self) -> list[set[int]]:
+        """Each reader thread's CPUs, as the kernel has them."""
+        self._open()
+        array = (ctypes.c_int32 * CPU_SETSIZE)()
+        return [set(array[:library().glm53_dr_thread_cpus(self._handle, t, array, CPU_SETSIZE)]) for t in range(self.threads)]
 
     def inject(self, file: int, offset: int, error: int | str | None, times: int = 1) -> None:
         """Tests' faults: the next ``times`` reads of ``file`` covering ``offset`` fail with errno ``error`` (None:
@@ -198,6 +261,14 @@ class DiskReader:
     def _open(self) -> None:
         if not self._handle:
             raise ValueError("the disk reader is closed")
+
+    def _alignment(self, file: int) -> tuple[int, int, bool]:
+        self._open()
+        mem, offset = ctypes.c_uint64(), ctypes.c_uint64()
+        reported = library().glm53_dr_file_alignment(self._handle, file, ctypes.byref(mem), ctypes.byref(offset))
+        if reported < 0:
+            raise ValueError(f"file {file} is not one of the reader's {len(self.paths)} files")
+        return mem.value, offset.value, reported == 1
 
     def _error(self, index: int, read: Read, request: glm53_dr_request) -> DiskReadError:
         path, at = self.paths[read.file], int(request.error_offset)

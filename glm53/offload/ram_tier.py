@@ -544,6 +544,7 @@ class RamTier:
                 "bytes": self.plan.bytes,
                 "share_of_experts": round(self.plan.policy_slots / (self.store.num_layers * self.store.num_experts), 4),
                 "policy": dataclasses.asdict(self.parameters), "served": dict(self.reads), "disk": self.reader.counters(),
+                "disk_files": self.reader.summary(),
                 "disk_gbs": {"start": rate(t["start_bytes"], t["start_seconds"]), "serving": rate(t["bytes"], t["seconds"])},
                 "read_seconds": round(t["seconds"], 3),
                 "decode": {"policy_seconds": round(self.decode_timing["policy_seconds"], 3),

@@ -13,10 +13,14 @@
 #endif
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -34,6 +38,10 @@ struct File {
     std::string path;
     int direct_fd = -1;
     int buffered_fd = -1;
+    // O_DIRECT's alignment of memory addresses and of file offsets and lengths (the grid its requests are cut on),
+    // set at the open and never changed; reported: they are the kernel's, not the reader's align
+    uint64_t mem_align = 0, grid = 0;
+    bool reported = false;
     std::atomic<bool> direct{false};
     std::atomic<int32_t> fallback_errno{0};
     std::atomic<int64_t> fallback_offset{-1};
@@ -62,7 +70,7 @@ struct Job {
     Job(glm53_dr_request* request, int64_t pieces) : q(request), left(pieces) {}
 };
 
-// [p0, p1) of the file on the reader's `align` grid (the request's aligned superset cut every `piece` bytes)
+// [p0, p1) of the file on its grid: the request's unaligned head or tail block, or whole blocks between (cut())
 struct Piece {
     Job* job;
     uint64_t p0, p1;
@@ -76,6 +84,7 @@ struct Reader {
     std::deque<Piece> queue;
     bool stopping = false;
     std::vector<std::thread> threads;
+    cpu_set_t started_on;  // the CPUs of the thread that started the reader, which its threads inherited
     std::atomic<uint64_t> counters[GLM53_DR_C_N] = {};
     std::vector<Fault> faults;
     std::atomic<int32_t> fault_count{0};  // lets reads skip the fault mutex when no fault is armed
@@ -171,20 +180,20 @@ Read read_buffered(Reader& r, const Piece& piece, File& f, bool& retried, int32_
                      retried, error, error_offset);
 }
 
-// Straight into the destination when the piece lies inside the request and the destination is aligned there, else
-// through the thread's bounce buffer.
+// Straight into the destination when the piece lies inside the request and the destination is aligned there for
+// memory, else through the thread's bounce buffer (aligned to the reader's align, which no file's alignment exceeds).
 Read read_direct(Reader& r, const Piece& piece, File& f, char* bounce, bool& retried, int32_t& error,
                  uint64_t& error_offset)
 {
     const Span s = span_of(piece);
-    const uint64_t a = r.align;
-    const bool straight = s.want0 == piece.p0 && s.want1 == piece.p1 && reinterpret_cast<uintptr_t>(s.to) % a == 0;
+    const bool straight =
+        s.want0 == piece.p0 && s.want1 == piece.p1 && reinterpret_cast<uintptr_t>(s.to) % f.mem_align == 0;
     Read got = read_full(r, piece.job->q->file, f.direct_fd, straight ? s.to : bounce, piece.p1 - piece.p0, piece.p0,
-                         s.want1 - piece.p0, a, retried, error, error_offset);
-    if (got == Read::ok && !straight) {
+                         s.want1 - piece.p0, f.grid, retried, error, error_offset);
+    if (got == Read::ok && !straight)
         memcpy(s.to, bounce + (s.want0 - piece.p0), s.want1 - s.want0);
-        r.count(GLM53_DR_C_BOUNCED_BYTES, s.want1 - s.want0);
-    }
+    if (got == Read::ok)
+        r.count(straight ? GLM53_DR_C_STRAIGHT_BYTES : GLM53_DR_C_BOUNCED_BYTES, s.want1 - s.want0);
     return got;
 }
 
@@ -281,6 +290,45 @@ bool pending(const glm53_dr_request* requests, int32_t n)
     return false;
 }
 
+// A request's pieces on its file's grid g: the unaligned head alone [down(begin), up(begin)) when the request does
+// not start on the grid, the whole blocks from there to down(end) every `piece` bytes, the unaligned tail alone
+// [down(end), up(end)) when it does not end on it (a request within one block is one piece). The head and tail are
+// a block each at most, so a request whose destination is aligned for memory copies at most two blocks; cutting the
+// whole blocks from the head's end rather than from down(begin) keeps each of them wholly inside the request.
+void cut(Job* job, uint64_t g, uint64_t piece, std::vector<Piece>& out)
+{
+    const uint64_t begin = job->q->offset, end = begin + job->q->length;
+    const bool head = begin % g != 0;
+    const uint64_t body0 = head ? up(begin, g) : begin, body1 = down(end, g);
+    if (head)
+        out.push_back({job, down(begin, g), body0});
+    for (uint64_t at = body0; at < body1; at += piece)
+        out.push_back({job, at, std::min(at + piece, body1)});
+    if (end % g != 0 && body1 >= body0)
+        out.push_back({job, body1, up(end, g)});
+}
+
+// O_DIRECT's alignments for an open direct file, from the kernel (Linux 6.1: statx's STATX_DIOALIGN) when it
+// reports them, both powers of two no coarser than the reader's align; else align for both. A file the kernel says
+// has no direct I/O (zeros) keeps align too: such a read is either served buffered by the filesystem itself (ext4)
+// or refused with EINVAL, which sends the file to buffered reads; a wrong report ends the same way, never in wrong
+// bytes, since a read the alignment does not suit fails whole.
+void find_alignment(File& f, uint64_t align)
+{
+#ifdef STATX_DIOALIGN
+    struct statx sx;
+    if (statx(f.direct_fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) != 0 || !(sx.stx_mask & STATX_DIOALIGN))
+        return;
+    const uint64_t mem = sx.stx_dio_mem_align, offset = sx.stx_dio_offset_align;
+    const auto usable = [align](uint64_t a) { return a != 0 && (a & (a - 1)) == 0 && a <= align; };
+    if (usable(mem) && usable(offset)) {
+        f.mem_align = mem;
+        f.grid = offset;
+        f.reported = true;
+    }
+#endif
+}
+
 void close_files(Reader* r)
 {
     for (File& f : r->files) {
@@ -326,14 +374,23 @@ void* glm53_dr_start(const char* const* paths, int32_t files, int32_t threads, i
             delete r;
             return nullptr;
         }
+        f.mem_align = f.grid = align;
         if (direct) {
             f.direct_fd = open(paths[i], O_RDONLY | O_CLOEXEC | O_DIRECT);
             f.direct.store(f.direct_fd >= 0);
             if (f.direct_fd < 0) {
                 f.fallback_errno.store(errno);
                 r->count(GLM53_DR_C_FALLBACKS);
+            } else {
+                find_alignment(f, align);
             }
         }
+    }
+    if (sched_getaffinity(0, sizeof r->started_on, &r->started_on) != 0) {
+        last_error = std::string("cannot read the calling thread's CPUs: ") + strerror(errno);
+        close_files(r);
+        delete r;
+        return nullptr;
     }
     try {
         for (int32_t i = 0; i < threads; ++i)
@@ -388,10 +445,10 @@ int32_t glm53_dr_submit(void* reader, glm53_dr_request* requests, int32_t n, uin
     try {
         for (int32_t i = 0; i < n; ++i) {
             glm53_dr_request& q = requests[i];
-            const uint64_t first = down(q.offset, r->align), last = up(q.offset + q.length, r->align);
-            jobs.push_back(new Job(&q, static_cast<int64_t>((last - first + piece - 1) / piece)));
-            for (uint64_t p0 = first; p0 < last; p0 += piece)
-                pieces.push_back({jobs.back(), p0, p0 + piece < last ? p0 + piece : last});
+            const size_t before = pieces.size();
+            jobs.push_back(new Job(&q, 0));
+            cut(jobs.back(), r->files[static_cast<size_t>(q.file)].grid, piece, pieces);
+            jobs.back()->left.store(static_cast<int64_t>(pieces.size() - before), std::memory_order_relaxed);
         }
     } catch (const std::bad_alloc&) {
         for (Job* job : jobs)
@@ -466,6 +523,19 @@ int32_t glm53_dr_file_fallback(void* reader, int32_t file, int64_t* offset)
     return f.fallback_errno.load();
 }
 
+int32_t glm53_dr_file_alignment(void* reader, int32_t file, uint64_t* mem_align, uint64_t* offset_align)
+{
+    Reader* r = static_cast<Reader*>(reader);
+    if (file < 0 || static_cast<size_t>(file) >= r->files.size())
+        return -1;
+    const File& f = r->files[static_cast<size_t>(file)];
+    if (mem_align)
+        *mem_align = f.mem_align;
+    if (offset_align)
+        *offset_align = f.grid;
+    return f.reported ? 1 : 0;
+}
+
 void glm53_dr_counters(void* reader, uint64_t* out)
 {
     Reader* r = static_cast<Reader*>(reader);
@@ -486,5 +556,57 @@ int32_t glm53_dr_inject(void* reader, int32_t file, uint64_t offset, int32_t err
     r->faults.push_back({file, offset, error, times});
     r->fault_count.fetch_add(1, std::memory_order_release);
     return 0;
+}
+
+int32_t glm53_dr_set_cpus(void* reader, const int32_t* cpus, int32_t n)
+{
+    Reader* r = static_cast<Reader*>(reader);
+    cpu_set_t set;
+    if (n <= 0) {
+        set = r->started_on;
+    } else {
+        CPU_ZERO(&set);
+        for (int32_t i = 0; i < n; ++i) {
+            if (cpus[i] < 0 || cpus[i] >= CPU_SETSIZE) {
+                last_error = "set_cpus: CPU " + std::to_string(cpus[i]) + " is out of range [0, " +
+                             std::to_string(CPU_SETSIZE) + ")";
+                return -1;
+            }
+            CPU_SET(cpus[i], &set);
+        }
+    }
+    std::vector<cpu_set_t> was(r->threads.size());
+    for (size_t i = 0; i < r->threads.size(); ++i) {
+        pthread_t t = r->threads[i].native_handle();
+        int rc = pthread_getaffinity_np(t, sizeof was[i], &was[i]);
+        if (rc == 0)
+            rc = pthread_setaffinity_np(t, sizeof set, &set);
+        if (rc != 0) {
+            last_error = std::string("set_cpus: cannot move the reader's threads there: ") + strerror(rc) +
+                         (rc == EINVAL ? " (none of those CPUs is one this process may use)" : "");
+            for (size_t j = 0; j < i; ++j)
+                pthread_setaffinity_np(r->threads[j].native_handle(), sizeof was[j], &was[j]);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int32_t glm53_dr_thread_cpus(void* reader, int32_t thread, int32_t* cpus, int32_t capacity)
+{
+    Reader* r = static_cast<Reader*>(reader);
+    if (thread < 0 || static_cast<size_t>(thread) >= r->threads.size())
+        return -1;
+    cpu_set_t set;
+    if (pthread_getaffinity_np(r->threads[static_cast<size_t>(thread)].native_handle(), sizeof set, &set) != 0)
+        return -1;
+    int32_t count = 0;
+    for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+        if (CPU_ISSET(cpu, &set)) {
+            if (count < capacity)
+                cpus[count] = cpu;
+            ++count;
+        }
+    return count;
 }
 }

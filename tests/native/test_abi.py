@@ -34,7 +34,8 @@ def test_the_named_numbers_come_from_the_headers():
     assert worker.STATES == ("empty", "published", "claimed", "done", "failed", "taken_back", "skipped")
     assert worker.COUNTERS[:2] == ("jobs", "done") and worker.COUNTERS[-3:] == ("naps", "payload_rereads", "payload_failed")
     assert disk.STATES == ("pending", "done", "failed")
-    assert disk.COUNTERS == ("requests", "failed", "bytes", "disk_bytes", "bounced_bytes", "retries", "short_reads", "fallbacks", "pieces")
+    assert disk.COUNTERS == ("requests", "failed", "bytes", "disk_bytes", "bounced_bytes", "straight_bytes", "retries", "short_reads",
+                             "fallbacks", "pieces")
     assert ec_native.LINK_KINDS == ("misses", "fallback", "admissions", "prefetch", "tier_io", "copies", "probe")
     assert ec_native.PF_COUNTERS == ("copied", "used", "wasted", "plans")
     assert device.OUTCOMES == ("none", "done", "failed", "taken_back_before_claim", "taken_back_after_claim")

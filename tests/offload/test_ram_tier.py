@@ -13,8 +13,8 @@ import pytest
 from glm53.offload.cache_policy import ReferenceCache, placement, popularity_lift
 from glm53.offload.disk import SLOW, DiskReader, DiskReadError
 from glm53.offload.host_store import HostStore
-from glm53.offload.ram_tier import RamBudgetError, RamTier, TierPlan, TierPolicy, missed, plan
-from tests.offload.test_disk import trellis_checkpoint
+from glm53.offload.ram_tier import AHEAD_PIECE_BYTES, RamBudgetError, RamTier, TierPlan, TierPolicy, missed, plan
+from tests.offload.test_disk import pieces_of, trellis_checkpoint
 
 LAYERS, EXPERTS, TOP_K, ROWS = (1, 2, 3), 16, 2, 2
 DECAY, HYSTERESIS, VRAM_MAX_ADMIT = 0.9, 1.25, 2
@@ -116,8 +116,10 @@ def test_a_trace_through_vram_ram_and_disk_serves_every_pick_from_one_place_with
     assert tier.reads["admitted"] > 0 and tier.verify() == []
     assert h.given_up > 0 or not exclusive  # exclusive: slots of experts VRAM held went to misses (not vacuous)
     assert tier.reads["given_up"] == h.given_up
-    decode = tier.stats()["decode"]  # the decode steps' host time, for bench.ram_tier_decode's breakdown
+    stats = tier.stats()
+    decode = stats["decode"]  # the decode steps' host time, for bench.ram_tier_decode's breakdown
     assert decode["read_experts"] == served["disk"] and decode["read_seconds"] > 0 and decode["policy_seconds"] > 0
+    assert stats["disk_files"] == reader.summary() and stats["disk_files"]["files"] == len(store.shard_files())
 
 
 def test_with_ram_for_every_expert_there_is_no_tier_and_no_disk_read_after_load(checkpoint):
@@ -339,8 +341,12 @@ def test_a_guess_read_ahead_serves_its_pick_without_a_read_and_a_wrong_one_is_dr
         ahead_block = int(tier.blocks[P + E])
         served = tier.step(layer, np.array([right]), NO_VRAM)
         assert served.disk == [right] and tier.reads["ahead_used"] == 1
-        # the right guess's projections were read (each one piece) and nothing else: the wrong one's were dropped
-        assert reader.counters()["pieces"] == pieces + 3 and reader.counters()["failed"] == 3
+        # the right guess's projections were read (each its head, whole blocks and tail) and nothing else: the wrong
+        # one's were dropped
+        files = store.shard_files()
+        right_pieces = sum(len(pieces_of(at, n, reader.dio_alignment(files.index(g))[1], AHEAD_PIECE_BYTES))
+                           for g, at, n, _ in store.block_sources(layer, right))
+        assert reader.counters()["pieces"] == pieces + right_pieces and reader.counters()["failed"] == 3
         assert int(tier.blocks[P + right]) == ahead_block and tier.slot_index(layer, right) == ahead_block
         assert projections(store, tier.block(layer, right)) == expected(store, tensors, layer, right)
         assert tier.block(layer, wrong) is None

@@ -142,7 +142,7 @@ def _ram_tier(settings: Settings, store: HostStore) -> RamTier | None:
     log.info("RAM tier: %s gives %.1f of the %.1f GB of routed experts: %d policy slots (%.0f %%) + one layer's window; the rest "
              "are read from disk (%s) when picked", given, budget / GB, store.arena_bytes / GB, tier_plan.policy_slots,
              100 * tier_plan.policy_slots / (store.num_layers * store.num_experts),
-             "O_DIRECT" if all(reader.direct(i) for i in range(len(reader.paths))) else "buffered")
+             reader.describe())
     return RamTier(store, reader, tier_plan)
 
 
