@@ -50,9 +50,12 @@ class Costs:
     gpu_fixed_s: float = 0.0  # the GPU's time for its part of a layer beyond its experts' (live, fit_gpu_line)
     forced: bool = False  # a check's costs (every_miss_to_the_cpu): the split must run, whatever it saves
     disk_expert_s: float = 0.0  # a miss in the RAM tier too: read from disk into a RAM slot before the link reads it
+    # a decode layer's host work beside a RAM tier that its reads do not hide (the engine synchronises at the layer's
+    # routing, so the GPU waits it out): TIER_LAYER_S where projected
+    tier_layer_s: float = 0.0
 
     def __post_init__(self):
-        for name in ("handoff_s", "link_expert_s", "vram_expert_s", "gpu_fixed_s", "disk_expert_s"):
+        for name in ("handoff_s", "link_expert_s", "vram_expert_s", "gpu_fixed_s", "disk_expert_s", "tier_layer_s"):
             value = getattr(self, name)
             if not (value >= 0 and np.isfinite(value)):
                 raise ValueError(f"{name} must be a finite number >= 0 seconds, not {value!r}")
@@ -238,12 +241,13 @@ class Step:
     hits: float
     tokens: int = 1
     disk_misses: float = 0.0
+    tiered: bool = False  # beside a RAM tier (its host work a layer: ``Costs.tier_layer_s``)
 
 
 def disk_s(step: Step, costs: Costs) -> float:
-    """A step's disk reads: the RAM tier's misses, each read into a RAM slot before the link reads it (not overlapped
-    with the GPU's work: what prefetching them a layer ahead would win is not counted)."""
-    return step.moe_layers * step.disk_misses * costs.disk_expert_s
+    """A step's RAM tier: its misses, each read from disk into a RAM slot before the link reads it (not overlapped
+    with the GPU's work: what reading them a layer ahead would win is not counted), and its host work a layer."""
+    return step.moe_layers * (step.disk_misses * costs.disk_expert_s + (costs.tier_layer_s if step.tiered else 0.0))
 
 
 def exact_step_s(step: Step, costs: Costs) -> float:
@@ -304,6 +308,11 @@ def prefill_s(tokens: int, moe_layers: int, compute_s_per_token: float, stream_b
 # ---- host RAM
 
 STORE_PADDING = 1.02  # the host store's alignment padding, at most
+# A decode layer's host work beside a RAM tier that its disk reads do not hide: the rest of the tier's step after the
+# reads (0.42-0.46 ms a layer on the H200 host, 2026-12-04, bench/results/2026-12-04-offload-session6-h200.md); the
+# policy's step and the tables' re-pointing run while the reads are in flight. There the model without it gave 134.5
+# ms a token at half the experts against 141.2 measured (12 MoE layers: 0.56 ms a layer unexplained).
+TIER_LAYER_S = 0.45e-3
 PROCESS_OVERHEAD = 6 * 2**30  # the rest of the process: Python, torch and CUDA's host allocations, the tokenizer, buffers
 CPU_TIER_PER_THREAD = 64 * 2**20  # a CPU-tier thread's stack and working buffers (a planning figure)
 
@@ -380,7 +389,8 @@ class Rig:
         B = model.expert_bytes
         return Costs(cpu_expert_s=dict(self.cpu_expert_s), handoff_s=self.handoff_s, link_expert_s=B / (self.link_gbs * 1e9),
                      vram_expert_s=B / (self.hbm_gbs * 1e9), cpu_job_s={t: self.cpu_job_s for t in self.cpu_expert_s},
-                     gpu_fixed_s=self.layer_fixed_s, sources=dict(self.sources), disk_expert_s=B / (self.disk_gbs * 1e9))
+                     gpu_fixed_s=self.layer_fixed_s, sources=dict(self.sources), disk_expert_s=B / (self.disk_gbs * 1e9),
+                     tier_layer_s=TIER_LAYER_S)
 
     def cache_slots_per_layer(self, model: ModelFacts = GLM53_FLASH) -> int:
         """Experts a layer keeps in VRAM: what the card holds beyond the other weights and the reserve."""
@@ -551,7 +561,7 @@ def project(rig: Rig, profile: np.ndarray, model: ModelFacts = GLM53_FLASH, stre
             disk_misses[mode][n] = 0.0 if held is None else float(np.interp(held % 1, [0, 1], [
                 distinct_misses(profile, slots + int(held) + i, model.top_k, n)[0] for i in (0, 1)]))
             steps[mode] = Step(fixed_s=fixed, moe_layers=model.moe_layers, misses=misses, hits=hits, tokens=n,
-                               disk_misses=disk_misses[mode][n])
+                               disk_misses=disk_misses[mode][n], tiered=held is not None)
         exact = exact_step_s(steps["exact"], costs)
         # beside a RAM tier the CPU tier computes its share of the misses where the tier holds them (or read them)
         fast, k = fast_step_s(steps["fast"], costs, hook_s)
@@ -561,7 +571,8 @@ def project(rig: Rig, profile: np.ndarray, model: ModelFacts = GLM53_FLASH, stre
         if n == min(streams):
             link = model.moe_layers * misses * costs.link_expert_s
             disk = disk_s(steps["exact"], costs)
-            bound["exact"] = (f"the disk: {1e3 * disk:.1f} of {1e3 * exact:.1f} ms a token read the RAM tier's misses at {rig.disk_gbs:g} GB/s"
+            bound["exact"] = (f"the RAM tier: {1e3 * disk:.1f} of {1e3 * exact:.1f} ms a token read its misses at {rig.disk_gbs:g} GB/s "
+                              "and do its host work"
                               if disk > link else
                               f"the link: {1e3 * link:.1f} of {1e3 * exact:.1f} ms a token read misses at {rig.link_gbs:g} GB/s")
             gpu_part = max(costs.gpu_seconds(int(round(hits)), max(0, int(round(misses - k)))), 0.0)
@@ -571,8 +582,8 @@ def project(rig: Rig, profile: np.ndarray, model: ModelFacts = GLM53_FLASH, stre
                              f"({1e6 * gpu_part:.0f} us)" if cpu_part > gpu_part else
                              f"the link: the GPU's part of a layer ({1e6 * gpu_part:.0f} us) outlasts the CPU's job ({1e6 * cpu_part:.0f} us)")
             if fast_disk > model.moe_layers * max(cpu_part, gpu_part):
-                bound["fast"] = (f"the disk: {1e3 * fast_disk:.1f} of {1e3 * min(fast, fast_as_exact):.1f} ms a token read the RAM "
-                                 f"tier's misses at {rig.disk_gbs:g} GB/s (the CPU tier takes {k:.1f} experts a layer)")
+                bound["fast"] = (f"the RAM tier: {1e3 * fast_disk:.1f} of {1e3 * min(fast, fast_as_exact):.1f} ms a token read its "
+                                 f"misses at {rig.disk_gbs:g} GB/s and do its host work (the CPU tier takes {k:.1f} experts a layer)")
     stream_bytes = (model.experts - slots) * model.expert_bytes
     prefill = {mode: prompt / prefill_s(prompt, model.moe_layers, rig.prefill_s_per_token, stream_bytes, rig.copy_gbs,
                                         last_page_split=(mode == "exact"), zero_copy_gbs=rig.link_gbs) for mode in ("exact", "fast")}
