@@ -162,6 +162,7 @@ class FastTier:
         pool, worker_cpu = ce.Pool.for_caller(settings, spin_us=SPIN_US)  # the worker thread is the caller
         self.feeding = FeedingThread(pool.cpus if worker_cpu is None else (worker_cpu, *pool.cpus))
         self.feeding.confine()
+        self._reader = self._keep_reader_off_the_tier(ram_tier)
         self.pool = self.worker = self.producer = None
         try:
             self.pool = pool.start()
@@ -399,12 +400,28 @@ class FastTier:
             "outcomes": list(OUTCOMES),
         }
 
+    def _keep_reader_off_the_tier(self, ram_tier):
+        """Beside a RAM tier, its disk reader's threads (started before the tier, on every CPU) move to the CPUs the
+        tier leaves, as the feeding thread does: a compute thread sharing its CPU loses whole scheduler slices, and
+        a job waits for its slowest one. Returns the reader moved (None: none, or nowhere to go)."""
+        if ram_tier is None or not self.feeding.rest:
+            return None
+        try:
+            ram_tier.reader.set_cpus(sorted(self.feeding.rest))
+        except ValueError as e:
+            log.warning("CPU tier: the RAM tier's disk reader stays on every CPU (%s)", e)
+            return None
+        return ram_tier.reader
+
     def close(self) -> None:
         """Stops what has started (also after a failed start)."""
         for part, stop in ((self.producer, "close"), (self.worker, "stop"), (self.pool, "stop")):
             if part is not None:
                 getattr(part, stop)()
         self.feeding.release()
+        if self._reader is not None:
+            self._reader.set_cpus(None)  # the reader outlives the tier (the RAM tier's part closes it)
+            self._reader = None
 
 
 def start(settings, store, cache, device: torch.device, kernels, fallbacks: Sequence[Callable], top_k: int,

@@ -11,6 +11,7 @@ import threading
 from dataclasses import replace
 from typing import ClassVar
 
+import numpy as np
 import pytest
 import torch
 
@@ -80,6 +81,24 @@ class FakeFeeding:
         self.confined = False
 
 
+class FakeArenaExperts:
+    """``worker.ArenaExperts`` over a RAM tier stand-in: every expert at its home; trellises at 3 offsets."""
+
+    def __init__(self, store, ram_tier, home_host, sign_scale):
+        self.experts = {(row, e): ("linears", row, e) for row in range(store.num_layers) for e in range(store.num_experts)}
+
+    def trellises(self, addresses):
+        return np.asarray(addresses)[:, None] + np.array([0, 256, 512])[None, :]
+
+
+class FakeRamTier:
+    """A RAM tier stand-in: its policy slots and its disk reader's thread placement."""
+
+    def __init__(self):
+        self.policy = type("Policy", (), {"slot_of": np.array([[0, -1, -1], [-1, -1, -1]])})()
+        self.reader = type("Reader", (), {"moves": [], "set_cpus": lambda self, cpus: self.moves.append(cpus)})()
+
+
 class FakeEvent:
     """A CUDA event on a scripted clock: each record() reads the next time from ``FakeEvent.clock`` (seconds)."""
 
@@ -134,24 +153,28 @@ STORE = type("Store", (), {"layout": type("Layout", (), {"shapes": [(H // 16, 8)
 def cache():
     return type("Cache", (), {"slot_of": torch.tensor([[0, -1, -1], [-1, 1, -1]], dtype=torch.int32),
                               "freq": torch.tensor([[3.0, 2.0, 1.0], [1.0, 2.0, 3.0]]),
-                              "link": Link(None, torch.device("cpu")), "state": None, "block_bytes": 768})()
+                              "link": Link(None, torch.device("cpu")), "state": None, "block_bytes": 768,
+                              "home_host": np.zeros((2, 3), dtype=np.int64)})()
 
 
 @pytest.fixture
 def make_tier(monkeypatch):
     """``make_tier(costs, tuning)``: a FastTier started over stand-ins, its start-up measurement giving ``costs``."""
 
-    def make(costs: Costs = COSTS, tuning: Tuning | None = None) -> FastTier:
-        worker, producer = FakeWorker(), FakeProducer()
+    def make(costs: Costs = COSTS, tuning: Tuning | None = None, ram_tier=None) -> FastTier:
+        worker, producer, timed = FakeWorker(), FakeProducer(), []
         for name, value in [("FeedingThread", lambda cpus: FakeFeeding()), ("Ring", lambda *a: None),
                             ("Worker", lambda *a, **k: worker), ("ExpertTable", lambda *a: None),
                             ("host_store_experts", lambda *a: {}), ("DeviceProducer", lambda *a: producer),
-                            ("CtKernels", lambda path: None), ("measure_costs", lambda experts, **kw: costs)]:
+                            ("ArenaExperts", FakeArenaExperts),
+                            ("CtKernels", lambda path: None),
+                            ("measure_costs", lambda experts, **kw: (timed.append(sorted(experts)), costs)[1])]:
             monkeypatch.setattr(ft, name, value)
         monkeypatch.setattr(ft.ce.Pool, "for_caller", classmethod(lambda cls, settings, spin_us: (FakePool(), 1)))
         t = FastTier(SETTINGS, STORE, cache(), torch.device("cpu"), type("Kernels", (), {"path": None})(),
-                     [FakeFallback(), FakeFallback()], top_k=8, act_limit=0.0, tuning=tuning)
+                     [FakeFallback(), FakeFallback()], top_k=8, act_limit=0.0, tuning=tuning, ram_tier=ram_tier)
         t._event = FakeEvent
+        t.timed_on = timed  # the experts the CPU's cost was timed on
         return t
 
     return make
@@ -508,3 +531,16 @@ def test_start_leaves_the_tier_off_only_under_auto_when_the_costs_give_it_nothin
     else:
         assert tier is None and len(closed) == 1
         assert off == "the measured costs give it no share of the misses: a one-expert CPU job costs more"
+
+
+def test_beside_a_ram_tier_the_tier_follows_each_move_and_keeps_the_disk_reader_off_its_cpus(make_tier):
+    ram_tier = FakeRamTier()
+    t = make_tier(ram_tier=ram_tier)
+    assert t.timed_on == [[(0, 0)]]  # the CPU is timed on the experts whose bytes are in RAM now
+    assert ram_tier.reader.moves == [[0]]  # the reader's threads on the CPUs the tier leaves (FakeFeeding.rest)
+    repointed = []
+    t.worker.repoint = lambda row, experts, trellises: repointed.append((row, list(experts), trellises.tolist()))
+    t.repoint(1, np.array([2]), np.array([4096]))
+    assert repointed == [(1, [2], [[4096, 4352, 4608]])] and t.stats()["repointed"] == 1 and t.stats()["beside_ram_tier"]
+    t.close()
+    assert ram_tier.reader.moves == [[0], None]  # back where it started: the reader outlives the tier
