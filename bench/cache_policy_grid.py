@@ -23,6 +23,7 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -37,9 +38,24 @@ GRID = {"decay": (0.995, 0.998, 0.999), "recency_weight": (100.0, 200.0, 400.0, 
         "warm_horizon": (None, 50.0, 100.0, 200.0, 400.0)}
 
 
-def replay(trace: np.ndarray, start: list[list[int]], profile: np.ndarray, policy: Policy) -> dict:
+class Soft(NamedTuple):
+    """A soft term added to the fast score, from the router's scores of every expert (``bench.cache_policy_soft``):
+    ``g = g * decay + signal[t]`` per step (``g`` starts at 0), and the score becomes ``f + w * (r + weight * g)``
+    with ``w`` the layer's recency weight, so the term is off on a layer whose picks do not recur."""
+
+    signal: np.ndarray  # float32 [steps, layers, experts]: each expert's soft pick count of the step
+    decay: float
+    weight: float
+
+
+def replay(trace: np.ndarray, start: list[list[int]], profile: np.ndarray, policy: Policy, soft: Soft | None = None,
+           record: bool = False) -> dict:
     """``replay_decayed``'s replay of one-row steps (int [steps, layers, top_k], experts in range), every layer at
-    once: ``{"hits", "admits"}`` int [layers] and the final ``freq`` / ``recent`` / ``reuse`` float32 arrays."""
+    once: ``{"hits", "admits"}`` int [layers] and the final ``freq`` / ``recent`` / ``reuse`` float32 arrays.
+
+    :param soft: a soft term in the score (None: the policy's score, bit for bit).
+    :param record: also return ``"hit"`` bool [steps, layers, top_k], whether each pick was resident.
+    """
     steps, layers, top_k = trace.shape
     experts = profile.shape[1]
     rows = np.arange(layers)
@@ -55,7 +71,11 @@ def replay(trace: np.ndarray, start: list[list[int]], profile: np.ndarray, polic
     hits = np.zeros(layers, dtype=np.int64)
     admits = np.zeros(layers, dtype=np.int64)
     offsets = (rows * experts)[:, None]
+    g = np.zeros((layers, experts), dtype=np.float32)
+    hit = np.zeros(trace.shape, dtype=bool) if record else None
     for t in range(steps):
+        if record:
+            hit[t] = np.take_along_axis(resident, trace[t], axis=1)
         count = np.bincount((trace[t] + offsets).reshape(-1), minlength=layers * experts).reshape(layers, experts)
         picked = count > 0
         freq = freq * decay + count.astype(np.float32)  # + 0 leaves an unpicked score as it is
@@ -67,7 +87,12 @@ def replay(trace: np.ndarray, start: list[list[int]], profile: np.ndarray, polic
         reuse[:, 0] = np.where(measured, reuse[:, 0] * keep + (one - keep) * lift, reuse[:, 0])
         prev = picked
         excess = reuse[:, 0] - reuse[:, 1]
-        s = freq + (weight * np.where(excess > 0, excess, np.float32(0)))[:, None] * recent
+        w = (weight * np.where(excess > 0, excess, np.float32(0)))[:, None]
+        if soft is None:
+            s = freq + w * recent
+        else:
+            g = g * np.float32(soft.decay) + soft.signal[t]
+            s = freq + w * (recent + np.float32(soft.weight) * g)
         candidate, victim = picked & ~resident, ~picked & resident
         active = np.ones(layers, dtype=bool)
         for _ in range(policy.max_admit):
@@ -81,7 +106,7 @@ def replay(trace: np.ndarray, start: list[list[int]], profile: np.ndarray, polic
             resident[at, c[active]], resident[at, v[active]] = True, False
             candidate[at, c[active]], victim[at, v[active]] = False, False
             admits += active
-    return {"hits": hits, "admits": admits, "freq": freq, "recent": recent, "reuse": reuse}
+    return {"hits": hits, "admits": admits, "freq": freq, "recent": recent, "reuse": reuse, **({"hit": hit} if record else {})}
 
 
 def check(trace: np.ndarray, start: list[list[int]], profile: np.ndarray, policy: Policy) -> None:

@@ -207,8 +207,11 @@ def run_decayed(trace, start, profile: np.ndarray, policy: Policy):
     return int(replay_decayed(trace, start, profile, policy).counters[:, C_HITS].sum())
 
 
-def run_belady(trace, start, bypass: bool = True):
-    """Offline optimum per layer with its quota: with bypass, or admitting every miss (the step's own experts stay)."""
+def run_belady(trace, start, bypass: bool = True, hit: np.ndarray | None = None):
+    """Offline optimum per layer with its quota: with bypass, or admitting every miss (the step's own experts stay).
+
+    :param hit: bool [steps, layers, top_k] set True where a pick hits (None: only count).
+    """
     hits = 0
     steps = trace.shape[0]
     for layer, resident in enumerate(start):
@@ -231,6 +234,8 @@ def run_belady(trace, start, bypass: bool = True):
                 if e in res:
                     hits += 1
                     res[e] = int(next_use[t, j])
+                    if hit is not None:
+                        hit[t, layer, j] = True
                 elif q:
                     others = list(res) if bypass else [x for x in res if x not in step]
                     far = max(others, key=res.get, default=None)

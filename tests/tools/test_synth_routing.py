@@ -73,6 +73,15 @@ def test_the_twin_is_a_function_of_its_seeds():
     assert all(len(set(row)) == 4 for row in one.picks.reshape(-1, 4))  # top-k picks distinct experts
 
 
+@pytest.mark.parametrize("name", ["random", "trained"])
+def test_the_twins_picks_are_the_top_k_of_the_logits_it_carries(name):
+    twin, _ = routing_stats.twin_from_settings("tiny", name, 2, None)
+    run = twin.run(40, 3)
+    assert run.logits.shape == (40, 5, 16) and run.logits.dtype == np.float32
+    for i in range(5):
+        np.testing.assert_array_equal(run.picks[:, i], routing.top_picks(run.logits[:, i], twin.biases[i], 4))
+
+
 def test_unknown_routing_presets_and_bad_dynamics_are_refused():
     with pytest.raises(ValueError, match="unknown routing 'smooth'"):
         routing.resolve("smooth")

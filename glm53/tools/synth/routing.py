@@ -113,6 +113,7 @@ def top_picks(logits: np.ndarray, bias: np.ndarray, n: int) -> np.ndarray:
 class TwinTrace:
     picks: np.ndarray  # int64 [steps, layers, top_k]: each layer's routing, one token per step
     next_logits: np.ndarray  # float32 [steps, layers - 1, experts]: layer l + 1's gate on layer l's routing state
+    logits: np.ndarray  # float32 [steps, layers, experts]: each layer's gate on its own routing state, what it picked by
 
 
 class Twin:
@@ -148,7 +149,7 @@ class Twin:
             logits = np.einsum("tlr,ler->tle", states, m)
             next_logits = np.einsum("tlr,ler->tle", states[:, :-1], m[1:])
         picks = np.stack([top_picks(logits[:, i], self.biases[i], self.top_k) for i in range(n)], axis=1)
-        return TwinTrace(picks, next_logits.astype(np.float32))
+        return TwinTrace(picks, next_logits.astype(np.float32), logits.astype(np.float32))
 
     def _states(self, rng: np.random.Generator, steps: int) -> np.ndarray:
         d = self.dynamics
