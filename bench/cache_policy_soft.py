@@ -24,6 +24,7 @@ is one of, with ``S = sigmoid(z) + bias`` the selection score of logit ``z`` and
 at the step before: what online information could recover.
 
     python3 -m bench.cache_policy_soft --routing trained --seed 0 --steps 1500 [--grid small] --out soft.json
+    python3 -m bench.cache_policy_soft --engine-trace picks.npy logits.npz [--synth-preset scaled --slots 384] --out soft.json
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.cache_policy_grid import Soft, replay
-from bench.cache_policy_sim import online_bound, pick_probabilities, run_belady, run_lru, run_static_by, starting_residents
+from bench.cache_policy_sim import (online_bound, pick_probabilities, run_belady, run_lru, run_static_by, run_static_hindsight,
+                                    starting_residents)
 from glm53.offload.cache import Policy
 from glm53.tools.synth.routing import top_picks
 
@@ -201,25 +203,54 @@ def run(routing: str, seed: int, steps: int, grid: str, ceiling: int = 0) -> dic
     twin, profile = twin_from_settings("full", routing, seed, None)
     traced = twin.run(steps, seed)  # the trace of cache_policy_sim.twin_trace
     trace, logits = traced.picks, traced.logits
-    biases = np.stack(twin.biases)
     start = starting_residents(profile, round(SHARE * profile.size))
-    rows = grid_rows(grid)
-    kinds = {(row["kind"], row["knob"]) for row in rows}
-    signals = {k: soft_signal(logits, biases, twin.top_k, *k) for k in kinds}
-    belady_hit = np.zeros(trace.shape, dtype=bool)
-    hit_rate = {"belady": run_belady(trace, start, hit=belady_hit) / trace.size, "lru": run_lru(trace, start) / trace.size,
-                "static_true": run_static_by(trace, start, pick_probabilities(twin, 50_000, seed)) / trace.size}
-    bound = online_bound({k: round(v, 4) for k, v in hit_rate.items()}, iid=routing == "random")
+    extra = {"static_true": run_static_by(trace, start, pick_probabilities(twin, 50_000, seed)) / trace.size}
     if ceiling and twin.dynamics is not None:
         got = online_ceiling(twin, logits, start, ceiling, seed)
-        hit_rate["prefetch_ceiling"], hit_rate["prefetch_online"] = got["upper"], got["lower"]
+        extra["prefetch_ceiling"], extra["prefetch_online"] = got["upper"], got["lower"]
+    out = replay_grid(trace, logits, np.stack(twin.biases), start, profile, grid, iid=routing == "random", extra=extra,
+                      label=f"{routing} seed {seed}")
+    return {"routing": routing, "seed": seed, "steps": steps, **out}
+
+
+def run_recorded(picks: np.ndarray, router: dict, preset: str, slots: int, grid: str) -> dict:
+    """Every setting of ``grid`` on a trace the real engine recorded (``bench.routing_stats --engine --trace-out
+    --logits-out``) on a ``glm53 synth --preset`` checkpoint, placed and warm-started by the profile it ships, as the
+    engine was, with ``slots`` cache slots in all.
+
+    :raise ValueError: logits that are not the trace's steps and layers."""
+    from bench.cache_policy_sim import synth_profile
+
+    logits, biases = np.asarray(router["logits"], np.float32), np.asarray(router["biases"], np.float32)
+    if logits.shape[:2] != picks.shape[:2] or biases.shape != (picks.shape[1], logits.shape[2]):
+        raise ValueError(f"logits {logits.shape} and biases {biases.shape} do not match the trace's {picks.shape[:2]} "
+                         f"steps and layers (record both in one bench.routing_stats --engine run)")
+    profile = synth_profile(preset, picks.shape[1])
+    start = starting_residents(profile, slots)
+    out = replay_grid(picks, logits, biases, start, profile, grid, iid=False,
+                      extra={"static_hindsight": run_static_hindsight(picks, start) / picks.size}, label="engine trace")
+    return {"trace": "engine", "synth_preset": preset, "steps": int(picks.shape[0]), **out}
+
+
+def replay_grid(trace, logits, biases, start, profile, grid: str, iid: bool, extra: dict, label: str) -> dict:
+    """The references (Belady, LRU and ``extra``'s hit rates), the policy's bases without the soft term and every
+    setting of ``grid`` with it, each as a share of Belady and of the online bound (a bound only where ``iid``), and
+    the split of Belady's gap for the bases and the best setting."""
+    rows = grid_rows(grid)
+    top_k = trace.shape[2]
+    kinds = {(row["kind"], row["knob"]) for row in rows}
+    signals = {k: soft_signal(logits, biases, top_k, *k) for k in kinds}
+    belady_hit = np.zeros(trace.shape, dtype=bool)
+    hit_rate = {"belady": run_belady(trace, start, hit=belady_hit) / trace.size, "lru": run_lru(trace, start) / trace.size,
+                **extra}
+    bound = online_bound({k: round(v, 4) for k, v in hit_rate.items()}, iid=iid)
     runs = []
     for base in BASES:
         runs.append(replay_one(trace, start, profile, {"base": base, "kind": None, "knob": None, "soft_decay": None,
                                                        "soft_weight": None}, signals, record=True))
     t0 = time.time()
     runs += [replay_one(trace, start, profile, row, signals) for row in rows]
-    print(f"{routing} seed {seed}: {len(rows)} settings in {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+    print(f"{label}: {len(rows)} settings in {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
     for r in runs:
         r["of_belady"] = round(r["hit_rate"] / hit_rate["belady"], 4)
         r["of_online_bound"] = round(r["hit_rate"] / bound["hit_rate"], 4)
@@ -229,8 +260,7 @@ def run(routing: str, seed: int, steps: int, grid: str, ceiling: int = 0) -> dic
     gaps = {r["base"]: gap(trace, r.pop("hit"), belady_hit, score) for r in runs[: len(BASES)]}
     if best_hit is not None:
         gaps["best_soft"] = gap(trace, best_hit, belady_hit, score)
-    return {"routing": routing, "seed": seed, "steps": steps, "slots": int(sum(map(len, start))),
-            "hit_rate": {k: round(v, 4) for k, v in hit_rate.items()}, "online_bound": bound,
+    return {"slots": int(sum(map(len, start))), "hit_rate": {k: round(v, 4) for k, v in hit_rate.items()}, "online_bound": bound,
             "of_belady": {k: round(v / hit_rate["belady"], 4) for k, v in hit_rate.items()}, "runs": runs,
             "best": {k: v for k, v in best.items()}, "gap": gaps}
 
@@ -242,9 +272,17 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--grid", choices=tuple(GRIDS), default="small")
     ap.add_argument("--ceiling", type=int, default=0, help="draws per step for online_ceiling (trained; 0: skip it)")
+    ap.add_argument("--engine-trace", nargs=2, type=Path, metavar=("PICKS_NPY", "LOGITS_NPZ"),
+                    help="replay a trace the engine recorded (bench.routing_stats --engine --trace-out --logits-out) instead")
+    ap.add_argument("--synth-preset", default="scaled", help="with --engine-trace: the preset of the checkpoint it ran")
+    ap.add_argument("--slots", type=int, default=384, help="with --engine-trace: the cache's slots in all (the engine's)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
-    result = run(args.routing, args.seed, args.steps, args.grid, args.ceiling)
+    if args.engine_trace:
+        picks, logits = args.engine_trace
+        result = run_recorded(np.load(picks), dict(np.load(logits)), args.synth_preset, args.slots, args.grid)
+    else:
+        result = run(args.routing, args.seed, args.steps, args.grid, args.ceiling)
     result["command"] = "python3 -m bench.cache_policy_soft " + " ".join(sys.argv[1:] if argv is None else argv)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     top = sorted(result["runs"], key=lambda r: -r["hit_rate"])[:5]

@@ -200,11 +200,14 @@ def check_bands(routing_preset: str, overall: dict, experts: int, top_k: int) ->
     return {"applies": True, "accepted": all(c["ok"] for c in checks.values()), "checks": checks}
 
 
-def record_engine(ckpt: Path, tokens: int, prompt_tokens: int, engine_args: str = "") -> tuple[np.ndarray, np.ndarray]:
+def record_engine(ckpt: Path, tokens: int, prompt_tokens: int, engine_args: str = "") -> tuple[np.ndarray, np.ndarray, dict]:
     """GPU only. The real engine's routing over ``tokens`` greedy decode steps after a fixed prompt (exact mode, one
-    sequence): (picks int [tokens - 1, layers, top_k], guesses int [tokens - 1, layers - 1, max(GUESSES)]), the
-    guesses scored as the prefetcher scores them (the next layer's router on this layer's router input: sigmoid,
-    plus the correction bias, top n). Only one-row routing calls (decode steps) are recorded, not the prompt's."""
+    sequence): (picks int [tokens - 1, layers, top_k], guesses int [tokens - 1, layers - 1, max(GUESSES)], router),
+    the guesses scored as the prefetcher scores them (the next layer's router on this layer's router input: sigmoid,
+    plus the correction bias, top n); ``router``: each layer's own gate on its router input at each step, ``logits``
+    float32 [tokens - 1, layers, experts] before the sigmoid, and ``biases`` float32 [layers, experts] (zeros where
+    the router has none), what ``bench.cache_policy_soft --engine-trace`` replays the soft score on. Only one-row
+    routing calls (decode steps) are recorded, not the prompt's."""
     import torch
 
     from bench.decode_kl import ModelPath, pages_for, synthetic_prompt
@@ -224,11 +227,14 @@ def record_engine(ckpt: Path, tokens: int, prompt_tokens: int, engine_args: str 
         gates = patches.routers(patches.MoeLayers(mlps, [], top_k, 0.0))
         picks: list[list] = [[] for _ in mlps]
         guesses: list[list] = [[] for _ in mlps[1:]]
+        logits: list[list] = [[] for _ in mlps]
 
         def hook(row, selected, weights, z, params):
             if selected.shape[0] != 1:
                 return
             picks[row].append(selected.reshape(-1).clone())
+            own = gates[row][0]
+            logits[row].append(torch.matmul(z.view(-1, own.shape[0]).to(own.dtype), own).float().reshape(-1))
             if row + 1 < len(mlps):
                 gate, bias = gates[row + 1]
                 scores = torch.matmul(z.view(-1, gate.shape[0]).to(gate.dtype), gate).float().sigmoid()
@@ -241,9 +247,14 @@ def record_engine(ckpt: Path, tokens: int, prompt_tokens: int, engine_args: str 
         path = ModelPath(engine.model, engine.extra_caches[0], engine.info.vocab_size)
         decode(path, synthetic_prompt(engine.info.vocab_size, prompt_tokens), tokens)
         steps = min(len(p) for p in picks)
-        as_array = lambda rows: torch.stack(rows[:steps]).cpu().numpy().astype(np.int64)  # one sync, at the end
+        as_array = lambda rows, dtype=np.int64: torch.stack(rows[:steps]).cpu().numpy().astype(dtype)  # one sync, at the end
+        experts = gates[0][0].shape[1]
+        router = {"logits": np.stack([as_array(rows, np.float32) for rows in logits], axis=1),
+                  "biases": np.stack([np.zeros(experts, np.float32) if bias is None else bias.float().cpu().numpy().reshape(-1)
+                                      for _, bias in gates])}
         return (np.stack([as_array(p) for p in picks], axis=1),
-                np.stack([as_array(g) for g in guesses], axis=1) if guesses else np.zeros((steps, 0, max(GUESSES)), np.int64))
+                np.stack([as_array(g) for g in guesses], axis=1) if guesses else np.zeros((steps, 0, max(GUESSES)), np.int64),
+                router)
     finally:
         for remove in removers:
             remove()
@@ -281,6 +292,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--engine-args", default="", help="with --engine: more engine settings")
     ap.add_argument("--trace-out", type=Path, help="also save the picks (.npy int [steps, layers, top_k], for "
                                                    "bench.cache_policy_sim --trace)")
+    ap.add_argument("--logits-out", type=Path, help="with --engine: also save each layer's router logits and biases "
+                                                    "(.npz, for bench.cache_policy_soft --engine-trace)")
     ap.add_argument("--out", type=Path, help="write the result JSON here (default: print it)")
     args = ap.parse_args(argv)
     if args.ckpt is not None:
@@ -290,8 +303,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         twin, shares = twin_from_settings(args.preset, args.routing, args.seed, args.moe_layers)
         name = args.routing
+    if args.logits_out and not args.engine:
+        ap.error("--logits-out goes with --engine (a twin's logits: bench.cache_policy_soft draws its own)")
     if args.engine:
-        picks, guesses = record_engine(args.ckpt, args.tokens, args.prompt_tokens, args.engine_args)
+        picks, guesses, router = record_engine(args.ckpt, args.tokens, args.prompt_tokens, args.engine_args)
+        if args.logits_out:
+            np.savez_compressed(args.logits_out, **router)
     else:
         picks, guesses = twin_trace(twin, args.steps, args.trace_seed)
     if args.trace_out:

@@ -45,7 +45,11 @@ compare_routing() {  # compare_routing ROUTING: the arms on that preset's checkp
 	ckpt=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["checkpoint"]["dir"])' "$dir/compare-$routing.json" 2>/dev/null)
 	[ -n "$ckpt" ] || return 0
 	step "routing-stats-$routing" 100 python3 -m bench.routing_stats --ckpt "$ckpt" --engine --tokens 256 \
-		--engine-args "$CARD" --out "$dir/routing-stats-engine-$routing.json" --trace-out "$dir/routing-trace-$routing.npy"
+		--engine-args "$CARD" --out "$dir/routing-stats-engine-$routing.json" --trace-out "$dir/routing-trace-$routing.npy" \
+		--logits-out "$dir/routing-logits-$routing.npz"
+	# the cache policy with the router's soft score on the engine's own routing (CPU; issue 33)
+	step "soft-score-$routing" 120 python3 -m bench.cache_policy_soft --engine-trace "$dir/routing-trace-$routing.npy" \
+		"$dir/routing-logits-$routing.npz" --synth-preset scaled --slots 384 --grid full --out "$dir/soft-score-engine-$routing.json"
 }
 
 trained() {

@@ -86,3 +86,20 @@ def test_the_prefetch_ceiling_is_a_hit_rate_above_the_online_set(tiny):
     twin, _, run, start = tiny
     got = soft.online_ceiling(twin, run.logits, start, samples=32)
     assert 0 < got["lower"] <= got["upper"] <= 1
+
+
+def test_a_recorded_engine_trace_is_replayed_with_its_own_logits_and_the_shipped_profile(tiny, tmp_path):
+    """What ``bench.routing_stats --engine --trace-out --logits-out`` saves (here the tiny twin's trace and logits, as
+    the engine's would be on a tiny checkpoint), replayed from the files through the CLI."""
+    twin, _, run, _ = tiny
+    picks, logits = tmp_path / "picks.npy", tmp_path / "logits.npz"
+    np.save(picks, run.picks)
+    np.savez_compressed(logits, logits=run.logits, biases=np.stack(twin.biases).astype(np.float32))
+    out = tmp_path / "soft.json"
+    assert soft.main(["--engine-trace", str(picks), str(logits), "--synth-preset", "tiny", "--slots", "30", "--out", str(out)]) == 0
+    got = __import__("json").loads(out.read_text())
+    assert got["trace"] == "engine" and got["steps"] == 120 and got["slots"] == 30
+    assert got["hit_rate"]["belady"] >= max(r["hit_rate"] for r in got["runs"]) > 0
+    assert {r["base"] for r in got["runs"]} == set(soft.BASES) and any(r["kind"] == "predict" for r in got["runs"])
+    with pytest.raises(ValueError, match="do not match the trace's"):
+        soft.run_recorded(run.picks[:-1], {"logits": run.logits, "biases": np.stack(twin.biases)}, "tiny", 30, "small")
