@@ -40,9 +40,9 @@ entry, submitted before the policy's step, which runs on the host while the disk
 then takes its window entry's block into its slot, and the slot's old block becomes that window entry's, by
 exchanging the two in the map: no byte is copied, and nothing is read into a slot after the start (but a guess read
 ahead whose read failed, read again into the block its slot took). Every block is decided before the wait for the
-reads, so the caller points its tables there while the disk still works (``step``'s ``placed``). A read that fails fails the step (:class:`~glm53.offload.disk.DiskReadError`): the step's
-admissions are undone, every slot keeps its block and its bytes, and the expert it was for is in no slot, so nothing
-is served from a failed read.
+reads, so the caller points its tables there while the disk still works (``step``'s ``placed``). A read that fails
+fails the step (:class:`~glm53.offload.disk.DiskReadError`): the step's admissions and exchanges are undone, every
+slot keeps its block and its bytes, and the expert it was for is in no slot, so nothing is served from a failed read.
 """
 
 from __future__ import annotations

@@ -17,9 +17,10 @@ next pick this part finds it in no slot, reads it, and re-points ``home`` and th
 The tier sees only what the host sees, so this part synchronises at each MoE layer's routing (its picks and the
 layer's VRAM residency, two small copies): with a RAM tier, decode pays one host round trip a layer, and the disk
 reads are on that path. The host's own work for the layer (the tier's policy, pointing ``home`` and the tables at the
-blocks, the CPU tier's table with them) runs while the disk reads; only then does it wait for the bytes. Without one this part does not exist and nothing changes. It acts on every forward: a
-decode step's (``RamTier.step``: the tier's policy decides admissions) and any other (``RamTier.fetch``: prefill's
-picks read into the window; the tier's policy is not told, as the VRAM cache's is not).
+blocks, the CPU tier's table with them) runs while the disk reads; only then does it wait for the bytes. Without a
+RAM tier this part does not exist and nothing changes. It acts on every forward: a decode step's (``RamTier.step``:
+the tier's policy decides admissions) and any other (``RamTier.fetch``: prefill's picks read into the window; the
+tier's policy is not told, as the VRAM cache's is not).
 """
 
 from __future__ import annotations
