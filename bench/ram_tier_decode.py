@@ -194,6 +194,7 @@ def policy_runs(paths: list[Path]) -> dict:
                            "admissions_per_token": round(tier["served"]["admitted"] / max(counts["decode_steps"], 1), 2),
                            "read_ahead_per_token": round(tier["served"].get("ahead", 0) / max(counts["decode_steps"], 1), 2),
                            "read_ahead_used_per_token": round(tier["served"].get("ahead_used", 0) / max(counts["decode_steps"], 1), 2),
+                           "written_back_per_token": round(tier["served"].get("written_back", 0) / max(counts["decode_steps"], 1), 2),
                            "decode_layer_ms": decode_layer_ms(tier), "disk_gbs": tier.get("disk_gbs"),
                            "settings": {k: v for k, v in arm["settings"].items() if k.startswith(("ram_tier", "disk_"))},
                            "policy": tier["policy"]}

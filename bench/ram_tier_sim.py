@@ -158,8 +158,8 @@ def replay_tier(stream: MissStream, profile: np.ndarray, top_k: int, vram_slots:
                 policy: TierPolicy, write_back: bool = False) -> Replay:
     """The tier's policy slots over ``stream``, started as ``RamTier.start`` starts them and stepped as
     ``RamTier.step`` steps them (``TierPolicy.step`` with the layer's VRAM residency). ``write_back``: after the VRAM
-    cache's step, each expert it evicted that no policy slot holds is put back into one (:func:`write_back`), as a
-    copy over the link from VRAM would (the engine has no such copy: an estimate of what one would add)."""
+    cache's step, each expert it evicted that no policy slot holds is put back into one (``TierPolicy.write_back``),
+    as the engine's write-back copies it from VRAM (``GLM53_RAM_TIER_WRITE_BACK``)."""
     state = policy.state(profile, top_k, vram_slots, slots)
     reads = admitted = written = duplicates = 0
     for missed_row, vram_row, swaps_row in zip(stream.missed, stream.vram, stream.swaps):
@@ -171,39 +171,9 @@ def replay_tier(stream: MissStream, profile: np.ndarray, top_k: int, vram_slots:
             for c, v in swaps:
                 held[c], held[v] = True, False
             if write_back:
-                written += sum(_write_back(state, policy, layer, v, held, distinct) for _, v in swaps)
+                written += sum(policy.write_back(state, layer, v, held, distinct) is not None for _, v in swaps)
             duplicates += int((held & (state.slot_of[layer] >= 0)).sum())
     return Replay(reads, admitted + written, duplicates / max(len(stream.missed), 1), written)
-
-
-def _write_back(state: ReferenceCache, policy: TierPolicy, layer: int, expert: int, held: np.ndarray, busy: np.ndarray) -> bool:
-    """Put ``expert``, just evicted from VRAM, into a policy slot of ``layer`` unless one holds it: the slot of an
-    expert VRAM holds (``held``) that the policy gives up first (``TierPolicy.step``), the lowest-scored, else the lowest-scored other resident when the expert's score
-    beats it by the hysteresis; never the slot of one read in this step (``busy``). The score is the step's
-    (``ReferenceCache.step``'s ``s``, of the scores the step left)."""
-    slot_of = state.slot_of[layer]
-    if slot_of[expert] >= 0:
-        return False
-    excess = state.reuse[layer, 0] - state.reuse[layer, 1]
-    s = state.freq[layer] + np.float32(policy.recency_weight) * max(excess, np.float32(0)) * state.recent[layer]
-    victim = slot_of >= 0
-    victim[busy] = False
-    if not victim.any():
-        return False
-    if not policy.exclusive:
-        spare = np.zeros_like(victim)
-    elif policy.exclusive_after > 1:
-        spare = victim & held & (state.vram_held[layer] >= policy.exclusive_after)
-    else:  # given up at once: any VRAM holds now, the expert VRAM admitted in its place too
-        spare = victim & held
-    pool = spare if spare.any() else victim
-    v = int(np.flatnonzero(pool)[np.argmin(s[pool])])
-    if not spare.any() and not s[expert] > np.float32(policy.hysteresis) * s[v]:
-        return False
-    slot = int(slot_of[v])
-    slot_of[v], slot_of[expert] = -1, slot
-    state.owner[slot] = layer * state.num_experts + expert
-    return True
 
 
 def read_ahead(stream: MissStream, guesses: np.ndarray, profile: np.ndarray, top_k: int, vram_slots: int, slots: int,

@@ -16,6 +16,7 @@
 #                                                                # the bound, and the reader's pieces A/B/A at 50 % (two calls:
 #                                                                # bench/device/background.sh)
 #   source .gpu/prep.sh && bench/run_offload_checks.sh ram-tier-ahead  # reads ahead against none at 50 % RAM, A/B/A
+#   source .gpu/prep.sh && bench/run_offload_checks.sh ram-tier-write-back  # VRAM's evictions written back, against none, A/B/A
 #   source .gpu/prep.sh && bench/run_offload_checks.sh ram-tier-fast  # fast mode (its CPU tier beside the RAM tier) against
 #                                                                # exact at 50 % RAM, A/B/A
 #   source .gpu/prep.sh && bench/run_offload_checks.sh prefetch-gate  # prefetch with its precision gate, on `trained` and `random`
@@ -32,7 +33,7 @@
 # a pytest -k expression over them;
 # SCALED_CHECKPOINT: also run exactness on that scaled checkpoint (with prefetch on).
 cd "$(dirname "$0")/.."
-PHASES="trained random tests scaled-exact prefetch-budget prefetch-threshold policy-ab prefetch-gate ram-tier ram-tier-reader ram-tier-ahead ram-tier-fast ram-policy-ab cpu-tier-ring"
+PHASES="trained random tests scaled-exact prefetch-budget prefetch-threshold policy-ab prefetch-gate ram-tier ram-tier-reader ram-tier-ahead ram-tier-write-back ram-tier-fast ram-policy-ab cpu-tier-ring"
 WORK=${WORK:-/tmp/glm53-offload-checks}
 source bench/device/phases.sh
 ARMS=${ARMS:-exact,exact-prefetch,exact-oracle,fast}
@@ -185,6 +186,23 @@ ram-tier-ahead() {  # issue 32: reads ahead (GLM53_RAM_TIER_READ_AHEAD=RAM_AHEAD
 	done
 	step ram-ahead-report 30 python3 -m bench.ram_tier_decode --policy-runs "$dir"/compare-ram-ahead-*.json --out "$dir/ram-ahead-ab.json"
 	cat "$dir/ram-ahead-ab.json" 2>/dev/null
+}
+
+ram-tier-write-back() {  # issue 32: the VRAM cache's evictions written back into RAM slots (GLM53_RAM_TIER_WRITE_BACK)
+	# against none at 50 % RAM, prefill 512; WRITE_BACK_RUNS: the runs in order (default back-1 none back-2, an A/B/A)
+	local ckpt gb run args
+	ckpt=$(python3 -m bench.ram_tier_decode --checkpoint "$CKPT_ROOT" | tail -1)
+	gb=$(python3 -m bench.ram_tier_decode --budget-gb "$ckpt" 50)
+	for run in ${WRITE_BACK_RUNS:-back-1 none back-2}; do
+		args="--host-ram-gb $gb"
+		[ "$run" = none ] || args="$args --ram-tier-write-back 1"
+		step "compare-ram-write-back-$run" 175 python3 -m bench.compare --routing trained --arms exact --project-args "$args" \
+			--streams --decode-reps 1 --decode-tokens 64 --prefill 512 --prefill-reps 1 --repeat none --arm-timeout 160 \
+			--budget-s 170 --ckpt-root "$CKPT_ROOT" --out-dir "$dir" --name "compare-ram-write-back-$run"
+	done
+	step ram-write-back-report 30 python3 -m bench.ram_tier_decode --policy-runs "$dir"/compare-ram-write-back-*.json \
+		--out "$dir/ram-write-back-ab.json"
+	cat "$dir/ram-write-back-ab.json" 2>/dev/null
 }
 
 ram-tier-fast() {  # fast mode at 50 % RAM, its CPU tier beside the RAM tier (reading experts in the tier's arena),

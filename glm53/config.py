@@ -315,6 +315,11 @@ class Settings:
                                               "the RAM tier gives up first the slot of an expert the VRAM cache has held for its last "
                                               "32 decode steps, so its slots hold what VRAM lacks; 0: its slots may duplicate VRAM's",
                                               show_default="unset (1)")
+    ram_tier_write_back: bool = setting(BOOL, False,
+                                        "with a RAM tier, in decode: an expert the VRAM cache evicts that no RAM slot holds is copied "
+                                        "from its VRAM slot into one when the RAM tier's policy takes it (the cache's step predicted "
+                                        "on the host by its own definition), instead of being read from disk when next missed; off "
+                                        "until measured on the GPU")
     # --- offload: CPU tier (fast mode)
     ct_cpus: Any = setting(CPUS, "auto", "CPUs of the CPU tier; auto: one per physical core, leaving cores for the GPU-feeding thread")
     ct_threads: int = setting(_number(int, 0, 4096), 0, "CPU-tier threads; 0: one per CPU of GLM53_CT_CPUS")

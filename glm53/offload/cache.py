@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from .. import config
-from .cache_policy import C_ADMITS, C_EVICTS, C_HITS, C_N, C_PICKS, C_STEPS, Recency, placement, popularity_lift, warm_scores
+from .cache_policy import (C_ADMITS, C_EVICTS, C_HITS, C_N, C_PICKS, C_STEPS, Admission, Recency, ReferenceCache, placement,
+                           popularity_lift, warm_scores)
 from .ec_native import MAX_ADMIT, MAX_EXPERTS, EcRecency, EcState, Kernels
 from .host_store import HostStore
 from .link import Link
@@ -76,6 +77,17 @@ class Policy:
     @property
     def recency(self) -> Recency:
         return Recency(self.recency_decay, self.recency_weight, self.recency_keep)
+
+
+def predicted_admissions(policy: Policy, selected, freq, recent, prev, reuse, slot_of) -> list[Admission]:
+    """The admissions the device's next step of a layer makes on ``selected`` (its picks, rows kept), from the
+    layer's state as read at the routing's synchronisation (host copies of its rows of ``freq``, ``recent``, ``prev``,
+    ``reuse`` and ``slot_of``): ``ReferenceCache.step``, the definition ``ec_step_kernel`` runs (the GPU test
+    tests/gpu/test_cache_policy_kernel.py holds them to the same decisions). Each admission's ``evicted`` is the
+    expert whose VRAM slot the step then overwrites."""
+    slot_of = np.asarray(slot_of)
+    state = ReferenceCache.of_layer(freq, recent, prev, reuse, slot_of, int(slot_of.max(initial=-1)) + 1)
+    return state.step(0, selected, policy.decay, policy.hysteresis, policy.max_admit, policy.recency)
 
 
 class ExpertCache(Part):
@@ -186,6 +198,11 @@ class ExpertCache(Part):
             return
         t = torch.tensor(entries, dtype=torch.int32).to(self.device, non_blocking=False)
         self.kernels.assign(self.state, t)
+
+    def copy_out(self, slot: int, dest: torch.Tensor) -> None:
+        """Queue a copy of the expert block in VRAM slot ``slot`` to ``dest`` (a CUDA uint8 view of one block: the RAM
+        tier's arena, mapped), on the current stream: ahead of any later step that may overwrite the slot."""
+        dest.copy_(self.chunks[slot // CHUNK_SLOTS][slot % CHUNK_SLOTS], non_blocking=True)
 
     def copy_in(self, entries: list[tuple[int, int, int]]) -> None:
         """Copy experts' blocks from host memory (the host store, or the RAM tier's window) into their slots with the

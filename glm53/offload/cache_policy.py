@@ -177,6 +177,21 @@ class ReferenceCache:
         return cls(warm_scores(profile, top_k, decay, warm_horizon), placement(profile, slots),
                    warm_scores(profile, top_k, recency.decay, warm_horizon), popularity_lift(profile, top_k))
 
+    @classmethod
+    def of_layer(cls, freq, recent, prev, reuse, slot_of, slots: int) -> ReferenceCache:
+        """One layer's state as the device holds it (host copies of its rows: ``freq``, ``recent`` float32 [experts],
+        ``prev`` bool [experts], ``reuse`` float32 [2], ``slot_of`` int [experts] of ``slots`` slots in all), as
+        layer 0 of a state whose :meth:`step` makes the device's next step's decisions on it: what the host can know
+        of the device's step before it runs (``tiered.TieredHome``'s write-back)."""
+        state = cls(np.asarray(freq, dtype=np.float32)[None], [], np.asarray(recent, dtype=np.float32)[None])
+        state.prev[0] = np.asarray(prev, dtype=bool)
+        state.reuse[0] = np.asarray(reuse, dtype=np.float32)
+        state.slot_of[0] = np.asarray(slot_of, dtype=np.int32)
+        state.owner = np.full(max(slots, 1), -1, dtype=np.int32)
+        resident = np.flatnonzero(state.slot_of[0] >= 0)
+        state.owner[state.slot_of[0, resident]] = resident
+        return state
+
     def step(self, layer: int, selected, decay: float, hysteresis: float, max_admit: int,
              recency: Recency = NO_RECENCY, spare: np.ndarray | None = None) -> list[Admission]:
         """One decode step of one layer, ``ec_step_kernel``'s: count, score, admit. Updates the state and returns

@@ -30,7 +30,7 @@ import time
 import numpy as np
 import torch
 
-from .cache import ExpertCache
+from .cache import ExpertCache, Policy, predicted_admissions
 from .part import Part
 from .prefetch import PrecisionGate, router_prediction
 from .ram_tier import RamTier, missed
@@ -45,11 +45,15 @@ AHEAD_MIN_PRECISION = 0.3
 class TieredHome(Part):
     name = "ram_tier"
 
-    def __init__(self, tier: RamTier, cache: ExpertCache, device: torch.device, max_picks: int, routers=None):
+    def __init__(self, tier: RamTier, cache: ExpertCache, device: torch.device, max_picks: int, routers=None,
+                 write_back: Policy | None = None):
         """:param max_picks: the most picks one routing call makes (rows x top_k of the largest forward).
         :param routers: per MoE layer its router (``prefetch.router_prediction``'s), to predict the next layer's picks
-            for the tier's reads ahead (None, or a tier without ahead entries: none)."""
+            for the tier's reads ahead (None, or a tier without ahead entries: none).
+        :param write_back: the VRAM cache's policy, to write its evictions back into the tier (:meth:`write_back`,
+            ``GLM53_RAM_TIER_WRITE_BACK``); None: off."""
         self.tier, self.cache, self.device = tier, cache, device
+        self.write_back_policy = write_back
         E = cache.store.num_experts
         self.routers = routers if tier.plan.ahead_slots else None
         # a layer whose guesses its steps use too rarely stops guessing for a while: a dropped guess's pieces in flight
@@ -64,10 +68,14 @@ class TieredHome(Part):
         self._vram = torch.empty(E, dtype=torch.int32, pin_memory=pinned)
         self._guess = torch.empty(E, dtype=torch.int64, pin_memory=pinned)  # the next layer's, likeliest first
         self._vram_next = torch.empty(E, dtype=torch.int32, pin_memory=pinned)
+        # the layer's VRAM policy state, for the write-back's prediction of the cache's step: freq, recent, prev, reuse
+        self._state = (torch.empty(E, dtype=torch.float32, pin_memory=pinned), torch.empty(E, dtype=torch.float32, pin_memory=pinned),
+                       torch.empty(E, dtype=torch.uint8, pin_memory=pinned), torch.empty(2, dtype=torch.float32, pin_memory=pinned))
         # seconds on the host: waiting for the routing (the sync), the tier's step or fetch, re-pointing the tables;
         # decode_*: the decode layers' share (what a token's time is made of, beside the GPU's)
         self.counters = {"decode_layers": 0, "other_layers": 0, "rewritten": 0, "wait_seconds": 0.0, "tier_seconds": 0.0,
-                         "rehome_seconds": 0.0, "decode_wait_seconds": 0.0, "decode_tier_seconds": 0.0}
+                         "rehome_seconds": 0.0, "decode_wait_seconds": 0.0, "decode_tier_seconds": 0.0, "written_back": 0,
+                         "predicted_evictions": 0}
 
     def place(self, row: int, selected: torch.Tensor, decode: bool, z: torch.Tensor | None = None) -> None:
         """After layer ``row``'s routing picked ``selected`` (int64 [rows, top_k]) from the router input ``z``, before
@@ -89,10 +97,15 @@ class TieredHome(Part):
         if ahead:  # in the same sync: the next layer's guess and residency (its cache does not change before its routing)
             self._guess[:k].copy_(router_prediction(self.routers[row + 1], z, k).indices.reshape(-1), non_blocking=True)
             self._vram_next.copy_(self.cache.slot_of[row + 1], non_blocking=True)
+        back = self.write_back_policy is not None and decode
+        if back:  # in the same sync: what the cache's step of this layer decides from
+            for buffer, source in zip(self._state, (self.cache.freq, self.cache.recent, self.cache.prev, self.cache.reuse)):
+                buffer.copy_(source[row], non_blocking=True)
         t0 = time.perf_counter()
         torch.cuda.current_stream(self.device).synchronize()  # the picks are known on the host only now
         t1 = time.perf_counter()
-        self.resolve(row, self._picks[:n].numpy().reshape(selected.shape), self._vram.numpy(), decode)
+        self.resolve(row, self._picks[:n].numpy().reshape(selected.shape), self._vram.numpy(), decode,
+                     tuple(b.numpy() for b in self._state) if back else None)
         if ahead:
             self.guess(row + 1, self._guess[:k].numpy(), self._vram_next.numpy())
         t2 = time.perf_counter()
@@ -102,9 +115,11 @@ class TieredHome(Part):
             self.counters["decode_wait_seconds"] += t1 - t0
             self.counters["decode_tier_seconds"] += t2 - t1
 
-    def resolve(self, row: int, picks: np.ndarray, vram: np.ndarray, decode: bool) -> None:
+    def resolve(self, row: int, picks: np.ndarray, vram: np.ndarray, decode: bool, vram_state: tuple | None = None) -> None:
         """The host's part of :meth:`place`: ``picks`` (int [rows, top_k], or any shape whose last axis is a row;
-        repeats allowed) against ``vram`` (int32 [experts], the layer's VRAM slot of each expert, -1 if none)."""
+        repeats allowed) against ``vram`` (int32 [experts], the layer's VRAM slot of each expert, -1 if none); with
+        ``vram_state`` (the layer's VRAM policy state: freq, recent, prev, reuse) in a decode step, the cache's
+        evictions are written back (:meth:`write_back`)."""
         tier_picks = missed(picks, vram)  # the rows kept: the tier's policy measures reuse on the first
         experts = np.unique(tier_picks[tier_picks >= 0])
 
@@ -124,6 +139,35 @@ class TieredHome(Part):
         else:
             self.tier.fetch(row, tier_picks, placed=point_home)
             self.counters["other_layers"] += 1
+        if decode and vram_state is not None and self.write_back_policy is not None:
+            self.write_back(row, picks, vram, vram_state, experts)
+
+    def write_back(self, row: int, picks: np.ndarray, vram: np.ndarray, vram_state: tuple, busy: np.ndarray) -> None:
+        """After the tier's step, before the VRAM cache's: the experts the cache's step will evict (its decisions
+        predicted from ``vram_state`` by its own definition, ``cache.predicted_admissions``) that no policy slot
+        holds are offered to the tier (``RamTier.write_back``; never a slot of ``busy``, the experts this step reads
+        from the tier); each it takes is copied from its VRAM slot into its new block, on the stream ahead of the
+        cache's step, and its ``home`` points there (its table stays at its VRAM slot: the cache's step points it
+        home when it evicts it). No disk read brings it back then.
+
+        A prediction the device does not follow costs a copy and leaves a duplicate (the expert stays in VRAM too,
+        its ``home`` a block with its bytes); the bytes copied are those of the expert the VRAM slot holds when the
+        copy runs (``vram``, read at this sync), whatever the step then decides, so nothing is served wrong."""
+        admissions = predicted_admissions(self.write_back_policy, picks, *vram_state[:3], vram_state[3], vram)
+        if not admissions:
+            return
+        self.counters["predicted_evictions"] += len(admissions)
+        held = vram >= 0
+        for a in admissions:
+            held[a.expert], held[a.evicted] = True, False
+        placed = self.tier.write_back(row, [a.evicted for a in admissions], held, busy)
+        if not placed:
+            return
+        experts = np.array([e for e, _ in placed], dtype=np.int64)
+        for e, block in placed:
+            self.cache.copy_out(int(vram[e]), self.tier.device_block(block))
+        self.rehome(row, experts, self.tier.block_address([block for _, block in placed]), resident=True)
+        self.counters["written_back"] += len(placed)
 
     def guess(self, row: int, likeliest: np.ndarray, vram: np.ndarray) -> None:
         """Read ahead the experts of layer ``row`` among ``likeliest`` (ids, best first) that ``vram`` (its VRAM slot
@@ -135,13 +179,16 @@ class TieredHome(Part):
         if self.gate is not None:
             self.gate.forward_start()
 
-    def rehome(self, row: int, experts: np.ndarray, addresses: np.ndarray) -> None:
-        """Point non-resident ``experts`` of layer ``row`` (and their table entries) at ``addresses``."""
+    def rehome(self, row: int, experts: np.ndarray, addresses: np.ndarray, resident: bool = False) -> None:
+        """Point non-resident ``experts`` of layer ``row`` (and their table entries) at ``addresses``; ``resident``:
+        experts the VRAM cache holds, whose table entries stay at their slots (their ``home`` alone moves)."""
         t0 = time.perf_counter()
+        addresses = np.asarray(addresses, dtype=np.int64)
         self.cache.home_host[row, experts] = addresses
         index = torch.from_numpy(experts.astype(np.int64)).to(self.device)
         self.cache.home[row].index_copy_(0, index, torch.from_numpy(addresses).to(self.device))
-        self.cache.assign([(row, int(e), -1) for e in experts])  # tables at home, from the device's home
+        if not resident:
+            self.cache.assign([(row, int(e), -1) for e in experts])  # tables at home, from the device's home
         for listener in self.on_rehome:
             listener(row, experts, addresses)
         self.counters["rewritten"] += int(experts.size)

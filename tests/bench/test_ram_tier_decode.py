@@ -84,7 +84,7 @@ def test_the_policy_runs_side_by_side_say_each_runs_rate_reads_admissions_and_po
     out = rt.policy_runs(runs + [tmp_path / "compare-ram-policy-new-2.json", tmp_path / "missing.json"])
     assert out["runs"]["compare-ram-policy-new-1"] == {
         "arm": "exact", "decode_tok_s": 9.0, "disk_reads_per_token": 13.0, "host_reads_per_token": 58.0, "decode_steps": 100,
-        "admissions_per_token": 2.5, "read_ahead_per_token": 1.2, "read_ahead_used_per_token": 0.9,
+        "admissions_per_token": 2.5, "read_ahead_per_token": 1.2, "read_ahead_used_per_token": 0.9, "written_back_per_token": 0.0,
         "decode_layer_ms": {"sync_wait": 0.5, "policy": 1.0, "placed_while_reading": 0.0, "disk_read": 5.0, "rest_of_step": 0.5,
                             "rehome_all_layers": 0.1,
                             "disk_read_gbs": 1.0},

@@ -84,21 +84,6 @@ def test_a_twins_replay_has_belady_below_every_policy_and_fewer_reads_with_more_
     assert half["first"]["disk_reads_per_token"] < quarter["first"]["disk_reads_per_token"]
 
 
-def test_a_write_back_takes_a_slot_given_up_first_else_beats_the_weakest_by_the_hysteresis_else_is_dropped():
-    policy = TierPolicy(hysteresis=2.0, recency_weight=0.0, exclusive_after=2)
-    state = policy.state(np.array([[5.0, 4.0, 3.0, 2.0, 1.0]]), 1, 0, 2)  # slots 0, 1: experts 0, 1
-    state.freq[0] = [5.0, 4.0, 3.0, 2.0, 1.0]
-    held, busy = np.array([True, False, False, False, False]), np.zeros(5, dtype=bool)
-    state.vram_held[0, 0] = 1  # VRAM holds 0, but not for 2 steps yet: no slot given up; 3 <= 2 x 4
-    assert not sim._write_back(state, policy, 0, 2, held, busy) and state.residents(0) == [0, 1]
-    state.vram_held[0, 0] = 2  # now 0's slot goes first, to any expert
-    assert sim._write_back(state, policy, 0, 4, held, busy) and state.owner.tolist() == [4, 1]
-    # then by the hysteresis: 3 <= 2 x 4 (expert 1) while 4, the weakest, was read in the step; then 3 > 2 x 1 (expert 4)
-    assert not sim._write_back(state, policy, 0, 2, held, np.array([False, False, False, False, True]))
-    assert sim._write_back(state, policy, 0, 2, held, busy) and state.owner.tolist() == [2, 1]
-    assert not sim._write_back(state, policy, 0, 2, held, busy)  # a slot holds it already
-
-
 def test_the_tool_replays_a_recorded_trace_and_writes_its_json(tmp_path):
     rng = np.random.default_rng(0)
     path = tmp_path / "trace.npy"

@@ -55,6 +55,8 @@ CASES = {
     "cache-50pct-ram-half-elastic": ["--ec-cache-experts", "50%", "--host-ram-gb", "{ram 0.5}", "--ec-elastic-gb", "0.05"],
     # the next layer's likeliest experts read ahead into blocks of their own while a layer computes (its router's guess)
     "cache-11pct-ram-half-ahead": ["--ec-cache-experts", "11%", "--host-ram-gb", "{ram 0.5}", "--ram-tier-read-ahead", "2"],
+    # the VRAM cache's evictions copied back into RAM slots (its steps predicted on the host), no disk read for them
+    "cache-11pct-ram-half-write-back": ["--ec-cache-experts", "11%", "--host-ram-gb", "{ram 0.5}", "--ram-tier-write-back", "1"],
 }
 
 

@@ -397,3 +397,25 @@ def test_without_admissions_the_residents_never_change():
         for layer in range(2):
             assert cache.step(layer, step[layer], 0.995, 1.25, max_admit=0) == []
     assert np.array_equal(cache.slot_of, start)
+
+
+def test_the_next_step_of_a_layer_is_predicted_from_its_rows_alone_with_recency_and_several_rows():
+    """``cache.predicted_admissions`` on host copies of one layer's rows (what the RAM tier's part reads at the sync)
+    makes the decisions the whole state's step makes, step after step: the write-back's prediction."""
+    from glm53.offload.cache import Policy, predicted_admissions
+
+    rng = np.random.default_rng(4)
+    layers, experts = 3, 40
+    profile = rng.random((layers, experts)) ** 4
+    policy = Policy(decay=0.9, hysteresis=1.05, max_admit=3, recency_weight=50.0)
+    state = ReferenceCache.warm(profile, 18, 4, policy.decay, policy.recency, policy.warm_horizon)
+    admitted = 0
+    for _ in range(200):
+        for layer in range(layers):
+            picks = np.stack([rng.choice(experts, 4, replace=False, p=profile[layer] / profile[layer].sum()) for _ in range(2)])
+            rows = [a[layer].copy() for a in (state.freq, state.recent, state.prev, state.reuse, state.slot_of)]
+            predicted = predicted_admissions(policy, picks, *rows)
+            actual = state.step(layer, picks, policy.decay, policy.hysteresis, policy.max_admit, policy.recency)
+            assert predicted == actual
+            admitted += len(actual)
+    assert admitted > 50

@@ -427,3 +427,18 @@ def test_placed_runs_while_the_reads_are_in_flight_with_every_block_decided(chec
     assert tier.policy.slot_of[layer, cold[0]] >= 0 > tier.policy.slot_of[layer, cold[1]]  # exchanged before the wait
     for x in cold:
         assert projections(store, tier.block(layer, x)) == expected(store, tensors, layer, x)
+
+
+def test_a_write_back_takes_a_slot_given_up_first_else_beats_the_weakest_by_the_hysteresis_else_is_dropped():
+    policy = TierPolicy(hysteresis=2.0, recency_weight=0.0, exclusive_after=2)
+    state = policy.state(np.array([[5.0, 4.0, 3.0, 2.0, 1.0]]), 1, 0, 2)  # slots 0, 1: experts 0, 1
+    state.freq[0] = [5.0, 4.0, 3.0, 2.0, 1.0]
+    held = np.array([True, False, False, False, False])
+    state.vram_held[0, 0] = 1  # VRAM holds 0, but not for 2 steps yet: no slot given up; 3 <= 2 x 4
+    assert policy.write_back(state, 0, 2, held, []) is None and state.residents(0) == [0, 1]
+    state.vram_held[0, 0] = 2  # now 0's slot goes first, to any expert
+    assert policy.write_back(state, 0, 4, held, []) == (4, 0, 0) and state.owner.tolist() == [4, 1]
+    # then by the hysteresis: 3 <= 2 x 4 (expert 1) while 4, the weakest, was read in the step; then 3 > 2 x 1 (expert 4)
+    assert policy.write_back(state, 0, 2, held, [4]) is None
+    assert policy.write_back(state, 0, 2, held, []) == (2, 0, 4) and state.owner.tolist() == [2, 1]
+    assert policy.write_back(state, 0, 2, held, []) is None  # a slot holds it already

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from glm53.offload.cache import Policy
 from glm53.offload.cache_policy import ReferenceCache
 from glm53.offload.disk import DiskReader
 from glm53.offload.host_store import HostStore
@@ -18,6 +19,7 @@ from tests.offload.test_disk import trellis_checkpoint
 from tests.offload.test_ram_tier import EXPERTS, LAYERS, ROWS, TIER, TOP_K, expected, projections, skewed, trace
 
 DECAY, HYSTERESIS, VRAM_SLOTS = 0.9, 1.25, 6
+VRAM_POLICY = Policy(decay=DECAY, hysteresis=HYSTERESIS, max_admit=2, recency_weight=0.0)  # the stand-in's steps
 
 
 class HostCache:
@@ -33,6 +35,9 @@ class HostCache:
         self.table = self.home_host.copy()  # where the layer's kernels read each expert (-1: a VRAM slot)
         self.slots = [np.zeros(store.layout.block_bytes, np.uint8) for _ in range(VRAM_SLOTS)]
         self.assigned = 0
+
+    def copy_out(self, slot, dest):
+        dest.numpy()[:] = self.slots[slot]  # the "device" view of the tier's arena is its host view here
 
     def assign(self, entries):
         for layer, expert, slot in entries:
@@ -66,12 +71,18 @@ def bytes_at(arena: torch.Tensor, address: int, store: HostStore) -> list[bytes]
 
 @pytest.mark.parametrize("hierarchy", [0, 3], indirect=True, ids=["no-ahead", "ahead-3"])
 @pytest.mark.parametrize("prefill_every", [0, 5])
-def test_every_pick_not_in_vram_is_read_from_a_block_holding_its_bytes(hierarchy, prefill_every):
+@pytest.mark.parametrize("write_back", [False, True], ids=["", "write-back"])
+def test_every_pick_not_in_vram_is_read_from_a_block_holding_its_bytes(hierarchy, prefill_every, write_back):
     """With reads ahead, each decode layer's step is followed by a guess of the next layer's picks (as ``place`` makes
     it, the router's): its true picks interleaved with wrong ones, so that some reads ahead are used and the others
-    dropped."""
+    dropped. With the write-back, the part predicts each VRAM step's evictions from the layer's state (as read at the
+    sync) and copies those the tier takes back from their VRAM slots: every prediction is the step's own, and an
+    evicted expert's table then points at a block holding its bytes."""
     store, tensors, tier, cache, home, profile, rng, arena = hierarchy
+    if write_back:
+        home = TieredHome(tier, cache, torch.device("cpu"), max_picks=64, write_back=VRAM_POLICY)
     E = store.num_experts
+    evictions = 0
     for pair, slot in zip([(int(o) // E, int(o) % E) for o in cache.policy.owner], cache.slots):  # the VRAM warm start
         tier.read_into([pair], [slot])
     for t, step in enumerate(trace(profile, rng, 30)):
@@ -83,7 +94,9 @@ def test_every_pick_not_in_vram_is_read_from_a_block_holding_its_bytes(hierarchy
                 home.guess(layer, np.stack([true, wrong], axis=1).reshape(-1), cache.policy.slot_of[layer].copy())
             picks = (np.arange(E).repeat(2) if prefill else selected.reshape(-1)).astype(np.int64)
             vram = cache.policy.slot_of[layer].copy()
-            home.resolve(layer, picks, vram, decode=not prefill)
+            state = cache.policy
+            home.resolve(layer, picks, vram, decode=not prefill, vram_state=tuple(
+                a[layer].copy() for a in (state.freq, state.recent, state.prev, state.reuse)) if write_back else None)
             for e in np.unique(picks):
                 if vram[e] >= 0:
                     got = projections(store, cache.slots[vram[e]])
@@ -91,13 +104,18 @@ def test_every_pick_not_in_vram_is_read_from_a_block_holding_its_bytes(hierarchy
                     got = bytes_at(arena, int(cache.table[layer, e]), store)
                 assert got == expected(store, tensors, layer, int(e)), (t, layer, int(e), prefill)
             if not prefill:  # the cache's step after the part: its admissions copy from home
-                for a in cache.policy.step(layer, picks, DECAY, HYSTERESIS, 2):
+                admissions = cache.policy.step(layer, picks, DECAY, HYSTERESIS, 2)
+                evictions += len(admissions)
+                for a in admissions:
                     cache.slots[a.slot][:] = arena.numpy()[cache.home_host[layer, a.expert] - arena.data_ptr():][:store.layout.block_bytes]
                     assert projections(store, cache.slots[a.slot]) == expected(store, tensors, layer, a.expert)
                     cache.table[layer, a.evicted] = cache.home_host[layer, a.evicted]  # the victim points home (maybe stale)
     counters = home.counters
     assert counters["decode_layers"] > 0 and (counters["other_layers"] > 0) == bool(prefill_every)
-    assert counters["rewritten"] == cache.assigned > 0
+    assert counters["rewritten"] - counters["written_back"] == cache.assigned > 0  # written back: resident, no table
+    if write_back:  # (this small tier's slots are busy or warmer: it takes few back; the next test makes it take one)
+        assert counters["predicted_evictions"] == evictions > 0  # the host's prediction is the step's own
+        assert counters["written_back"] == tier.reads["written_back"]
     assert tier.reads["disk"] > 0 and tier.reads["ram"] > 0 and tier.verify() == []
     assert sorted(tier.blocks) == list(range(tier.plan.slots))
     if tier.plan.ahead_slots:
@@ -154,6 +172,52 @@ def test_a_slot_given_up_while_vram_holds_its_expert_is_never_read_for_it_and_it
     assert tier.reads["disk"] == disk + 1 and cache.table[layer, e] == cache.home_host[layer, e] == tier.address(layer, e)
     assert bytes_at(arena, int(cache.table[layer, e]), store) == expected(store, tensors, layer, e)
     assert bytes_at(arena, int(cache.table[layer, x]), store) == expected(store, tensors, layer, x)
+
+
+def test_an_expert_the_vram_cache_evicts_is_copied_into_the_slot_the_tier_gives_up_and_served_from_it_after(hierarchy):
+    """A RAM slot whose expert VRAM has held long enough is given up first; the VRAM step about to evict a cold
+    resident that no RAM slot holds: the part predicts it, the tier takes it into that slot, its VRAM bytes are copied
+    there before the step, its ``home`` (not its table) points there, and after the step evicts it its next pick is
+    served from RAM without a disk read."""
+    store, tensors, tier, cache, _, profile, rng, arena = hierarchy
+    home = TieredHome(tier, cache, torch.device("cpu"), max_picks=64, write_back=VRAM_POLICY)
+    E, b = store.num_experts, store.layout.block_bytes
+    for pair, slot in zip([(int(o) // E, int(o) % E) for o in cache.policy.owner], cache.slots):  # the VRAM warm start
+        tier.read_into([pair], [slot])
+    layer = next(l for l in range(store.num_layers) if (cache.policy.slot_of[l] >= 0).sum() >= 2 and tier.policy.residents(l))
+    d = tier.policy.residents(layer)[0]  # its RAM slot goes first: VRAM holds d too, for exclusive_after steps
+    v = next(e for e in cache.policy.residents(layer) if tier.policy.slot_of[layer, e] < 0 and e != d)  # the VRAM victim
+    c = next(e for e in range(E) if cache.policy.slot_of[layer, e] < 0 and tier.policy.slot_of[layer, e] < 0 and e != d)
+    if cache.policy.slot_of[layer, d] < 0:  # VRAM takes d in place of another resident (as its copy kernel would)
+        w = next(e for e in cache.policy.residents(layer) if e != v)
+        wslot = int(cache.policy.slot_of[layer, w])
+        cache.slots[wslot][:] = tier.block(layer, d)
+        cache.policy.slot_of[layer, w], cache.policy.slot_of[layer, d] = -1, wslot
+        cache.table[layer, w], cache.table[layer, d] = cache.home_host[layer, w], -1
+    tier.policy.vram_held[layer, d] = tier.parameters.exclusive_after - 1  # the step counts one more
+    cache.policy.freq[layer, v], cache.policy.freq[layer, c] = 0.01, 100.0  # the step admits c in v's place
+    d_slot = int(tier.policy.slot_of[layer, d])
+    v_vram, v_table = int(cache.policy.slot_of[layer, v]), int(cache.table[layer, v])
+    vram = cache.policy.slot_of[layer].copy()
+    state = cache.policy
+    home.resolve(layer, np.array([c]), vram, decode=True,
+                 vram_state=tuple(a[layer].copy() for a in (state.freq, state.recent, state.prev, state.reuse)))
+    # d's slot went first, to the step's miss c or to v; v has a slot, its VRAM bytes copied into that slot's block
+    assert home.counters["written_back"] == tier.reads["written_back"] == 1
+    assert tier.policy.slot_of[layer, d] < 0 and tier.address(layer, d) == -1 and d_slot in tier.policy.slot_of[layer, [c, v]]
+    v_block = int(tier.blocks[tier.policy.slot_of[layer, v]])
+    assert cache.home_host[layer, v] == tier.block_address(v_block) and cache.table[layer, v] == v_table  # the table: not moved
+    assert projections(store, arena.numpy()[v_block * b:(v_block + 1) * b]) == expected(store, tensors, layer, v)
+    # the VRAM step: c admitted in v's slot (copied from c's home), v's table goes home, to its RAM slot
+    (a,) = cache.policy.step(layer, np.array([c]), DECAY, HYSTERESIS, 2)
+    assert (a.expert, a.slot, a.evicted) == (c, v_vram, v)
+    cache.slots[a.slot][:] = arena.numpy()[cache.home_host[layer, c] - arena.data_ptr():][:b]
+    cache.table[layer, v] = cache.home_host[layer, v]
+    disk = tier.reads["disk"]
+    home.resolve(layer, np.array([v]), cache.policy.slot_of[layer].copy(), decode=True)
+    assert tier.reads["disk"] == disk  # served from RAM: the write-back saved its read
+    assert bytes_at(arena, int(cache.table[layer, v]), store) == expected(store, tensors, layer, v)
+    assert tier.verify() == []
 
 
 @pytest.mark.parametrize("hierarchy", [2], indirect=True)

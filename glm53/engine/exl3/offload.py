@@ -104,7 +104,8 @@ def start_offload(settings: Settings, model, load: Callable[[], None], warmup: C
         timings["ram_tier_read_s"] = round(time.monotonic() - t2, 2)
     cache = ExpertCache(kernels, store, layers.tables, slots, device, layers.top_k, policy, warm, host_link, ram_tier=tier)  # 6. fill
     home = None if tier is None else TieredHome(tier, cache, device, max_picks=layers.top_k * settings.chunk_size,
-                                                routers=patches.routers(layers) if tier.plan.ahead_slots else None)
+                                                routers=patches.routers(layers) if tier.plan.ahead_slots else None,
+                                                write_back=policy if settings.ram_tier_write_back else None)
     # 7. staging: beside a RAM tier, from its slots and from disk through its window, a layer ahead (``tier_feed``)
     stager = PrefillStager(store, cache, layers.tables, device, int(settings.ec_stage_gb * GB), STAGE_MIN_ROWS, tiered=home)
     cpu, off_reason = _cpu_tier(settings, store, cache, layers, device, kernels, tier)         # 8. CPU tier

@@ -13,6 +13,7 @@ import torch
 from glm53 import config
 from glm53.engine.exl3 import offload as start
 from glm53.engine.exl3.patches import MoeLayers
+from glm53.offload.cache import Policy
 from glm53.offload.part import Part
 from glm53.offload.ram_tier import TierPolicy
 from glm53.offload.runtime import Offload
@@ -205,7 +206,8 @@ def test_with_a_ram_tier_the_store_is_not_read_staging_reads_through_it_its_part
     aliased = []
     store_cls = start.HostStore
     monkeypatch.setattr(store_cls, "alias_window", lambda self, window, host: aliased.append((window.numel(), host.numel())), raising=False)
-    monkeypatch.setattr(start, "TieredHome", lambda tier_, cache, device, max_picks, routers: (seen.append(("home", tier_ is tier, routers)), home)[1])
+    monkeypatch.setattr(start, "TieredHome", lambda tier_, cache, device, max_picks, routers, write_back: (
+        seen.append(("home", tier_ is tier, routers, write_back)), home)[1])
     settings = settings_for(tmp_path, mode, *(("--ct-enable", "1") if mode == "fast" else ()))
     offload = start.start_offload(settings, "the model", lambda: None, lambda: None)
     assert "read" not in seen and not [s for s in seen if s[0] == "pin"]
@@ -222,7 +224,7 @@ def test_with_a_ram_tier_the_store_is_not_read_staging_reads_through_it_its_part
         assert not [s for s in seen if s == "fits" or s[0] == "cpu tier"] and home.on_rehome == []
         assert [p.name for p in offload.parts] == ["ram_tier", "cache"] and offload.tier is None
     assert tier.policy == TierPolicy()  # nothing set: the policy's defaults
-    assert ("home", True, None) in seen  # no reads ahead: no routers
+    assert ("home", True, None, None) in seen  # no reads ahead: no routers; no write-back
 
 
 def test_a_tier_with_ahead_entries_gets_the_routers_to_guess_with(steps, monkeypatch):
@@ -232,7 +234,8 @@ def test_a_tier_with_ahead_entries_gets_the_routers_to_guess_with(steps, monkeyp
     monkeypatch.setattr(start, "_ram_tier", lambda settings, store: tier)
     monkeypatch.setattr(start.HostStore, "alias_window", lambda self, window, host: seen.append(("window", window.numel())), raising=False)
     monkeypatch.setattr(start.patches, "routers", lambda layers: "the routers")
-    monkeypatch.setattr(start, "TieredHome", lambda tier_, cache, device, max_picks, routers: (seen.append(("home", routers)), Named("ram_tier"))[1])
+    monkeypatch.setattr(start, "TieredHome", lambda tier_, cache, device, max_picks, routers, write_back: (
+        seen.append(("home", routers)), Named("ram_tier"))[1])
     start.start_offload(settings_for(tmp_path, "exact"), "the model", lambda: None, lambda: None)
     assert ("home", "the routers") in seen and ("window", 4 * 1000) in seen  # the window is not the ahead entries
 
@@ -242,8 +245,12 @@ def test_the_ram_tier_settings_reach_the_policy_it_starts_with(steps, monkeypatc
     tier = FakeTier(seen)
     monkeypatch.setattr(start, "_ram_tier", lambda settings, store: tier)
     monkeypatch.setattr(start.HostStore, "alias_window", lambda self, window, host: None, raising=False)
-    monkeypatch.setattr(start, "TieredHome", lambda tier_, cache, device, max_picks, routers: Named("ram_tier"))
+    homes = []
+    monkeypatch.setattr(start, "TieredHome", lambda tier_, cache, device, max_picks, routers, write_back: (
+        homes.append(write_back), Named("ram_tier"))[1])
     settings = settings_for(tmp_path, "exact", "--ram-tier-decay", "0.99", "--ram-tier-hysteresis", "1.5",
-                            "--ram-tier-recency-weight", "0", "--ram-tier-vram-score", "0.5", "--ram-tier-exclusive", "0")
+                            "--ram-tier-recency-weight", "0", "--ram-tier-vram-score", "0.5", "--ram-tier-exclusive", "0",
+                            "--ram-tier-write-back", "1", "--ec-decay", "0.999")
     start.start_offload(settings, "the model", lambda: None, lambda: None)
     assert tier.policy == TierPolicy(decay=0.99, hysteresis=1.5, recency_weight=0.0, vram_score=0.5, exclusive=False)
+    assert homes == [Policy(decay=0.999)]  # the write-back predicts the VRAM cache's steps by the cache's own policy
