@@ -172,37 +172,31 @@ ram-tier-reader() {  # issue 32: the disk reader's shared pieces. disk_bw with d
 	cat "$dir/ram-tier.json" "$dir/ram-pieces-ab.json" 2>/dev/null
 }
 
-ram-tier-ahead() {  # issue 32: reads ahead (GLM53_RAM_TIER_READ_AHEAD=RAM_AHEAD, default 2) against none at 50 % RAM,
-	# prefill 512; AHEAD_RUNS: the runs in order (default ahead-1 none ahead-2, an A/B/A)
-	local ckpt gb run args
+ab_at_half_ram() {  # ab_at_half_ram NAME "ARGS" RUN...: exact mode at 50 % RAM on `trained`, prefill 512, one
+	# bench.compare a run in order, with ARGS (the run "none": without), then their report ($dir/NAME-ab.json)
+	local name=$1 on_args=$2 ckpt gb run args
+	shift 2
 	ckpt=$(python3 -m bench.ram_tier_decode --checkpoint "$CKPT_ROOT" | tail -1)
 	gb=$(python3 -m bench.ram_tier_decode --budget-gb "$ckpt" 50)
-	for run in ${AHEAD_RUNS:-ahead-1 none ahead-2}; do
+	for run in "$@"; do
 		args="--host-ram-gb $gb"
-		[ "$run" = none ] || args="$args --ram-tier-read-ahead ${RAM_AHEAD:-2}"
-		step "compare-ram-ahead-$run" 175 python3 -m bench.compare --routing trained --arms exact --project-args "$args" \
+		[ "$run" = none ] || args="$args $on_args"
+		step "compare-$name-$run" 175 python3 -m bench.compare --routing trained --arms exact --project-args "$args" \
 			--streams --decode-reps 1 --decode-tokens 64 --prefill 512 --prefill-reps 1 --repeat none --arm-timeout 160 \
-			--budget-s 170 --ckpt-root "$CKPT_ROOT" --out-dir "$dir" --name "compare-ram-ahead-$run"
+			--budget-s 170 --ckpt-root "$CKPT_ROOT" --out-dir "$dir" --name "compare-$name-$run"
 	done
-	step ram-ahead-report 30 python3 -m bench.ram_tier_decode --policy-runs "$dir"/compare-ram-ahead-*.json --out "$dir/ram-ahead-ab.json"
-	cat "$dir/ram-ahead-ab.json" 2>/dev/null
+	step "$name-report" 30 python3 -m bench.ram_tier_decode --policy-runs "$dir"/compare-"$name"-*.json --out "$dir/$name-ab.json"
+	cat "$dir/$name-ab.json" 2>/dev/null
+}
+
+ram-tier-ahead() {  # issue 32: reads ahead (GLM53_RAM_TIER_READ_AHEAD=RAM_AHEAD, default 2) against none at 50 % RAM;
+	# AHEAD_RUNS: the runs in order (default ahead-1 none ahead-2, an A/B/A)
+	ab_at_half_ram ram-ahead "--ram-tier-read-ahead ${RAM_AHEAD:-2}" ${AHEAD_RUNS:-ahead-1 none ahead-2}
 }
 
 ram-tier-write-back() {  # issue 32: the VRAM cache's evictions written back into RAM slots (GLM53_RAM_TIER_WRITE_BACK)
-	# against none at 50 % RAM, prefill 512; WRITE_BACK_RUNS: the runs in order (default back-1 none back-2, an A/B/A)
-	local ckpt gb run args
-	ckpt=$(python3 -m bench.ram_tier_decode --checkpoint "$CKPT_ROOT" | tail -1)
-	gb=$(python3 -m bench.ram_tier_decode --budget-gb "$ckpt" 50)
-	for run in ${WRITE_BACK_RUNS:-back-1 none back-2}; do
-		args="--host-ram-gb $gb"
-		[ "$run" = none ] || args="$args --ram-tier-write-back 1"
-		step "compare-ram-write-back-$run" 175 python3 -m bench.compare --routing trained --arms exact --project-args "$args" \
-			--streams --decode-reps 1 --decode-tokens 64 --prefill 512 --prefill-reps 1 --repeat none --arm-timeout 160 \
-			--budget-s 170 --ckpt-root "$CKPT_ROOT" --out-dir "$dir" --name "compare-ram-write-back-$run"
-	done
-	step ram-write-back-report 30 python3 -m bench.ram_tier_decode --policy-runs "$dir"/compare-ram-write-back-*.json \
-		--out "$dir/ram-write-back-ab.json"
-	cat "$dir/ram-write-back-ab.json" 2>/dev/null
+	# against none at 50 % RAM; WRITE_BACK_RUNS: the runs in order (default back-1 none back-2, an A/B/A)
+	ab_at_half_ram ram-write-back "--ram-tier-write-back 1" ${WRITE_BACK_RUNS:-back-1 none back-2}
 }
 
 ram-tier-fast() {  # fast mode at 50 % RAM, its CPU tier beside the RAM tier (reading experts in the tier's arena),
