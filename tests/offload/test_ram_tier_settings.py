@@ -43,3 +43,9 @@ def test_a_value_out_of_range_is_refused_naming_the_setting(name, value):
 def test_the_exclusive_settings_meaning_names_the_policys_steps():
     meaning = config.Settings.__dataclass_fields__["ram_tier_exclusive"].metadata["meaning"]
     assert f"for its last {TierPolicy().exclusive_after} decode steps" in meaning
+
+
+def test_with_the_write_back_the_tier_is_exclusive_at_once():
+    settings = config.load(["--ram-tier-write-back", "1"], {})
+    assert TierPolicy.from_settings(settings) == TierPolicy(exclusive_after=1)
+    assert TierPolicy.from_settings(config.load(["--ram-tier-write-back", "1", "--ram-tier-exclusive", "0"], {})).exclusive is False

@@ -252,5 +252,6 @@ def test_the_ram_tier_settings_reach_the_policy_it_starts_with(steps, monkeypatc
                             "--ram-tier-recency-weight", "0", "--ram-tier-vram-score", "0.5", "--ram-tier-exclusive", "0",
                             "--ram-tier-write-back", "1", "--ec-decay", "0.999")
     start.start_offload(settings, "the model", lambda: None, lambda: None)
-    assert tier.policy == TierPolicy(decay=0.99, hysteresis=1.5, recency_weight=0.0, vram_score=0.5, exclusive=False)
+    assert tier.policy == TierPolicy(decay=0.99, hysteresis=1.5, recency_weight=0.0, vram_score=0.5, exclusive=False,
+                                     exclusive_after=1)  # with the write-back
     assert homes == [Policy(decay=0.999)]  # the write-back predicts the VRAM cache's steps by the cache's own policy
