@@ -318,8 +318,8 @@ class Settings:
     ram_tier_write_back: bool = setting(BOOL, False,
                                         "with a RAM tier, in decode: an expert the VRAM cache evicts that no RAM slot holds is copied "
                                         "from its VRAM slot into one when the RAM tier's policy takes it (the cache's step predicted "
-                                        "on the host by its own definition), instead of being read from disk when next missed; off "
-                                        "until measured on the GPU")
+                                        "on the host by its own definition), instead of being read from disk when next missed; the "
+                                        "tier then gives up at once the slot of an expert VRAM holds; off until measured on the GPU")
     # --- offload: CPU tier (fast mode)
     ct_cpus: Any = setting(CPUS, "auto", "CPUs of the CPU tier; auto: one per physical core, leaving cores for the GPU-feeding thread")
     ct_threads: int = setting(_number(int, 0, 4096), 0, "CPU-tier threads; 0: one per CPU of GLM53_CT_CPUS")
