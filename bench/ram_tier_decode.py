@@ -98,7 +98,7 @@ def decode_layer_ms(tier: dict) -> dict | None:
     # disk_read: what the reads add to a layer's step. Since 2026-12-04 the policy runs while they are in flight and
     # wait_seconds is the rest of their time; before, they followed the policy and read_seconds was all of it
     disk = decode.get("wait_seconds", decode["read_seconds"])
-    # placed: re-pointing the tables (the rehome) while the reads are in flight (since 2026-12-05; before, after them)
+    # placed: re-pointing the tables (the rehome) while the reads are in flight (since 2026-12-04; before, after them)
     placed = decode.get("placed_seconds", 0.0)
     rest = layers["decode_tier_seconds"] - decode["policy_seconds"] - placed - disk
     return {"sync_wait": per(layers["decode_wait_seconds"]), "policy": per(decode["policy_seconds"]),
