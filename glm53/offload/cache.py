@@ -200,8 +200,9 @@ class ExpertCache(Part):
         self.kernels.assign(self.state, t)
 
     def copy_out(self, slot: int, dest: torch.Tensor) -> None:
-        """Queue a copy of the expert block in VRAM slot ``slot`` to ``dest`` (a CUDA uint8 view of one block: the RAM
-        tier's arena, mapped), on the current stream: ahead of any later step that may overwrite the slot."""
+        """Queue a copy of the expert block in VRAM slot ``slot`` to ``dest`` (a page-locked CPU uint8 tensor of one
+        block: the RAM tier's arena) on the current stream, so that it runs before any later step that may overwrite
+        the slot (``copy_in``'s way back)."""
         dest.copy_(self.chunks[slot // CHUNK_SLOTS][slot % CHUNK_SLOTS], non_blocking=True)
 
     def copy_in(self, entries: list[tuple[int, int, int]]) -> None:

@@ -328,7 +328,6 @@ class RamTier:
         self.decode_timing = {"policy_seconds": 0.0, "placed_seconds": 0.0, "wait_seconds": 0.0, "read_seconds": 0.0,
                               "read_experts": 0}
         self._device_base = 0  # the arena's device address, once pinned
-        self._device_arena = None  # its CUDA alias
         self._unpin: Callable[[], None] | None = None
 
     # ---- start
@@ -358,7 +357,6 @@ class RamTier:
         self._unpin = lambda: unregister(host.data_ptr())
         cuda = device_view(host)
         self._device_base = int(cuda.data_ptr())
-        self._device_arena = cuda
         return cuda
 
     def unpin(self) -> None:
@@ -366,7 +364,6 @@ class RamTier:
             self._unpin()
             self._unpin = None
         self._device_base = 0
-        self._device_arena = None
 
     def read_into(self, pairs: list[tuple[int, int]], dests: list[np.ndarray]) -> None:
         """Read expert blocks from disk into caller memory.
@@ -560,10 +557,9 @@ class RamTier:
         self.reads["written_back"] += len(out)
         return out
 
-    def device_block(self, block: int):
-        """The CUDA alias of arena block ``block`` (after :meth:`pin`): where a copy from VRAM lands in it."""
-        b = self.plan.block_bytes
-        return self._device_arena[block * b:(block + 1) * b]
+    def host_block(self, block: int) -> torch.Tensor:
+        """Arena block ``block`` as a CPU tensor (page-locked after :meth:`pin`): where a copy from VRAM lands in it."""
+        return torch.from_numpy(self._view(block))
 
     def host_address(self, device_addresses) -> np.ndarray:
         """The host addresses of the arena bytes at ``device_addresses`` (after :meth:`pin`): where the CPU reads what

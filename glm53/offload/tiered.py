@@ -165,7 +165,7 @@ class TieredHome(Part):
             return
         experts = np.array([e for e, _ in placed], dtype=np.int64)
         for e, block in placed:
-            self.cache.copy_out(int(vram[e]), self.tier.device_block(block))
+            self.cache.copy_out(int(vram[e]), self.tier.host_block(block))
         self.rehome(row, experts, self.tier.block_address([block for _, block in placed]), resident=True)
         self.counters["written_back"] += len(placed)
 

@@ -37,7 +37,7 @@ class HostCache:
         self.assigned = 0
 
     def copy_out(self, slot, dest):
-        dest.numpy()[:] = self.slots[slot]  # the "device" view of the tier's arena is its host view here
+        dest.numpy()[:] = self.slots[slot]
 
     def assign(self, entries):
         for layer, expert, slot in entries:
