@@ -184,3 +184,26 @@ def test_the_kernel_rounds_like_the_reference_where_float32_and_float64_disagree
     _drive(cache, ref, trace, policy, device)
     assert ref.slot_of[0].tolist() == [-1, -1, 0, -1, -1, -1, -1, -1]  # expert 1 stayed out at the bar; 2 came in
     assert ref.freq[0, 1] == bar + 1 and ref.freq[0, 2] == 2.0**24 + 4
+
+
+@pytest.mark.parametrize("policy", ["default", "eager"])
+def test_the_host_predicts_each_step_of_the_kernel_from_the_layer_s_rows(kernels, device, trained_twin, policy):
+    """The RAM tier's write-back (``tiered.TieredHome.write_back``) predicts the kernel's next step of a layer from
+    that layer's rows read before it (``cache.predicted_admissions``): on the trained twin's routing, every step's
+    prediction is the kernel's copy jobs."""
+    from glm53.offload.cache import predicted_admissions
+
+    shares, picks = trained_twin
+    layers, experts = shares.shape
+    chosen = POLICIES[policy]
+    cache, _ = _pair(kernels, device, 4, layers, experts, picks.shape[-1], SLOTS["partial"](layers * experts), chosen, shares)
+    predicted_total = 0
+    for step in picks:
+        for layer in range(layers):
+            rows = [a[layer].cpu().numpy() for a in (cache.freq, cache.recent, cache.prev, cache.reuse, cache.slot_of)]
+            predicted = predicted_admissions(chosen, step[layer], *rows)
+            cache.routed(layer, torch.from_numpy(np.ascontiguousarray(step[layer])).to(device))
+            n = int(cache.num_jobs.item())
+            assert [tuple(j) for j in cache.jobs[:n].cpu().numpy().tolist()] == [(layer * experts + a.expert, a.slot) for a in predicted]
+            predicted_total += len(predicted)
+    assert predicted_total > 0
