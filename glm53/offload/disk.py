@@ -10,11 +10,13 @@ offset, and its destination is not to be used.
 ``O_DIRECT`` wants file offsets and lengths aligned to the device's block (512 or 4096 bytes) and memory addresses
 aligned too, often more loosely (4 bytes on many NVMe drives under ext4 or xfs, 512 on a virtio disk): the reader asks
 the kernel per file (``statx``, Linux 6.1) and assumes ``align`` for both where it does not say
-(:meth:`DiskReader.dio_alignment`). A read is cut on its file's block grid: its unaligned head and tail, a block each at
-most, go through a thread's aligned bounce buffer and are copied out; the whole blocks between are read straight into
-the destination where its address there is aligned for memory (a destination congruent to the file offset modulo the
-memory alignment: where that is 4, any 4-byte-aligned one for an offset that is a multiple of 4), else bounced too. ``counters()`` says how many bytes went
-each way (``straight_bytes``, ``bounced_bytes``).
+(:meth:`DiskReader.dio_alignment`). Where the destination's address at the read's first whole block is aligned for
+memory (a destination congruent to the file offset modulo the memory alignment: where that is 4, any 4-byte-aligned one
+for an offset that is a multiple of 4), the read is cut on its file's block grid: its unaligned head and tail, a block
+each at most, go through a thread's aligned bounce buffer and are copied out, and the whole blocks between are read
+straight into the destination. Elsewhere every byte is bounced, and the read is cut every piece from its first block
+(no head and tail of their own: two preads fewer). ``counters()`` says how many bytes went each way
+(``straight_bytes``, ``bounced_bytes``).
 
 Destinations are writable C-contiguous buffers of exactly the request's length: NumPy arrays, CPU torch tensors,
 ``mmap`` slices, ``bytearray``.

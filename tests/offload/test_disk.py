@@ -75,10 +75,15 @@ def kernel_dio_alignment(path: Path) -> tuple[int, int] | None:
     return (mem, offset) if mask & statx_dioalign and mem and offset else None
 
 
-def pieces_of(offset: int, length: int, grid: int, piece: int) -> list[tuple[int, int]]:
-    """The reader's cut of a request (disk_reader.cpp's cut()), written again for the expected counts: the unaligned
-    head block alone, the whole blocks every ``piece``, the unaligned tail block alone."""
+def pieces_of(offset: int, length: int, grid: int, piece: int, straight: bool = True) -> list[tuple[int, int]]:
+    """The reader's cut of a request (disk_reader.cpp's cut()), written again for the expected counts: where the whole
+    blocks can go ``straight`` (O_DIRECT, the destination aligned for memory at the first of them), the unaligned
+    head block alone, the whole blocks every ``piece``, the unaligned tail block alone; else every ``piece`` bytes
+    from the block the request starts in."""
     begin, end = offset, offset + length
+    if not straight:
+        first, last = begin // grid * grid, -(-end // grid) * grid
+        return [(a, min(a + piece, last)) for a in range(first, last, piece)]
     body0, body1 = -(-begin // grid) * grid, end // grid * grid
     out = [(begin // grid * grid, body0)] if begin % grid else []
     out += [(a, min(a + piece, body1)) for a in range(body0, body1, piece)]
@@ -91,7 +96,8 @@ def expected_counters(offset: int, length: int, address: int, size: int, grid: i
                       direct: bool) -> dict[str, int]:
     """What one request adds to the counters: a piece inside the request whose destination is aligned for memory is
     read straight, any other bounced (O_DIRECT); a direct piece reads its blocks up to the end of the file."""
-    cut = pieces_of(offset, length, grid, piece)
+    body_at = address + (-offset) % grid  # the destination at the first whole block
+    cut = pieces_of(offset, length, grid, piece, straight=direct and body_at % mem == 0)
     if not direct:
         return {"pieces": len(cut), "disk_bytes": length, "straight_bytes": 0, "bounced_bytes": 0}
     straight = sum(p1 - p0 for p0, p1 in cut if offset <= p0 and p1 <= offset + length and (address + p0 - offset) % mem == 0)
@@ -199,6 +205,9 @@ def test_the_cut_isolates_the_unaligned_head_and_tail():
     assert pieces_of(2 * g - 8, 16, g, piece) == [(g, 2 * g), (2 * g, 3 * g)]  # across one boundary: head and tail
     assert pieces_of(2 * g, 3 * g, g, piece) == [(2 * g, 5 * g)]  # aligned both ends: whole blocks only
     assert pieces_of(2 * g, 100, g, piece) == [(2 * g, 3 * g)]  # aligned start, shorter than a block: the tail only
+    # nothing can go straight: every piece bytes from the first block, no head or tail of their own
+    assert pieces_of(3 * g + 8, 10 * g, g, piece, straight=False) == [(3 * g, 7 * g), (7 * g, 11 * g), (11 * g, 14 * g)]
+    assert pieces_of(g + 10, 20, g, piece, straight=False) == [(g, 2 * g)]
 
 
 # (offset, length) on the file's grid g of a file of `size` bytes: unaligned head and tail, within one block, across
@@ -302,14 +311,16 @@ def test_one_request_is_read_as_its_pieces_by_every_thread(tmp_path, direct):
     offset, length = 3 * ALIGN + 8, 30 * ALIGN + 100  # 8 bytes past a block, as a safetensors tensor's offset
     dest = np.full(length, 0xA5, np.uint8)
     with DiskReader([path], threads=4, direct=direct, piece_bytes=2 * ALIGN) as reader:
-        grid = reader.dio_alignment(0)[1]
+        mem, grid = reader.dio_alignment(0)
         reader.read([Read(0, offset, length, dest)])
         c, read_direct = reader.counters(), reader.direct(0)
     assert dest.tobytes() == data[offset: offset + length].tobytes()
     # the head block alone, the whole blocks from its end to the tail's cut every 2 x 4 KiB, the tail block alone: 17
-    # preads on a 512-byte grid and on a 4 KiB one, one request
-    cut = pieces_of(offset, length, grid, 2 * ALIGN)
-    assert c["pieces"] == len(cut) == 17 and c["requests"] == 1 and c["bytes"] == length
+    # preads on a 512-byte grid and on a 4 KiB one, one request; where nothing can go straight (buffered, or a
+    # destination not aligned there), every 2 x 4 KiB from the first block: 16
+    straight = read_direct and (dest.ctypes.data + (-offset) % grid) % mem == 0
+    cut = pieces_of(offset, length, grid, 2 * ALIGN, straight)
+    assert c["pieces"] == len(cut) == (17 if straight else 16) and c["requests"] == 1 and c["bytes"] == length
     assert c["disk_bytes"] == (cut[-1][1] - cut[0][0] if read_direct else length)
 
 
@@ -427,7 +438,9 @@ def test_an_io_error_is_retried_once_then_fails_that_read_alone_naming_file_and_
         (err,) = batch.errors()
         assert isinstance(err, DiskReadError) and err.errno == errno.EIO and err.request == 0 and not err.truncated
         # the piece that covers the fault: where the failed pread began
-        piece = max(p0 for p0, _ in pieces_of(at, n, reader.dio_alignment(file)[1], PIECE) if p0 <= at + 5000)
+        mem, grid = reader.dio_alignment(file)
+        straight = reader.direct(file) and (dests[0].ctypes.data + (-at) % grid) % mem == 0
+        piece = max(p0 for p0, _ in pieces_of(at, n, grid, PIECE, straight) if p0 <= at + 5000)
         assert err.failed_at == (piece if direct else max(piece, at))  # buffered reads start at the request's first byte
         assert str(err).startswith(f"{f}: reading {n} bytes at byte {at} failed at byte {err.failed_at} with EIO")
         assert "dmesg" in str(err) and "also when retried" in str(err)

@@ -341,11 +341,16 @@ def test_a_guess_read_ahead_serves_its_pick_without_a_read_and_a_wrong_one_is_dr
         ahead_block = int(tier.blocks[P + E])
         served = tier.step(layer, np.array([right]), NO_VRAM)
         assert served.disk == [right] and tier.reads["ahead_used"] == 1
-        # the right guess's projections were read (each its head, whole blocks and tail) and nothing else: the wrong
+        # the right guess's projections were read (each as the reader cuts it) and nothing else: the wrong
         # one's were dropped
-        files = store.shard_files()
-        right_pieces = sum(len(pieces_of(at, n, reader.dio_alignment(files.index(g))[1], AHEAD_PIECE_BYTES))
-                           for g, at, n, _ in store.block_sources(layer, right))
+        files, base = store.shard_files(), tier.block(layer, right).ctypes.data  # the block the guess was read into
+
+        def cut(g, at, n, off):
+            mem, grid = reader.dio_alignment(files.index(g))
+            straight = reader.direct(files.index(g)) and (base + off + (-at) % grid) % mem == 0
+            return pieces_of(at, n, grid, AHEAD_PIECE_BYTES, straight)
+
+        right_pieces = sum(len(cut(*source)) for source in store.block_sources(layer, right))
         assert reader.counters()["pieces"] == pieces + right_pieces and reader.counters()["failed"] == 3
         assert int(tier.blocks[P + right]) == ahead_block and tier.slot_index(layer, right) == ahead_block
         assert projections(store, tier.block(layer, right)) == expected(store, tensors, layer, right)
