@@ -353,8 +353,12 @@ class FastTier:
         resting = self.controller.resting
         if resting and self.feeding.confined:
             self.feeding.release()
+            if self._reader is not None:  # the disk reader's threads too (their copies out of the bounce buffers)
+                self._reader.set_cpus(None)
         elif not resting and not self.feeding.confined:
             self.feeding.confine()
+            if self._reader is not None:
+                self._reader.set_cpus(sorted(self.feeding.rest))
 
     @staticmethod
     def _event() -> torch.cuda.Event:
@@ -402,8 +406,9 @@ class FastTier:
 
     def _keep_reader_off_the_tier(self, ram_tier):
         """Beside a RAM tier, its disk reader's threads (started before the tier, on every CPU) move to the CPUs the
-        tier leaves, as the feeding thread does: a compute thread sharing its CPU loses whole scheduler slices, and
-        a job waits for its slowest one. Returns the reader moved (None: none, or nowhere to go)."""
+        tier leaves, as the feeding thread does, and back with it while the tier rests (:meth:`after_step`): a compute
+        thread sharing its CPU loses whole scheduler slices, and a job waits for its slowest one. Returns the reader
+        moved (None: none, or nowhere to go)."""
         if ram_tier is None or not self.feeding.rest:
             return None
         try:

@@ -542,5 +542,13 @@ def test_beside_a_ram_tier_the_tier_follows_each_move_and_keeps_the_disk_reader_
     t.worker.repoint = lambda row, experts, trellises: repointed.append((row, list(experts), trellises.tolist()))
     t.repoint(1, np.array([2]), np.array([4096]))
     assert repointed == [(1, [2], [[4096, 4352, 4608]])] and t.stats()["repointed"] == 1 and t.stats()["beside_ram_tier"]
+    t.controller.worth.resting = True  # resting, the tier gives every CPU back, the reader's threads too
+    t.after_step()
+    assert not t.feeding.confined and ram_tier.reader.moves == [[0], None]
+    for _ in range(PROBE_STEPS - 1):
+        t.after_step()
+    t.controller.worth.resting = False  # running again
+    t.after_step()
+    assert t.feeding.confined and ram_tier.reader.moves == [[0], None, [0]]
     t.close()
-    assert ram_tier.reader.moves == [[0], None]  # back where it started: the reader outlives the tier
+    assert ram_tier.reader.moves == [[0], None, [0], None]  # back where it started: the reader outlives the tier
