@@ -220,10 +220,7 @@ class ReferenceCache:
         self.picks[layer] += count
         hits = int(count[resident].sum())
         self._measure_reuse(layer, first_row, np.float32(recency.keep))
-        reuse = self.reuse[layer]
-        excess = reuse[0] - reuse[1]
-        w = np.float32(recency.weight) * (excess if excess > 0 else np.float32(0))
-        s = f + w * r
+        s = f + self._recency_weight(layer, recency.weight) * r
         candidate = picked & ~resident
         victim = ~picked & resident
         given_up = victim & (np.zeros(experts, dtype=bool) if spare is None else np.asarray(spare, dtype=bool))
@@ -252,6 +249,16 @@ class ReferenceCache:
         counters[C_EVICTS] += len(admitted)
         counters[C_STEPS] += 1
         return admitted
+
+    def scores(self, layer: int, weight: float) -> np.ndarray:
+        """float32 [experts]: the layer's scores as the last :meth:`step` ranked them (slow + weighted fast), from the
+        state it left; ``weight``: the recency weight it was given."""
+        return self.freq[layer] + self._recency_weight(layer, weight) * self.recent[layer]
+
+    def _recency_weight(self, layer: int, weight: float) -> np.float32:
+        """Step 4's weight of the fast score: ``weight`` per unit of the layer's reuse lift above popularity's."""
+        excess = self.reuse[layer, 0] - self.reuse[layer, 1]
+        return np.float32(weight) * (excess if excess > 0 else np.float32(0))
 
     def _measure_reuse(self, layer: int, first_row: np.ndarray, keep: np.float32) -> None:
         """Step 3: the previous step's experts' pick rate less the others', on the first row, into the layer's

@@ -213,8 +213,7 @@ class TierPolicy:
         slot_of = state.slot_of[layer]
         if slot_of[expert] >= 0:
             return None
-        excess = state.reuse[layer, 0] - state.reuse[layer, 1]
-        s = state.freq[layer] + np.float32(self.recency_weight) * max(excess, np.float32(0)) * state.recent[layer]
+        s = state.scores(layer, self.recency_weight)
         victim = slot_of >= 0
         victim[np.asarray(busy, dtype=np.int64)] = False
         if not victim.any():

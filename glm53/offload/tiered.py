@@ -69,8 +69,8 @@ class TieredHome(Part):
         self._guess = torch.empty(E, dtype=torch.int64, pin_memory=pinned)  # the next layer's, likeliest first
         self._vram_next = torch.empty(E, dtype=torch.int32, pin_memory=pinned)
         # the layer's VRAM policy state, for the write-back's prediction of the cache's step: freq, recent, prev, reuse
-        self._state = (torch.empty(E, dtype=torch.float32, pin_memory=pinned), torch.empty(E, dtype=torch.float32, pin_memory=pinned),
-                       torch.empty(E, dtype=torch.uint8, pin_memory=pinned), torch.empty(2, dtype=torch.float32, pin_memory=pinned))
+        shapes = ((E, torch.float32), (E, torch.float32), (E, torch.uint8), (2, torch.float32))
+        self._state = None if write_back is None else tuple(torch.empty(n, dtype=t, pin_memory=pinned) for n, t in shapes)
         # seconds on the host: waiting for the routing (the sync), the tier's step or fetch, re-pointing the tables;
         # decode_*: the decode layers' share (what a token's time is made of, beside the GPU's)
         self.counters = {"decode_layers": 0, "other_layers": 0, "rewritten": 0, "wait_seconds": 0.0, "tier_seconds": 0.0,
